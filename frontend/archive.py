@@ -1,0 +1,210 @@
+"""Find, check and unpack model archives (.mar zip, .tar.gz, or a plain folder).
+
+Archives come from the model store unless ``allowed_urls`` admits another location.
+Extraction refuses absolute paths, ``..`` and links (zip-slip).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import stat
+import tarfile
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import yaml
+
+from frontend.errors import ArchiveError, Forbidden
+from model_archiver.manifest import MANIFEST_PATH, Manifest
+
+ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".tgz")
+
+
+@dataclass(frozen=True, slots=True)
+class UnpackedArchive:
+    url: str
+    source: Path
+    model_dir: Path
+    manifest: Manifest
+    manifest_json: str
+    #: The archive's model-config.yaml (its frontend keys are read by the registry).
+    model_config: dict[str, Any] = field(default_factory=dict)
+    #: True when model_dir is our own extraction (removed on unregister).
+    is_extracted: bool = True
+
+
+def archive_stem(path: Path) -> str:
+    name = path.name
+    for suffix in ARCHIVE_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...]) -> Path:
+    """Map a register ``url`` to a local archive path, enforcing ``allowed_urls``.
+
+    A bare name is looked up in the model store. Anything else (absolute path, ``file://``,
+    ``http(s)://``) must match one of the ``allowed_urls`` patterns in full.
+    """
+    if not url:
+        raise ArchiveError("Parameter url is required.")
+    parts = urlsplit(url)
+    is_bare_name = not parts.scheme and "/" not in url and "\\" not in url
+    if is_bare_name:
+        if model_store is None:
+            raise ArchiveError("no model store is configured (--model-store)")
+        if url in (".", ".."):
+            raise ArchiveError(f"invalid model url {url!r}")
+        path = model_store / url
+        if not path.exists():
+            raise ArchiveError(f"Model archive {url!r} not found in the model store {model_store}")
+        return path
+    if not any(re.fullmatch(pattern, url) for pattern in allowed_urls):
+        raise Forbidden(
+            f"url {url!r} is not allowed: only archives in the model store may be registered "
+            "unless allowed_urls admits the location"
+        )
+    if parts.scheme in ("http", "https"):
+        raise ArchiveError("downloading archives over http(s) is not supported yet")
+    if parts.scheme not in ("", "file"):
+        raise ArchiveError(f"unsupported url scheme {parts.scheme!r}")
+    raw_path = unquote(parts.path) if parts.scheme == "file" else url
+    if ".." in PurePosixPath(raw_path).parts:
+        raise ArchiveError(f"invalid model url {url!r}: '..' is not allowed")
+    path = Path(raw_path)
+    if not path.exists():
+        raise ArchiveError(f"Model archive {url!r} not found")
+    return path
+
+
+def _check_member(name: str, dest: Path) -> Path:
+    member = PurePosixPath(name)
+    if member.is_absolute() or ".." in member.parts or name.startswith("\\"):
+        raise ArchiveError(f"unsafe path in archive: {name!r}")
+    target = (dest / member).resolve()
+    if target != dest and dest not in target.parents:
+        raise ArchiveError(f"unsafe path in archive: {name!r}")
+    return target
+
+
+def _extract_zip(source: Path, dest: Path) -> None:
+    try:
+        with zipfile.ZipFile(source) as archive:
+            for info in archive.infolist():
+                mode = info.external_attr >> 16
+                if stat.S_ISLNK(mode):
+                    raise ArchiveError(f"links are not allowed in archives: {info.filename!r}")
+                _check_member(info.filename, dest)
+            archive.extractall(dest)
+    except zipfile.BadZipFile as exc:
+        raise ArchiveError(f"{source.name} is not a valid .mar (zip) archive: {exc}") from exc
+
+
+def _extract_tar(source: Path, dest: Path) -> None:
+    try:
+        with tarfile.open(source, "r:*") as archive:
+            for member in archive.getmembers():
+                if not (member.isfile() or member.isdir()):
+                    raise ArchiveError(f"only files and folders are allowed: {member.name!r}")
+                _check_member(member.name, dest)
+            archive.extractall(dest, filter="data")
+    except tarfile.TarError as exc:
+        raise ArchiveError(f"{source.name} is not a valid tar.gz archive: {exc}") from exc
+
+
+def _manifest_root(extracted: Path) -> Path:
+    """The folder that holds MAR-INF: the extraction itself, or its single top folder (tgz)."""
+    if (extracted / MANIFEST_PATH).is_file():
+        return extracted
+    children = [child for child in extracted.iterdir()]
+    if len(children) == 1 and children[0].is_dir() and (children[0] / MANIFEST_PATH).is_file():
+        return children[0]
+    return extracted
+
+
+def _read_manifest(model_dir: Path, default_name: str) -> tuple[Manifest, str]:
+    path = model_dir / MANIFEST_PATH
+    if not path.is_file():
+        # TorchServe synthesises a manifest for archives without one.
+        manifest = Manifest(model_name=default_name, model_version="1.0", handler="")
+        return manifest, manifest.to_json()
+    text = path.read_text(encoding="utf-8")
+    try:
+        return Manifest.from_json(text), text
+    except Exception as exc:
+        raise ArchiveError(f"invalid {MANIFEST_PATH}: {exc}") from exc
+
+
+def _read_model_config(model_dir: Path, manifest: Manifest) -> dict[str, Any]:
+    if not manifest.config_file:
+        return {}
+    path = model_dir / manifest.config_file
+    if not path.is_file():
+        raise ArchiveError(f"the archive names config file {manifest.config_file!r} but has none")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ArchiveError(f"invalid {manifest.config_file}: {exc}") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ArchiveError(f"{manifest.config_file} must hold a mapping")
+    return loaded
+
+
+def unpack(url: str, source: Path, work_dir: Path) -> UnpackedArchive:
+    """Unpack ``source`` under ``work_dir`` (a folder is used in place) and read its manifest."""
+    if source.is_dir():
+        model_dir, is_extracted = source.resolve(), False
+    else:
+        if not source.name.endswith(ARCHIVE_SUFFIXES):
+            raise ArchiveError(f"{source.name}: expected a .mar, .tar.gz or .tgz archive")
+        dest = (work_dir / f"{archive_stem(source)}-{uuid.uuid4().hex[:8]}").resolve()
+        dest.mkdir(parents=True, mode=0o700)
+        try:
+            if source.name.endswith(".mar"):
+                _extract_zip(source, dest)
+            else:
+                _extract_tar(source, dest)
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        model_dir, is_extracted = _manifest_root(dest), True
+    try:
+        manifest, manifest_json = _read_manifest(model_dir, archive_stem(source))
+        model_config = _read_model_config(model_dir, manifest)
+    except BaseException:
+        if is_extracted:
+            shutil.rmtree(model_dir, ignore_errors=True)
+        raise
+    return UnpackedArchive(url, source, model_dir, manifest, manifest_json, model_config,
+                           is_extracted)
+
+
+def remove_unpacked(archive: UnpackedArchive, work_dir: Path) -> None:
+    """Delete our extraction of an archive (never a user's folder)."""
+    if not archive.is_extracted:
+        return
+    top = archive.model_dir
+    while top.parent != work_dir.resolve() and work_dir.resolve() in top.parents:
+        top = top.parent
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def list_store(model_store: Path) -> list[Path]:
+    """Every loadable entry of the model store (``load_models=all``), sorted by name."""
+    entries = []
+    for child in sorted(model_store.iterdir()):
+        if child.name.startswith("."):
+            continue
+        if child.is_file() and child.name.endswith(ARCHIVE_SUFFIXES):
+            entries.append(child)
+        elif child.is_dir() and (child / MANIFEST_PATH).is_file():
+            entries.append(child)
+    return entries

@@ -1,0 +1,177 @@
+"""Per-model job queue that releases batches to idle workers.
+
+The batcher only groups jobs; it never touches sockets or processes. Each worker pulls a
+batch when it is idle (as TorchServe's WorkerThread does), so there is at most one batch in
+flight per worker and the queue fills naturally while every worker is busy. *When* a batch is
+released is decided by a small pure policy object, so other policies plug in without touching
+the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from frontend.errors import GatewayTimeout, ServeError, ServiceUnavailable
+from protos import worker_pb2
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One client request waiting for its response."""
+
+    request: worker_pb2.Request
+    future: asyncio.Future[worker_pb2.Response]
+    #: loop.time() when the job entered the queue.
+    enqueued_at: float = 0.0
+    #: loop.time() after which the answer is no use to the client.
+    deadline: float = float("inf")
+    #: wall-clock seconds the job waited in the queue, set when it is dispatched.
+    queue_wait_s: float = field(default=0.0)
+
+    def is_live(self) -> bool:
+        return not self.future.done()
+
+
+class BatchPolicy(Protocol):
+    """Decides, for a worker that is free, how much longer to wait before dispatching."""
+
+    def wait_s(self, queued: int, waited_s: float) -> float:
+        """Seconds to keep waiting for more jobs; 0 or less means dispatch now.
+
+        ``queued`` is the number of live jobs in the queue, ``waited_s`` how long this worker
+        has been collecting since it found the first one.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FixedDelayPolicy:
+    """TorchServe's behaviour: wait until the batch is full or ``max_delay_s`` has passed."""
+
+    max_batch_size: int
+    max_delay_s: float
+
+    def wait_s(self, queued: int, waited_s: float) -> float:
+        if queued >= self.max_batch_size:
+            return 0.0
+        return self.max_delay_s - waited_s
+
+
+class Batcher:
+    """Groups the queued jobs of one model (version) into batches of up to ``max_batch_size``."""
+
+    def __init__(
+        self,
+        *,
+        max_batch_size: int,
+        capacity: int,
+        policy: BatchPolicy,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.max_batch_size = max_batch_size
+        self.capacity = capacity
+        self.policy = policy
+        self._clock = clock
+        self._queue: collections.deque[Job] = collections.deque()
+        self._arrived = asyncio.Event()
+        # One worker assembles a batch at a time; the others wait their turn, as TorchServe's
+        # per-model lock does. Jobs leave the deque only in the final synchronous step, so a
+        # worker cancelled while it collects loses nothing.
+        self._assembling = asyncio.Lock()
+        self._closed: ServeError | None = None
+
+    @property
+    def depth(self) -> int:
+        """Jobs waiting in the queue (including ones whose client has gone)."""
+        return len(self._queue)
+
+    @property
+    def remaining_capacity(self) -> int:
+        return max(0, self.capacity - len(self._queue))
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise ServiceUnavailable at once when the queue is full."""
+        if self._closed is not None:
+            raise self._closed
+        if len(self._queue) >= self.capacity:
+            self._drop_finished()
+            if len(self._queue) >= self.capacity:
+                # A full queue answers at once instead of holding memory and latency for
+                # requests that would time out anyway (job_queue_size).
+                raise ServiceUnavailable(
+                    f"job queue is full ({self.capacity} requests waiting); retry later",
+                    headers={"Retry-After": "1"},
+                )
+        job.enqueued_at = self._clock()
+        self._queue.append(job)
+        self._arrived.set()
+
+    def _drop_finished(self) -> None:
+        """Forget jobs whose future is already done (client gone, or expired)."""
+        if any(not job.is_live() for job in self._queue):
+            self._queue = collections.deque(job for job in self._queue if job.is_live())
+
+    def _expire(self, now: float) -> None:
+        for job in self._queue:
+            if job.deadline <= now and job.is_live():
+                job.future.set_exception(
+                    GatewayTimeout("request timed out in the queue before a worker was free"))
+        self._drop_finished()
+
+    async def next_batch(self) -> list[Job]:
+        """Wait for jobs and return the next batch (1..max_batch_size live jobs)."""
+        async with self._assembling:
+            while True:
+                await self._wait_for_jobs()
+                started = self._clock()
+                while True:
+                    now = self._clock()
+                    self._expire(now)
+                    if not self._queue:
+                        break  # everything expired or was abandoned: wait afresh
+                    wait = self.policy.wait_s(len(self._queue), now - started)
+                    if wait <= 0:
+                        return self._take(now)
+                    self._arrived.clear()
+                    try:
+                        await asyncio.wait_for(self._arrived.wait(), wait)
+                    except TimeoutError:
+                        pass
+
+    async def _wait_for_jobs(self) -> None:
+        while not self._queue:
+            if self._closed is not None:
+                raise self._closed
+            self._arrived.clear()
+            await self._arrived.wait()
+
+    def _take(self, now: float) -> list[Job]:
+        count = min(self.max_batch_size, len(self._queue))
+        batch = [self._queue.popleft() for _ in range(count)]
+        for job in batch:
+            job.queue_wait_s = now - job.enqueued_at
+        return batch
+
+    def close(self, error: ServeError) -> None:
+        """Fail every queued job with ``error`` and refuse new ones."""
+        self._closed = error
+        while self._queue:
+            job = self._queue.popleft()
+            if job.is_live():
+                job.future.set_exception(error)
+        self._arrived.set()  # wake a waiting worker so it sees the close
+
+
+def fail_jobs(jobs: list[Job], error: BaseException) -> None:
+    for job in jobs:
+        if job.is_live():
+            job.future.set_exception(error)

@@ -1,0 +1,305 @@
+"""One typed, frozen server configuration, parsed once at startup.
+
+Sources, later wins: built-in defaults < ``config.properties`` < ``TS_<KEY>`` environment
+variables (only when ``enable_envvars_config=true``, as TorchServe) < command-line flags.
+Key names are TorchServe's, so existing ``config.properties`` files work unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import javaproperties
+
+from frontend.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Address:
+        parts = urlsplit(text if "://" in text else f"http://{text}")
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"unsupported scheme {parts.scheme!r}")
+        if parts.scheme == "https":
+            raise ValueError("https addresses (TLS) are not supported yet; terminate TLS in front")
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"bad port in {text!r}") from exc
+        if not parts.hostname or port is None:
+            raise ValueError(f"expected http://host:port, got {text!r}")
+        return cls(parts.hostname, port)
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDefaults:
+    """Per-model settings from the ``models=`` JSON of config.properties (TorchServe keys)."""
+
+    mar_name: str | None = None
+    min_workers: int | None = None
+    max_workers: int | None = None
+    batch_size: int | None = None
+    max_batch_delay_ms: int | None = None
+    response_timeout_s: int | None = None
+    startup_timeout_s: int | None = None
+    is_default_version: bool = False
+
+
+_MODEL_KEYS: dict[str, tuple[str, Callable[[Any], object]]] = {
+    "marName": ("mar_name", str),
+    "minWorkers": ("min_workers", int),
+    "maxWorkers": ("max_workers", int),
+    "batchSize": ("batch_size", int),
+    "maxBatchDelay": ("max_batch_delay_ms", int),
+    "responseTimeout": ("response_timeout_s", int),
+    "startupTimeout": ("startup_timeout_s", int),
+    "defaultVersion": ("is_default_version", bool),
+}
+
+
+def parse_models_json(text: str) -> dict[str, dict[str, ModelDefaults]]:
+    """Parse ``models={"name": {"1.0": {"batchSize": 8, ...}}}``."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError("expected a JSON object of model name -> version -> settings")
+    models: dict[str, dict[str, ModelDefaults]] = {}
+    for name, versions in raw.items():
+        if not isinstance(versions, dict):
+            raise ValueError(f"model {name!r}: expected an object of version -> settings")
+        models[name] = {}
+        for version, settings in versions.items():
+            if not isinstance(settings, dict):
+                raise ValueError(f"model {name!r} version {version!r}: expected an object")
+            values: dict[str, object] = {}
+            for key, value in settings.items():
+                if key not in _MODEL_KEYS:
+                    logger.warning("models: %s/%s: ignoring unsupported key %r", name, version, key)
+                    continue
+                attr, parse = _MODEL_KEYS[key]
+                try:
+                    values[attr] = parse(value)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"model {name!r} version {version!r}: {key}: {exc}") from exc
+            models[name][version] = ModelDefaults(**values)  # type: ignore[arg-type]
+    return models
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "yes", "1", "on"):
+        return True
+    if lowered in ("false", "no", "0", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _parse_non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def _parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {value}")
+    return value
+
+
+def _parse_port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"not a port number: {value}")
+    return value
+
+
+def _parse_load_models(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _parse_regex_list(text: str) -> tuple[str, ...]:
+    import re
+
+    patterns = tuple(item.strip() for item in text.split(",") if item.strip())
+    for pattern in patterns:
+        re.compile(pattern)
+    return patterns
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    inference_address: Address = Address("127.0.0.1", 8080)
+    management_address: Address = Address("127.0.0.1", 8081)
+    metrics_address: Address = Address("127.0.0.1", 8082)
+    grpc_inference_address: str = "127.0.0.1"
+    grpc_management_address: str = "127.0.0.1"
+    grpc_inference_port: int = 7070
+    grpc_management_port: int = 7071
+    enable_grpc: bool = True
+    model_store: Path | None = None
+    #: ``load_models``: "all", "a.mar", "name=a.mar"; empty means none.
+    load_models: tuple[str, ...] = ()
+    models: Mapping[str, Mapping[str, ModelDefaults]] = field(default_factory=dict)
+    #: 0 means one per GPU, or per CPU core when there is no GPU (TorchServe's rule).
+    default_workers_per_model: int = 0
+    job_queue_size: int = 100
+    default_response_timeout_s: int = 120
+    default_startup_timeout_s: int = 120
+    unregister_model_timeout_s: int = 120
+    max_request_size_bytes: int = 6553500
+    max_response_size_bytes: int = 6553500
+    #: None means every visible GPU.
+    number_of_gpu: int | None = None
+    default_batch_size: int = 1
+    default_max_batch_delay_ms: int = 100
+    enable_model_api: bool = False
+    disable_token_authorization: bool = False
+    #: Regexes an archive URL must match in full. Default: nothing outside the model store.
+    allowed_urls: tuple[str, ...] = ()
+    limit_max_image_pixels: bool = True
+    decode_input_request: bool = True
+    service_envelope: str = ""
+    default_service_handler: str = ""
+    enable_metrics_api: bool = True
+    metrics_mode: str = "prometheus"
+    log_location: Path = Path("logs")
+    #: Private directory for worker sockets and extracted archives; None: a fresh temp dir.
+    run_dir: Path | None = None
+    snapshot_disabled: bool = False
+
+
+# config.properties key -> (ServerConfig field, parser)
+_PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
+    "inference_address": ("inference_address", Address.parse),
+    "management_address": ("management_address", Address.parse),
+    "metrics_address": ("metrics_address", Address.parse),
+    "grpc_inference_address": ("grpc_inference_address", str),
+    "grpc_management_address": ("grpc_management_address", str),
+    "grpc_inference_port": ("grpc_inference_port", _parse_port),
+    "grpc_management_port": ("grpc_management_port", _parse_port),
+    "enable_grpc": ("enable_grpc", _parse_bool),
+    "model_store": ("model_store", Path),
+    "load_models": ("load_models", _parse_load_models),
+    "models": ("models", parse_models_json),
+    "default_workers_per_model": ("default_workers_per_model", _parse_non_negative_int),
+    "job_queue_size": ("job_queue_size", _parse_positive_int),
+    "default_response_timeout": ("default_response_timeout_s", _parse_positive_int),
+    "default_startup_timeout": ("default_startup_timeout_s", _parse_positive_int),
+    "unregister_model_timeout": ("unregister_model_timeout_s", _parse_non_negative_int),
+    "max_request_size": ("max_request_size_bytes", _parse_positive_int),
+    "max_response_size": ("max_response_size_bytes", _parse_positive_int),
+    "number_of_gpu": ("number_of_gpu", _parse_non_negative_int),
+    "batch_size": ("default_batch_size", _parse_positive_int),
+    "max_batch_delay": ("default_max_batch_delay_ms", _parse_non_negative_int),
+    "enable_model_api": ("enable_model_api", _parse_bool),
+    "disable_token_authorization": ("disable_token_authorization", _parse_bool),
+    "allowed_urls": ("allowed_urls", _parse_regex_list),
+    "limit_max_image_pixels": ("limit_max_image_pixels", _parse_bool),
+    "decode_input_request": ("decode_input_request", _parse_bool),
+    "service_envelope": ("service_envelope", str),
+    "default_service_handler": ("default_service_handler", str),
+    "enable_metrics_api": ("enable_metrics_api", _parse_bool),
+    "metrics_mode": ("metrics_mode", str),
+    "log_location": ("log_location", Path),
+    "run_dir": ("run_dir", Path),
+}
+
+#: TorchServe keys we read elsewhere or accept without effect (no "unknown key" warning).
+_ACCEPTED_WITHOUT_EFFECT = frozenset({
+    "enable_envvars_config", "number_of_netty_threads", "netty_client_threads", "vmargs",
+    "async_logging", "prefer_direct_buffer", "use_native_io", "io_ratio",
+    "initial_worker_port", "model_server_home", "metric_time_interval", "install_py_dep_per_model",
+    "default_startup_timeout_ms", "model_snapshot", "workflow_store", "tsConfigFile",
+    "cpu_launcher_enable", "ipex_enable",
+})
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """Read a Java .properties file (TorchServe's config.properties format)."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            return dict(javaproperties.load(fh))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+
+
+def env_overrides(environ: Mapping[str, str], enabled: bool) -> dict[str, str]:
+    """``TS_<KEY>`` variables, honoured only when ``enable_envvars_config=true``."""
+    if not enabled:
+        return {}
+    return {
+        key[3:].lower(): value
+        for key, value in environ.items()
+        if key.startswith("TS_") and key[3:].lower() in _PARSERS
+    }
+
+
+def build_config(*sources: Mapping[str, str]) -> tuple[ServerConfig, list[str]]:
+    """Merge key/value sources (later wins) into one ServerConfig.
+
+    Returns the config and the keys it did not recognise (the caller warns about them).
+    Raises ConfigError naming the key for a bad value.
+    """
+    values: dict[str, object] = {}
+    unknown: list[str] = []
+    for source in sources:
+        for key, raw in source.items():
+            if key not in _PARSERS:
+                if key not in _ACCEPTED_WITHOUT_EFFECT:
+                    unknown.append(key)
+                continue
+            field_name, parse = _PARSERS[key]
+            try:
+                values[field_name] = parse(raw.strip())
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"config key {key}={raw!r}: {exc}") from exc
+    config = ServerConfig(**values)  # type: ignore[arg-type]  # types come from _PARSERS
+    if config.metrics_mode not in ("prometheus", "log", "legacy"):
+        raise ConfigError(f"config key metrics_mode={config.metrics_mode!r}: expected prometheus, "
+                          "log or legacy")
+    return config, unknown
+
+
+def load_config(
+    config_file: Path | None,
+    cli_overrides: Mapping[str, str],
+    environ: Mapping[str, str] | None = None,
+) -> ServerConfig:
+    """The whole startup path: file, environment, then command-line flags."""
+    file_values = read_properties(config_file) if config_file is not None else {}
+    environ = os.environ if environ is None else environ
+    envvars_on = _parse_bool(file_values.get("enable_envvars_config", "false"))
+    config, unknown = build_config(file_values, env_overrides(environ, envvars_on), cli_overrides)
+    for key in unknown:
+        logger.warning("config: unknown key %r ignored (check the spelling)", key)
+    return config
+
+
+def with_overrides(config: ServerConfig, **changes: object) -> ServerConfig:
+    """A copy with some fields changed (tests and the CLI use it)."""
+    valid = {f.name for f in fields(ServerConfig)}
+    bad = set(changes) - valid
+    if bad:
+        raise ConfigError(f"unknown config fields: {sorted(bad)}")
+    return replace(config, **changes)  # type: ignore[arg-type]

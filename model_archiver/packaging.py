@@ -1,0 +1,335 @@
+"""Build a model archive from model files, as torch-model-archiver does.
+
+Every input lands flat at the archive root under its base name (an ``--extra-files``
+directory contributes its contents, sub-folders kept), and ``MAR-INF/MANIFEST.json``
+records those names. Three outputs: ``<name>.mar`` (zip), ``<name>.tar.gz`` (one top
+folder ``<name>/``) or an unpacked folder ``<name>/``.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import re
+import secrets
+import shutil
+import tarfile
+import time
+import zipfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from io import BytesIO
+from pathlib import Path, PurePosixPath
+
+from model_archiver.errors import ModelArchiverError
+from model_archiver.manifest import MANIFEST_PATH, Manifest
+
+__all__ = [
+    "MODEL_NAME_PATTERN",
+    "ArchiveFormat",
+    "ArchiveOptions",
+    "archive_path",
+    "build_archive",
+]
+
+MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+"""Allowed model names; the name becomes a file name and part of URLs."""
+
+# Directories never worth shipping inside an archive (torch-model-archiver skips them too).
+_SKIPPED_DIRS = frozenset({"__pycache__", "__MACOSX"})
+_MAR_INF = PurePosixPath(MANIFEST_PATH).parts[0]
+
+
+class ArchiveFormat(str, Enum):
+    """Output layouts, named as torch-model-archiver's ``--archive-format`` values."""
+
+    DEFAULT = "default"
+    """``<name>.mar``: a deflated zip."""
+    TGZ = "tgz"
+    """``<name>.tar.gz``: a gzip tar with one top folder ``<name>/``."""
+    NO_ARCHIVE = "no-archive"
+    """``<name>/``: the archive contents, unpacked."""
+    ZIP_STORE = "zip-store"
+    """``<name>.mar``: a zip without compression (fast for large, incompressible weights)."""
+
+    @property
+    def suffix(self) -> str:
+        """File name suffix of the output for this format."""
+        return _SUFFIXES[self]
+
+
+_SUFFIXES: Mapping[ArchiveFormat, str] = {
+    ArchiveFormat.DEFAULT: ".mar",
+    ArchiveFormat.TGZ: ".tar.gz",
+    ArchiveFormat.NO_ARCHIVE: "",
+    ArchiveFormat.ZIP_STORE: ".mar",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchiveOptions:
+    """Everything ``build_archive`` needs; field names follow the CLI flags."""
+
+    model_name: str
+    """``--model-name``: archive file name and ``modelName`` in the manifest."""
+    handler: str
+    """``--handler``: a built-in handler name or a path to a .py file, optionally ``:function``."""
+    version: str | None = "1.0"
+    """``--version``: recorded as ``modelVersion``; None leaves it out."""
+    serialized_file: str | None = None
+    """``--serialized-file``: the weights file."""
+    model_file: str | None = None
+    """``--model-file``: the Python file with the model class (eager mode)."""
+    extra_files: tuple[str, ...] = ()
+    """``--extra-files``: files to add; a directory adds its contents at the archive root."""
+    requirements_file: str | None = None
+    """``--requirements-file``: per-model pip requirements."""
+    config_file: str | None = None
+    """``--config-file``: per-model YAML configuration."""
+    export_path: Path = Path(".")
+    """``--export-path``: existing directory the output is written to."""
+    archive_format: ArchiveFormat = ArchiveFormat.DEFAULT
+    """``--archive-format``: see ``ArchiveFormat``."""
+    force: bool = False
+    """``--force``: replace an existing output instead of failing."""
+    runtime: str = "python"
+    """``--runtime``: recorded in the manifest."""
+
+    def __post_init__(self) -> None:
+        # Accept the plain strings the CLI and callers naturally have ("tgz").
+        try:
+            archive_format = ArchiveFormat(self.archive_format)
+        except ValueError:
+            choices = ", ".join(f.value for f in ArchiveFormat)
+            raise ModelArchiverError(
+                f"unknown archive format {self.archive_format!r}; choose one of: {choices}"
+            ) from None
+        object.__setattr__(self, "archive_format", archive_format)
+        object.__setattr__(self, "export_path", Path(self.export_path))
+
+
+def archive_path(options: ArchiveOptions) -> Path:
+    """Return where ``build_archive`` writes its output for these options."""
+    return options.export_path / f"{options.model_name}{options.archive_format.suffix}"
+
+
+def build_archive(options: ArchiveOptions) -> Path:
+    """Validate the inputs, write the archive and return its path.
+
+    The output is first written under a temporary name in the export directory and then
+    renamed, so a reader never sees a half-written archive.
+    """
+    _check_model_name(options.model_name)
+    if not options.export_path.is_dir():
+        raise ModelArchiverError(f"export path {options.export_path} is not an existing directory")
+
+    entries: dict[str, Path] = {}
+    handler = _collect_inputs(options, entries)
+    target = archive_path(options)
+    if (target.exists() or target.is_symlink()) and not options.force:
+        raise ModelArchiverError(f"{target} already exists; use --force to overwrite it")
+
+    manifest = Manifest(
+        model_name=options.model_name,
+        model_version=options.version or None,
+        handler=handler,
+        serialized_file=_base_name(options.serialized_file),
+        model_file=_base_name(options.model_file),
+        requirements_file=_base_name(options.requirements_file),
+        config_file=_base_name(options.config_file),
+        runtime=options.runtime,
+    )
+    ordered = sorted(entries.items())
+    try:
+        if options.archive_format is ArchiveFormat.NO_ARCHIVE:
+            _write_folder(target, ordered, manifest)
+        elif options.archive_format is ArchiveFormat.TGZ:
+            _write_tgz(target, options.model_name, ordered, manifest)
+        else:
+            stored = options.archive_format is ArchiveFormat.ZIP_STORE
+            _write_zip(target, ordered, manifest, zipfile.ZIP_STORED if stored else None)
+    except OSError as exc:
+        raise ModelArchiverError(f"cannot write {target}: {exc}") from exc
+    return target
+
+
+def _check_model_name(name: str) -> None:
+    if not MODEL_NAME_PATTERN.fullmatch(name):
+        raise ModelArchiverError(
+            f"invalid model name {name!r}: it must start with a letter and contain only "
+            f"letters, digits, '_', '-' and '.' (pattern {MODEL_NAME_PATTERN.pattern})"
+        )
+
+
+def _base_name(path: str | None) -> str | None:
+    return os.path.basename(path) if path else None
+
+
+def _collect_inputs(options: ArchiveOptions, entries: dict[str, Path]) -> str:
+    """Fill ``entries`` (archive name -> source file) and return the manifest's handler."""
+    for flag, path in (
+        ("--model-file", options.model_file),
+        ("--serialized-file", options.serialized_file),
+        ("--requirements-file", options.requirements_file),
+        ("--config-file", options.config_file),
+    ):
+        if path:
+            source = _existing_file(path, flag)
+            _add_entry(entries, source.name, source)
+
+    handler, handler_source = _resolve_handler(options.handler)
+    if handler_source is not None:
+        _add_entry(entries, handler_source.name, handler_source)
+
+    for extra in options.extra_files:
+        source = Path(extra)
+        if source.is_dir():
+            for relative, file in _walk(source):
+                _add_entry(entries, relative, file)
+        elif source.is_file():
+            _add_entry(entries, source.name, source)
+        else:
+            raise ModelArchiverError(f"--extra-files: {extra} does not exist")
+    return handler
+
+
+def _existing_file(path: str, flag: str) -> Path:
+    source = Path(path)
+    if not source.is_file():
+        what = "is not a file" if source.exists() else "does not exist"
+        raise ModelArchiverError(f"{flag}: {path} {what}")
+    return source
+
+
+def _resolve_handler(handler: str) -> tuple[str, Path | None]:
+    """Return the manifest ``handler`` value and the handler file to pack (None if built-in).
+
+    ``dir/my_handler.py:handle`` -> (``my_handler.py:handle``, ``dir/my_handler.py``);
+    ``image_classifier`` -> (``image_classifier``, None).
+    """
+    if not handler:
+        raise ModelArchiverError("--handler must not be empty")
+    module, sep, function = handler.rpartition(":")
+    # Only an identifier after the last ":" names a function; "C:\\h.py" stays a path.
+    if not (sep and module and function.isidentifier()):
+        module, function = handler, ""
+    suffix = f":{function}" if function else ""
+
+    candidate = Path(module)
+    if candidate.is_file():
+        return f"{candidate.name}{suffix}", candidate
+    # torch-model-archiver also accepts a module path without ".py" ("handlers/my_handler").
+    with_py = Path(f"{module}.py")
+    if not module.endswith(".py") and with_py.is_file():
+        return f"{candidate.name}{suffix}", with_py
+    if module.endswith(".py") or "/" in module or os.sep in module:
+        raise ModelArchiverError(f"--handler: handler file {module} does not exist")
+    return handler, None  # a built-in handler name such as "image_classifier"
+
+
+def _walk(root: Path) -> Iterator[tuple[str, Path]]:
+    """Yield (archive name, file) for the files under ``root``, relative to it."""
+    # Symlinked folders are followed (their contents are what the user meant to ship);
+    # ``seen`` stops a link that points back up the tree from recursing forever.
+    seen: set[Path] = set()
+    for directory, subdirs, files in os.walk(root, followlinks=True):
+        real = Path(directory).resolve()
+        if real in seen:
+            subdirs[:] = []
+            continue
+        seen.add(real)
+        subdirs[:] = sorted(d for d in subdirs if d not in _SKIPPED_DIRS and not d.startswith("."))
+        for name in files:
+            file = Path(directory, name)
+            yield file.relative_to(root).as_posix(), file
+
+
+def _add_entry(entries: dict[str, Path], name: str, source: Path) -> None:
+    if PurePosixPath(name).parts[0] == _MAR_INF:
+        raise ModelArchiverError(f"{source}: {_MAR_INF}/ is reserved for the archive manifest")
+    previous = entries.get(name)
+    if previous is None:
+        entries[name] = source
+        return
+    # The same file given twice (say, the handler also listed in --extra-files) is harmless;
+    # two different files for one name would silently drop one of them.
+    if previous.resolve() != source.resolve() and not filecmp.cmp(previous, source, False):
+        raise ModelArchiverError(
+            f"{previous} and {source} would both be stored as {name!r} in the archive"
+        )
+
+
+def _temp_sibling(target: Path) -> Path:
+    # Same directory as the target so the final rename cannot cross file systems.
+    return target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+
+
+def _write_zip(
+    target: Path, entries: list[tuple[str, Path]], manifest: Manifest, compression: int | None
+) -> None:
+    tmp = _temp_sibling(target)
+    try:
+        with zipfile.ZipFile(
+            tmp,
+            "x",
+            compression=zipfile.ZIP_DEFLATED if compression is None else compression,
+            # Files dated before 1980 (some package managers reset mtimes) get 1980-01-01.
+            strict_timestamps=False,
+        ) as archive:
+            # The manifest goes first so that streaming readers find it without a full scan.
+            archive.writestr(MANIFEST_PATH, manifest.to_json())
+            for name, source in entries:
+                archive.write(source, name)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_tgz(
+    target: Path, model_name: str, entries: list[tuple[str, Path]], manifest: Manifest
+) -> None:
+    tmp = _temp_sibling(target)
+    data = manifest.to_json().encode()
+    info = tarfile.TarInfo(f"{model_name}/{MANIFEST_PATH}")
+    info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+    try:
+        with tarfile.open(tmp, "x:gz") as archive:
+            archive.addfile(info, BytesIO(data))
+            for name, source in entries:
+                archive.add(
+                    source, arcname=f"{model_name}/{name}", recursive=False, filter=_anonymous
+                )
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    # The builder's user and group mean nothing on the machine that serves the model.
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _write_folder(target: Path, entries: list[tuple[str, Path]], manifest: Manifest) -> None:
+    tmp = _temp_sibling(target)
+    tmp.mkdir()
+    try:
+        for name, source in entries:
+            destination = tmp / name
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination)
+        manifest_file = tmp / MANIFEST_PATH
+        manifest_file.parent.mkdir(parents=True, exist_ok=True)
+        manifest_file.write_text(manifest.to_json(), encoding="utf-8")
+        # NOTE: replacing a folder is two steps (a directory rename cannot overwrite a
+        # non-empty one), so a reader may briefly see no folder, but never a partial one.
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)

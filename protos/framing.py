@@ -1,0 +1,79 @@
+"""Frames between the frontend and a worker: an 8-byte versioned header plus a protobuf payload.
+
+The decoder is sans-IO (bytes in, frames out) so both the asyncio frontend and the blocking
+worker use the same code, and tests need no sockets.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"BS"
+VERSION = 1
+HEADER = struct.Struct("!2sBBI")  # magic, version, kind, payload length
+MAX_PAYLOAD_BYTES = 1 << 30
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1  # worker -> frontend, first frame
+    LOAD = 2  # frontend -> worker: LoadModel
+    LOADED = 3  # worker -> frontend: Loaded
+    PREDICT = 4  # frontend -> worker: PredictBatch
+    PREDICTED = 5  # worker -> frontend: PredictResult
+    ERROR = 6  # worker -> frontend: Error
+    SHUTDOWN = 7  # frontend -> worker: exit cleanly (empty payload)
+
+
+class ProtocolError(Exception):
+    """The peer sent bytes that are not a frame of this protocol version."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    kind: Kind
+    payload: bytes = b""
+
+
+def encode(frame: Frame) -> bytes:
+    size = len(frame.payload)
+    if size > MAX_PAYLOAD_BYTES:
+        raise ProtocolError(f"payload of {size} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    return HEADER.pack(MAGIC, VERSION, frame.kind, size) + frame.payload
+
+
+def parse_header(header: bytes) -> tuple[Kind, int]:
+    """Validate one header; return the frame kind and payload length."""
+    magic, version, kind, length = HEADER.unpack(header)
+    if magic != MAGIC or version != VERSION:
+        raise ProtocolError(f"bad header: magic={magic!r} version={version}")
+    if length > MAX_PAYLOAD_BYTES:
+        raise ProtocolError(f"frame of {length} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    try:
+        return Kind(kind), length
+    except ValueError:
+        raise ProtocolError(f"unknown frame kind {kind}") from None
+
+
+class FrameDecoder:
+    """Feed it bytes as they arrive; it returns every complete frame."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Frame]:
+        self._buffer += data
+        frames: list[Frame] = []
+        while len(self._buffer) >= HEADER.size:
+            kind, length = parse_header(bytes(self._buffer[: HEADER.size]))
+            end = HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            frames.append(Frame(kind, bytes(self._buffer[HEADER.size : end])))
+            del self._buffer[:end]
+        return frames
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buffer)

@@ -1,0 +1,153 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
+    INTERNAL: _ClassVar[ErrorCode]
+    INVALID_INPUT: _ClassVar[ErrorCode]
+    OUT_OF_MEMORY: _ClassVar[ErrorCode]
+    LOAD_FAILED: _ClassVar[ErrorCode]
+    BATCH_SIZE_MISMATCH: _ClassVar[ErrorCode]
+    PROTOCOL: _ClassVar[ErrorCode]
+ERROR_CODE_UNSPECIFIED: ErrorCode
+INTERNAL: ErrorCode
+INVALID_INPUT: ErrorCode
+OUT_OF_MEMORY: ErrorCode
+LOAD_FAILED: ErrorCode
+BATCH_SIZE_MISMATCH: ErrorCode
+PROTOCOL: ErrorCode
+
+class Hello(_message.Message):
+    __slots__ = ("pid",)
+    PID_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    def __init__(self, pid: _Optional[int] = ...) -> None: ...
+
+class LoadModel(_message.Message):
+    __slots__ = ("model_name", "model_version", "model_dir", "handler", "batch_size", "gpu_id", "manifest_json", "limit_max_image_pixels", "worker_id", "envelope", "decode_input_request", "server_version")
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GPU_ID_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_JSON_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_MAX_IMAGE_PIXELS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    DECODE_INPUT_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    model_version: str
+    model_dir: str
+    handler: str
+    batch_size: int
+    gpu_id: int
+    manifest_json: str
+    limit_max_image_pixels: bool
+    worker_id: str
+    envelope: str
+    decode_input_request: bool
+    server_version: str
+    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., model_dir: _Optional[str] = ..., handler: _Optional[str] = ..., batch_size: _Optional[int] = ..., gpu_id: _Optional[int] = ..., manifest_json: _Optional[str] = ..., limit_max_image_pixels: _Optional[bool] = ..., worker_id: _Optional[str] = ..., envelope: _Optional[str] = ..., decode_input_request: _Optional[bool] = ..., server_version: _Optional[str] = ...) -> None: ...
+
+class Loaded(_message.Message):
+    __slots__ = ("load_time_ms",)
+    LOAD_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    load_time_ms: float
+    def __init__(self, load_time_ms: _Optional[float] = ...) -> None: ...
+
+class Request(_message.Message):
+    __slots__ = ("request_id", "headers", "inputs", "content_types")
+    class HeadersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class InputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    class ContentTypesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    headers: _containers.ScalarMap[str, str]
+    inputs: _containers.ScalarMap[str, bytes]
+    content_types: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., inputs: _Optional[_Mapping[str, bytes]] = ..., content_types: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PredictBatch(_message.Message):
+    __slots__ = ("batch_id", "requests")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    requests: _containers.RepeatedCompositeFieldContainer[Request]
+    def __init__(self, batch_id: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[Request, _Mapping]]] = ...) -> None: ...
+
+class Response(_message.Message):
+    __slots__ = ("request_id", "status", "reason", "content_type", "body", "headers", "error", "error_type")
+    class HeadersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    status: int
+    reason: str
+    content_type: str
+    body: bytes
+    headers: _containers.ScalarMap[str, str]
+    error: str
+    error_type: str
+    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[int] = ..., reason: _Optional[str] = ..., content_type: _Optional[str] = ..., body: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., error: _Optional[str] = ..., error_type: _Optional[str] = ...) -> None: ...
+
+class PredictResult(_message.Message):
+    __slots__ = ("batch_id", "responses", "handler_time_ms")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    responses: _containers.RepeatedCompositeFieldContainer[Response]
+    handler_time_ms: float
+    def __init__(self, batch_id: _Optional[int] = ..., responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ..., handler_time_ms: _Optional[float] = ...) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "message", "batch_id")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    code: ErrorCode
+    message: str
+    batch_id: int
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., batch_id: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,46 @@
+"""Packaging for batchserve: console scripts ``torchserve`` and ``model-archiver``."""
+
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "torch>=2.2",
+    "torchvision>=0.17",
+    "pillow>=10.0",
+    "grpcio>=1.60",
+    "protobuf>=7.35,<8",  # the committed *_pb2.py files were generated for protobuf 7.35
+    "psutil>=5.9",
+    "click>=8.1",
+    "prometheus-client>=0.19",
+    "uvicorn>=0.30",
+    "httptools>=0.6",
+    "uvloop>=0.19; sys_platform != 'win32'",
+    "python-multipart>=0.0.9",
+    "javaproperties>=0.8",
+    "pyyaml>=6.0",
+]
+
+EXTRAS_REQUIRE = {
+    "dev": [
+        "pytest>=8.0",
+        "requests>=2.31",
+        "grpcio-tools>=1.60",
+        "ruff>=0.5",
+    ],
+}
+
+setup(
+    name="batchserve",
+    version="0.1.0",
+    description="A TorchServe-compatible multi-process model server that batches better",
+    python_requires=">=3.10",
+    packages=find_packages(include=["frontend*", "backend*", "protos*", "model_archiver*"]),
+    package_data={"protos": ["*.proto", "*.pyi"], "": ["py.typed"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+    entry_points={
+        "console_scripts": [
+            "torchserve=frontend.cli:main",
+            "model-archiver=model_archiver.cli:main",
+        ],
+    },
+)
