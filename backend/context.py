@@ -1,0 +1,281 @@
+"""The ``context`` handed to handlers: TorchServe's ``ts.context.Context`` shape.
+
+Unmodified TorchServe handlers read ``context.system_properties``, ``context.manifest`` and the
+per-request headers, and set per-request statuses and headers through it, so the attribute and
+method names (and the positional constructor) follow TorchServe.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SEQUENCE_ID_HEADER = "ts_request_sequence_id"
+CONTENT_TYPE = "content-type"
+
+
+class RequestProcessor:
+    """One request of the current batch: its headers in, its status and headers out.
+
+    Header names are matched case-insensitively (HTTP header names are).
+    """
+
+    def __init__(self, request_header: Mapping[str, str]) -> None:
+        self._request_header = dict(request_header)
+        self._lowered = {key.lower(): value for key, value in self._request_header.items()}
+        self._status_code = 200
+        self._reason_phrase = ""
+        self._response_header: dict[str, str] = {}
+
+    def get_request_property(self, key: str) -> str | None:
+        return self._lowered.get(key.lower())
+
+    get_request_header = get_request_property
+
+    def get_request_properties(self) -> dict[str, str]:
+        return self._request_header
+
+    def report_status(self, code: int, reason_phrase: str | None = None) -> None:
+        self._status_code = code
+        self._reason_phrase = reason_phrase or ""
+
+    def get_response_status_code(self) -> int:
+        return self._status_code
+
+    def get_response_status_phrase(self) -> str:
+        return self._reason_phrase
+
+    def add_response_property(self, key: str, value: str) -> None:
+        # One entry per name whatever its case, so "Content-Type" replaces "content-type".
+        for existing in [k for k in self._response_header if k.lower() == key.lower()]:
+            del self._response_header[existing]
+        self._response_header[key] = value
+
+    def get_response_headers(self) -> dict[str, str]:
+        return self._response_header
+
+    def get_response_header(self, key: str) -> str | None:
+        for name, value in self._response_header.items():
+            if name.lower() == key.lower():
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricRecord:
+    """One value a handler reported through ``context.metrics``."""
+
+    name: str
+    value: float
+    unit: str
+    metric_type: str
+    dimensions: tuple[str, ...] = ()
+    request_id: str | None = None
+    timestamp_s: float = field(default_factory=time.time)
+
+
+class Metrics:
+    """Records the custom metrics a handler reports (TorchServe's ``context.metrics`` methods).
+
+    Values are kept in a bounded buffer until someone drains them; exporting them is not done
+    here.
+    """
+
+    # Bounded so a handler that reports per request never grows the worker's memory.
+    MAX_RECORDS = 10_000
+
+    def __init__(self) -> None:
+        self._records: collections.deque[MetricRecord] = collections.deque(maxlen=self.MAX_RECORDS)
+        self.request_ids: dict[int, str] = {}
+
+    def add_metric(
+        self,
+        name: str,
+        value: float,
+        unit: str = "count",
+        idx: int | None = None,
+        dimensions: Iterable[Any] | None = None,
+        metric_type: Any = "counter",
+    ) -> None:
+        request_id = self.request_ids.get(idx) if idx is not None else None
+        self._records.append(
+            MetricRecord(
+                name=name,
+                value=float(value),
+                unit=str(unit),
+                metric_type=str(getattr(metric_type, "value", metric_type)).lower(),
+                dimensions=tuple(str(d) for d in dimensions or ()),
+                request_id=request_id,
+            )
+        )
+
+    def add_counter(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        dimensions: Iterable[Any] | None = None,
+        metric_type: Any = "counter",
+    ) -> None:
+        self.add_metric(name, value, "count", idx, dimensions, metric_type)
+
+    def add_time(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        unit: str = "ms",
+        dimensions: Iterable[Any] | None = None,
+        metric_type: Any = "gauge",
+    ) -> None:
+        self.add_metric(name, value, unit, idx, dimensions, metric_type)
+
+    def add_size(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        unit: str = "MB",
+        dimensions: Iterable[Any] | None = None,
+        metric_type: Any = "gauge",
+    ) -> None:
+        self.add_metric(name, value, unit, idx, dimensions, metric_type)
+
+    def add_percent(
+        self,
+        name: str,
+        value: float,
+        idx: int | None = None,
+        dimensions: Iterable[Any] | None = None,
+        metric_type: Any = "gauge",
+    ) -> None:
+        self.add_metric(name, value, "percent", idx, dimensions, metric_type)
+
+    @property
+    def records(self) -> list[MetricRecord]:
+        return list(self._records)
+
+    def drain(self) -> list[MetricRecord]:
+        """Return the recorded values and forget them."""
+        drained = list(self._records)
+        self._records.clear()
+        return drained
+
+
+class Context:
+    """What a handler knows about its model and, during ``handle``, about the current batch."""
+
+    def __init__(
+        self,
+        model_name: str,
+        model_dir: str,
+        manifest: dict[str, Any] | None,
+        batch_size: int,
+        gpu: int | None,
+        mms_version: str,
+        limit_max_image_pixels: bool = True,
+        metrics: Metrics | None = None,
+        model_yaml_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self.manifest: dict[str, Any] = manifest if manifest is not None else {}
+        self._system_properties: dict[str, Any] = {
+            "model_dir": model_dir,
+            "gpu_id": gpu,
+            "batch_size": batch_size,
+            "server_name": "MMS",
+            "server_version": mms_version,
+            "limit_max_image_pixels": limit_max_image_pixels,
+        }
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.model_yaml_config: dict[str, Any] = model_yaml_config or {}
+        self.request_ids: dict[int, str] = {}
+        self.request_processor: list[RequestProcessor] = []
+        # TorchServe's continuous-batching handlers look for it; unused here.
+        self.stopping_criteria: Any = None
+
+    @property
+    def system_properties(self) -> dict[str, Any]:
+        return self._system_properties
+
+    def begin_batch(self, request_ids: list[str], headers: list[Mapping[str, str]]) -> None:
+        """Reset the per-batch state: ids, request headers, response statuses and headers."""
+        self.request_ids = dict(enumerate(request_ids))
+        self.request_processor = [RequestProcessor(h) for h in headers]
+        self.metrics.request_ids = self.request_ids
+
+    # --- requests -------------------------------------------------------------------------
+
+    def get_request_id(self, idx: int = 0) -> str | None:
+        return self.request_ids.get(idx)
+
+    def get_request_header(self, idx: int, key: str) -> str | None:
+        return self.request_processor[idx].get_request_property(key)
+
+    def get_all_request_header(self, idx: int) -> dict[str, str]:
+        return self.request_processor[idx].get_request_properties()
+
+    def get_sequence_id(self, idx: int) -> str | None:
+        return self.get_request_header(idx, SEQUENCE_ID_HEADER)
+
+    # --- responses ------------------------------------------------------------------------
+
+    def set_response_content_type(self, idx: int, value: str) -> None:
+        self.set_response_header(idx, CONTENT_TYPE, value)
+
+    def get_response_content_type(self, idx: int) -> str | None:
+        return self.request_processor[idx].get_response_header(CONTENT_TYPE)
+
+    def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
+        # Outside a batch (e.g. from initialize) there is no request to set it on.
+        if not self.request_processor:
+            return
+        self.request_processor[idx].report_status(code, phrase)
+
+    def set_all_response_status(self, code: int = 200, phrase: str = "") -> None:
+        for processor in self.request_processor:
+            processor.report_status(code, phrase)
+
+    def get_response_status(self, idx: int) -> tuple[int, str]:
+        processor = self.request_processor[idx]
+        return processor.get_response_status_code(), processor.get_response_status_phrase()
+
+    def set_response_header(self, idx: int, key: str, value: str) -> None:
+        self.request_processor[idx].add_response_property(key, value)
+
+    def get_response_headers(self, idx: int) -> dict[str, str]:
+        return self.request_processor[idx].get_response_headers()
+
+
+def read_manifest(manifest_json: str) -> dict[str, Any]:
+    """Parse LoadModel.manifest_json; an empty string means no manifest."""
+    if not manifest_json.strip():
+        return {}
+    manifest = json.loads(manifest_json)
+    if not isinstance(manifest, dict):
+        raise ValueError(f"the manifest must be a JSON object, got {type(manifest).__name__}")
+    return manifest
+
+
+def read_model_yaml_config(model_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The archive's model config YAML (manifest ``model.configFile``), or {} without one."""
+    model = manifest.get("model")
+    config_file = model.get("configFile") if isinstance(model, Mapping) else None
+    if not config_file:
+        return {}
+    path = model_dir / str(config_file)
+    if not path.is_file():
+        return {}
+    import yaml  # only archives with a config file pay for it
+
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path.name} must hold a mapping, got {type(loaded).__name__}")
+    return loaded

@@ -1,0 +1,185 @@
+"""Resolve a manifest's ``handler`` string to an initialised entry point, as TorchServe does.
+
+``"name"`` of a built-in handler, ``"file.py"``, ``"file"``, ``"file.py:function"`` or
+``"module:function"``. A file is imported by path from the model directory under a unique
+module name, after the worker's own imports (STYLE trap 22): a model whose archive holds a
+``service.py`` or ``backend.py`` cannot shadow the worker's modules. The model directory also
+joins ``sys.path`` so the handler can import the archive's other modules.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import itertools
+import logging
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from backend.context import Context
+from backend.errors import HandlerLoadError, describe
+from backend.handlers import builtin_handler
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_FUNCTION = "handle"
+
+HandleFn = Callable[[Any, Context], Any]
+
+_module_numbers = itertools.count()
+
+
+@dataclass(frozen=True, slots=True)
+class EntryPoint:
+    """The callable that runs one batch: ``handle(data, context)``."""
+
+    handle: HandleFn
+    name: str
+    """How to name the handler in messages, e.g. ``echo.py:handle`` or ``ImageClassifier``."""
+
+
+def load_entry_point(handler: str, model_dir: Path, context: Context) -> EntryPoint:
+    """Import the handler named by ``handler`` and initialise it with ``context``.
+
+    Raises HandlerLoadError when the handler cannot be found or imported; an exception raised
+    by the handler's own initialisation propagates unchanged.
+    """
+    handler = handler.strip()
+    if not handler:
+        raise HandlerLoadError("no handler was given")
+    module_part, _, function_part = handler.partition(":")
+    function_name = function_part.strip() or None
+
+    path = find_handler_file(model_dir, module_part)
+    if path is None:
+        if function_name is None:
+            cls = _builtin_class(module_part)
+            if cls is not None:
+                return _initialise_class(cls, context, cls.__name__)
+        raise HandlerLoadError(
+            f"handler {handler!r}: no file {_file_name(module_part)!r} in {model_dir}"
+            + ("" if function_name else " and no built-in handler of that name")
+        )
+
+    _add_to_sys_path(model_dir)
+    module = import_handler_file(path)
+    wanted = function_name or DEFAULT_FUNCTION
+    function = getattr(module, wanted, None)
+    if function is not None and callable(function) and not isinstance(function, type):
+        # TorchServe's convention: a function entry point is initialised by a call with no data.
+        function(None, context)
+        return EntryPoint(function, f"{path.name}:{wanted}")
+    if function_name is not None:
+        raise HandlerLoadError(f"handler {handler!r}: {path.name} has no function {wanted!r}")
+    cls = find_handler_class(module, path.name)
+    return _initialise_class(cls, context, f"{path.name}:{cls.__name__}")
+
+
+def find_handler_file(model_dir: Path, module_part: str) -> Path | None:
+    """The handler's source file inside ``model_dir``, or None."""
+    module_part = module_part.strip()
+    if not module_part:
+        return None
+    file_name = _file_name(module_part)
+    candidates = [model_dir / file_name, model_dir / Path(file_name).name]
+    if not module_part.endswith(".py") and "." in module_part and "/" not in module_part:
+        candidates.append(model_dir / (module_part.replace(".", "/") + ".py"))  # "pkg.module"
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def import_handler_file(path: Path) -> ModuleType:
+    """Import one source file under a module name no other module can have."""
+    stem = re.sub(r"\W", "_", path.stem)
+    name = f"_batchserve_handler_{next(_module_numbers)}_{stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise HandlerLoadError(f"cannot import handler {path.name}: not a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise HandlerLoadError(f"cannot import handler {path.name}: {describe(exc)}") from exc
+    logger.debug("imported handler %s as module %s", path, name)
+    return module
+
+
+def find_handler_class(module: ModuleType, file_name: str) -> type:
+    """The one class with a ``handle`` method that ``module`` itself defines.
+
+    Classes the module imports (a base handler, a model class) do not count, nor do abstract
+    classes or classes that another candidate derives from.
+    """
+    defined = [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type) and obj.__module__ == module.__name__
+    ]
+    with_handle = [
+        cls
+        for cls in defined
+        if callable(getattr(cls, "handle", None)) and not inspect.isabstract(cls)
+    ]
+    leaves = [
+        cls
+        for cls in with_handle
+        if not any(o is not cls and issubclass(o, cls) for o in with_handle)
+    ]
+    if len(leaves) == 1:
+        return leaves[0]
+    if len(leaves) > 1:
+        names = ", ".join(cls.__name__ for cls in leaves)
+        raise HandlerLoadError(
+            f"{file_name} defines {len(leaves)} handler classes ({names}); expected exactly one, "
+            f"or a function {DEFAULT_FUNCTION}(data, context)"
+        )
+    if defined:
+        names = ", ".join(cls.__name__ for cls in defined)
+        raise HandlerLoadError(
+            f"{file_name} has no function {DEFAULT_FUNCTION}(data, context) and none of its "
+            f"classes ({names}) has a handle method"
+        )
+    raise HandlerLoadError(
+        f"{file_name} defines neither a function {DEFAULT_FUNCTION}(data, context) nor a "
+        f"handler class"
+    )
+
+
+def _initialise_class(cls: type, context: Context, name: str) -> EntryPoint:
+    instance = cls()
+    initialize = getattr(instance, "initialize", None)
+    if callable(initialize):
+        initialize(context)
+    handle = getattr(instance, "handle", None)
+    if not callable(handle):
+        raise HandlerLoadError(f"handler class {cls.__name__} has no handle method")
+    return EntryPoint(handle, name)
+
+
+def _builtin_class(name: str) -> type | None:
+    try:
+        return builtin_handler(name)
+    except Exception as exc:
+        raise HandlerLoadError(f"cannot import built-in handler {name!r}: {describe(exc)}") from exc
+
+
+def _file_name(module_part: str) -> str:
+    module_part = module_part.strip()
+    return module_part if module_part.endswith(".py") else f"{module_part}.py"
+
+
+def _add_to_sys_path(model_dir: Path) -> None:
+    entry = str(model_dir)
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+        importlib.invalidate_caches()

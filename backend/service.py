@@ -1,0 +1,213 @@
+"""ModelService: one loaded model; turns a PredictBatch into a PredictResult.
+
+It decodes the inputs as TorchServe does, calls the handler once per batch, checks that it
+returned one result per request and encodes each result. It returns messages, never wire
+bytes, and raises on a batch-wide failure; ``backend.errors.classify`` maps that to an
+ErrorCode.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from backend.context import CONTENT_TYPE, Context, read_manifest, read_model_yaml_config
+from backend.errors import (
+    BatchSizeMismatch,
+    HandlerLoadError,
+    InvalidHandlerOutput,
+    describe,
+    is_prediction_exception,
+    request_message,
+    request_status,
+)
+from backend.loader import EntryPoint, load_entry_point
+from protos import worker_pb2
+
+logger = logging.getLogger(__name__)
+
+BODY = "body"
+OCTET_STREAM = "application/octet-stream"
+TEXT_PLAIN = "text/plain; charset=utf-8"
+APPLICATION_JSON = "application/json"
+
+
+class ModelService:
+    """Runs batches through one initialised handler entry point."""
+
+    def __init__(
+        self, entry_point: EntryPoint, context: Context, *, decode_input_request: bool = True
+    ) -> None:
+        self.entry_point = entry_point
+        self.context = context
+        self.decode_input_request = decode_input_request
+
+    def predict(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
+        """Run one batch. Raises when the whole batch failed (see ``errors.classify``)."""
+        requests = list(batch.requests)
+        self.context.begin_batch(
+            [r.request_id for r in requests], [dict(r.headers) for r in requests]
+        )
+        data = [decode_request(r, decode=self.decode_input_request) for r in requests]
+
+        start = time.perf_counter()
+        try:
+            results = self.entry_point.handle(data, self.context)
+        except Exception as exc:
+            if not is_prediction_exception(exc):
+                raise
+            # TorchServe's PredictionException(message, error_code) fails every request of the
+            # batch with the handler's own HTTP status, so keep it per request.
+            logger.warning("%s raised %s", self.entry_point.name, describe(exc))
+            results = [exc] * len(requests)
+        handler_time_ms = (time.perf_counter() - start) * 1000.0
+        self.context.metrics.add_time("PredictionTime", handler_time_ms)
+
+        if not isinstance(results, (list, tuple)):
+            raise InvalidHandlerOutput(
+                f"{self.entry_point.name} returned {type(results).__name__}, expected a list "
+                f"of {len(requests)} results"
+            )
+        if len(results) != len(requests):
+            raise BatchSizeMismatch(
+                f"{self.entry_point.name} returned {len(results)} results for a batch of "
+                f"{len(requests)} requests"
+            )
+        responses = [
+            self._encode(idx, request, item)
+            for idx, (request, item) in enumerate(zip(requests, results, strict=True))
+        ]
+        return worker_pb2.PredictResult(
+            batch_id=batch.batch_id, responses=responses, handler_time_ms=handler_time_ms
+        )
+
+    def _encode(self, idx: int, request: worker_pb2.Request, item: Any) -> worker_pb2.Response:
+        processor = self.context.request_processor[idx]
+        headers = dict(processor.get_response_headers())
+        content_type = _pop_content_type(headers)
+        response = worker_pb2.Response(
+            request_id=request.request_id,
+            status=processor.get_response_status_code(),
+            reason=processor.get_response_status_phrase(),
+            headers=headers,
+        )
+        if isinstance(item, BaseException):
+            return _fail(response, item, self.entry_point.name)
+        try:
+            body, default_type = encode_result(item)
+        except (TypeError, ValueError) as exc:
+            return _fail(response, exc, self.entry_point.name)
+        response.body = body
+        response.content_type = content_type or default_type
+        return response
+
+
+def load_service(message: worker_pb2.LoadModel) -> ModelService:
+    """Build the context, import and initialise the handler named by a LOAD message."""
+    model_dir = Path(message.model_dir)
+    if not model_dir.is_dir():
+        raise HandlerLoadError(f"model directory {model_dir} does not exist")
+    if message.envelope:
+        # TODO(backend): service envelopes (body, json, kserve, kservev2).
+        raise HandlerLoadError(f"service_envelope {message.envelope!r} is not supported yet")
+    manifest = read_manifest(message.manifest_json)
+    # NOTE: read the YAML config before the model directory joins sys.path, so that the lazy
+    # `import yaml` cannot pick up a yaml.py shipped in the archive.
+    context = Context(
+        model_name=message.model_name,
+        model_dir=str(model_dir),
+        manifest=manifest,
+        batch_size=message.batch_size,
+        gpu=message.gpu_id if message.gpu_id >= 0 else None,
+        mms_version=message.server_version,
+        limit_max_image_pixels=message.limit_max_image_pixels,
+        model_yaml_config=read_model_yaml_config(model_dir, manifest),
+    )
+    entry_point = load_entry_point(message.handler, model_dir, context)
+    return ModelService(entry_point, context, decode_input_request=message.decode_input_request)
+
+
+def decode_request(request: worker_pb2.Request, *, decode: bool) -> dict[str, Any]:
+    """One request as a handler sees it: input name -> bytes, str or decoded JSON."""
+    data: dict[str, Any] = {}
+    for name, value in request.inputs.items():
+        if not decode:
+            data[name] = value
+            continue
+        content_type = request.content_types.get(name)
+        if not content_type and name == BODY:
+            content_type = _header(request.headers, CONTENT_TYPE)
+        data[name] = decode_value(value, content_type or "")
+    return data
+
+
+def decode_value(value: bytes, content_type: str) -> Any:
+    """JSON to objects and text/* to str (TorchServe's decode_input_request); else bytes.
+
+    A value that fails to decode is passed on as bytes for the handler to judge.
+    """
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type == APPLICATION_JSON:
+        try:
+            return json.loads(value)
+        except ValueError:
+            logger.warning("input declared %s is not valid JSON; passing bytes", content_type)
+            return value
+    if media_type.startswith("text/"):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            logger.warning("input declared %s is not UTF-8; passing bytes", content_type)
+            return value
+    return value
+
+
+def encode_result(item: Any) -> tuple[bytes, str]:
+    """One handler result as bytes and the content type to use if the handler set none.
+
+    Raises TypeError or ValueError when the item cannot be serialised.
+    """
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return bytes(item), OCTET_STREAM
+    if isinstance(item, str):
+        return item.encode("utf-8"), TEXT_PLAIN
+    torch = sys.modules.get("torch")  # never import torch for a handler that did not
+    if torch is not None and isinstance(item, torch.Tensor):
+        buffer = io.BytesIO()
+        torch.save(item, buffer)
+        return buffer.getvalue(), OCTET_STREAM
+    # TorchServe pretty-prints; clients comparing bodies byte for byte rely on it.
+    return json.dumps(item, indent=2).encode("utf-8"), APPLICATION_JSON
+
+
+def _fail(response: worker_pb2.Response, exc: BaseException, handler: str) -> worker_pb2.Response:
+    logger.warning("%s: request %s failed: %s", handler, response.request_id or "?", describe(exc))
+    response.status = request_status(exc)
+    response.error = request_message(exc)
+    response.error_type = type(exc).__name__
+    response.body = b""
+    response.content_type = ""
+    return response
+
+
+def _pop_content_type(headers: dict[str, str]) -> str:
+    content_type = ""
+    for name in [n for n in headers if n.lower() == CONTENT_TYPE]:
+        content_type = headers.pop(name)
+    return content_type
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is not None:
+        return value
+    for key, candidate in headers.items():
+        if key.lower() == name:
+            return candidate
+    return None

@@ -1,0 +1,209 @@
+"""The worker process: connect to the frontend, load one model, answer batches until told to stop.
+
+Protocol (frames of ``protos.framing`` carrying ``protos.worker_pb2`` messages)::
+
+    worker -> HELLO(Hello)
+    frontend -> LOAD(LoadModel)       worker -> LOADED(Loaded) | ERROR(LOAD_FAILED)
+    frontend -> PREDICT(PredictBatch) worker -> PREDICTED(PredictResult) | ERROR(code)
+    frontend -> SHUTDOWN, or closes the socket: the worker exits 0
+
+Every frame from the frontend gets exactly one reply, except SHUTDOWN. Blocking I/O is enough:
+a worker does one thing at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+# NOTE: every module the worker needs is imported here, before a model directory joins
+# sys.path (STYLE trap 22), so nothing in an archive can shadow them.
+from backend.errors import classify, describe
+from backend.service import ModelService, load_service
+from protos import worker_pb2
+from protos.framing import MAX_PAYLOAD_BYTES, Frame, FrameDecoder, Kind, ProtocolError, encode
+
+logger = logging.getLogger("backend.worker")
+
+RECV_BYTES = 1 << 20
+WATCHDOG_INTERVAL_S = 0.25
+LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
+
+
+class Worker:
+    """The state of one worker connection: no model yet, or one loaded ModelService."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._decoder = FrameDecoder()
+        self.service: ModelService | None = None
+        self.should_stop = False
+
+    def serve(self) -> None:
+        """Say HELLO, then answer frames until SHUTDOWN or the frontend closes the socket."""
+        self._send(Frame(Kind.HELLO, worker_pb2.Hello(pid=os.getpid()).SerializeToString()))
+        while not self.should_stop:
+            data = self._sock.recv(RECV_BYTES)
+            if not data:
+                logger.info("frontend closed the connection; exiting")
+                return
+            try:
+                frames = self._decoder.feed(data)
+            except ProtocolError as exc:
+                # The stream cannot be resynchronised: say why, then give up the connection.
+                self._send(error_frame(worker_pb2.PROTOCOL, str(exc)))
+                raise
+            for frame in frames:
+                reply = self.handle_frame(frame)
+                if reply is not None:
+                    self._send(reply)
+                if self.should_stop:
+                    logger.info("shutdown requested; exiting")
+                    return
+
+    def handle_frame(self, frame: Frame) -> Frame | None:
+        """The reply to one frame (None for SHUTDOWN)."""
+        if frame.kind is Kind.SHUTDOWN:
+            self.should_stop = True
+            return None
+        if frame.kind is Kind.LOAD:
+            return self._load(frame.payload)
+        if frame.kind is Kind.PREDICT:
+            return self._predict(frame.payload)
+        return error_frame(worker_pb2.PROTOCOL, f"unexpected frame {frame.kind.name}")
+
+    def _load(self, payload: bytes) -> Frame:
+        if self.service is not None:
+            return error_frame(
+                worker_pb2.PROTOCOL,
+                f"model {self.service.context.model_name!r} is already loaded",
+            )
+        try:
+            message = worker_pb2.LoadModel.FromString(payload)
+        except Exception as exc:  # protobuf's DecodeError
+            return error_frame(worker_pb2.PROTOCOL, f"bad LOAD payload: {describe(exc)}")
+        logger.info(
+            "loading model %s (version %s) from %s with handler %r",
+            message.model_name,
+            message.model_version or "-",
+            message.model_dir,
+            message.handler,
+        )
+        start = time.perf_counter()
+        try:
+            self.service = load_service(message)
+        except Exception as exc:
+            logger.exception("loading model %s failed", message.model_name)
+            return error_frame(worker_pb2.LOAD_FAILED, describe(exc))
+        load_time_ms = (time.perf_counter() - start) * 1000.0
+        logger.info("model %s loaded in %.1f ms", message.model_name, load_time_ms)
+        return Frame(Kind.LOADED, worker_pb2.Loaded(load_time_ms=load_time_ms).SerializeToString())
+
+    def _predict(self, payload: bytes) -> Frame:
+        try:
+            batch = worker_pb2.PredictBatch.FromString(payload)
+        except Exception as exc:  # protobuf's DecodeError
+            return error_frame(worker_pb2.PROTOCOL, f"bad PREDICT payload: {describe(exc)}")
+        if self.service is None:
+            return error_frame(
+                worker_pb2.PROTOCOL, "PREDICT before a model was loaded", batch.batch_id
+            )
+        try:
+            result = self.service.predict(batch)
+        except Exception as exc:
+            code, message = classify(exc)
+            if code == worker_pb2.INTERNAL or code == worker_pb2.OUT_OF_MEMORY:
+                logger.exception(
+                    "batch %d of %d requests failed", batch.batch_id, len(batch.requests)
+                )
+            else:
+                logger.warning(
+                    "batch %d of %d requests failed: %s",
+                    batch.batch_id,
+                    len(batch.requests),
+                    message,
+                )
+            return error_frame(code, message, batch.batch_id)
+        payload = result.SerializeToString()
+        if len(payload) > MAX_PAYLOAD_BYTES:
+            return error_frame(
+                worker_pb2.INTERNAL,
+                f"the results of batch {batch.batch_id} take {len(payload)} bytes, more than "
+                f"a frame can carry ({MAX_PAYLOAD_BYTES})",
+                batch.batch_id,
+            )
+        return Frame(Kind.PREDICTED, payload)
+
+    def _send(self, frame: Frame) -> None:
+        self._sock.sendall(encode(frame))
+
+
+def error_frame(code: worker_pb2.ErrorCode, message: str, batch_id: int = 0) -> Frame:
+    error = worker_pb2.Error(code=code, message=message, batch_id=batch_id)
+    return Frame(Kind.ERROR, error.SerializeToString())
+
+
+def start_parent_watchdog(parent_pid: int, interval_s: float = WATCHDOG_INTERVAL_S) -> None:
+    """Exit the process as soon as the parent that started it is gone.
+
+    A worker stuck in a long handler call never reads the socket, so it would not notice
+    a SIGKILLed frontend; when the parent dies the worker is re-parented and getppid changes.
+    """
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent_pid:
+                os.write(2, f"parent process {parent_pid} is gone; worker exiting\n".encode())
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m backend", description="Run one batchserve backend worker."
+    )
+    parser.add_argument("--socket", required=True, help="Unix socket the frontend listens on")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one worker; the exit status is 0 on SHUTDOWN or EOF."""
+    parent_pid = os.getppid()
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    # The frontend reads our output through pipes: print() from a handler must not sit in a
+    # block buffer until exit.
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
+    start_parent_watchdog(parent_pid)
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(args.socket)
+    except OSError as exc:
+        logger.error("cannot connect to %s: %s", args.socket, exc)
+        sock.close()
+        return 2
+    with sock:
+        try:
+            Worker(sock).serve()
+        except (BrokenPipeError, ConnectionResetError):
+            logger.info("frontend went away; exiting")
+        except ProtocolError as exc:
+            logger.error("protocol error, closing the connection: %s", exc)
+            return 2
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

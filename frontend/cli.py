@@ -1,0 +1,308 @@
+"""``torchserve``: start (in the background or foreground) and stop the server.
+
+Flags are TorchServe's. argparse rather than click: ``--models a=a.mar b=b.mar`` takes a
+variable number of values after one flag, which click options cannot express.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import logging.config
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from frontend.config import ServerConfig, load_config
+from frontend.errors import ConfigError
+
+logger = logging.getLogger("batchserve")
+
+STATE_FILE = "server.json"
+STOP_TIMEOUT_S = 180.0
+LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s - %(message)s"
+
+
+def state_dir() -> Path:
+    """The per-user folder that holds the running server's PID/state file (mode 0700)."""
+    override = os.environ.get("BATCHSERVE_STATE_DIR")
+    if override:
+        path = Path(override)
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "batchserve"
+    else:
+        path = Path("/tmp") / f"batchserve-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_uid != os.getuid():
+        raise ConfigError(f"{path} belongs to another user; set BATCHSERVE_STATE_DIR")
+    path.chmod(0o700)
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchserve", description="batchserve: a TorchServe-compatible model server")
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--start", action="store_true", help="start the model server")
+    action.add_argument("--stop", action="store_true", help="stop the running model server")
+    action.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("--ts-config", dest="ts_config", type=Path,
+                        help="configuration file (config.properties)")
+    parser.add_argument("--model-store", dest="model_store", type=Path,
+                        help="folder that holds the model archives")
+    parser.add_argument("--models", nargs="+", default=None, metavar="MODEL",
+                        help="models to load at startup: name=x.mar, x.mar, or all")
+    parser.add_argument("--log-config", dest="log_config", type=Path,
+                        help="Python logging configuration file (ini format)")
+    parser.add_argument("--foreground", action="store_true",
+                        help="stay in the foreground and log to the terminal")
+    parser.add_argument("--ncs", "--no-config-snapshots", dest="ncs", action="store_true",
+                        help="do not write model snapshots")
+    parser.add_argument("--disable-token-auth", dest="disable_token_auth", action="store_true",
+                        help="serve without token authorization")
+    parser.add_argument("--enable-model-api", dest="enable_model_api", action="store_true",
+                        help="allow registering and unregistering models at runtime")
+    return parser
+
+
+def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
+    overrides: dict[str, str] = {}
+    if args.model_store is not None:
+        overrides["model_store"] = str(args.model_store)
+    if args.models:
+        overrides["load_models"] = ",".join(args.models)
+    if args.enable_model_api:
+        overrides["enable_model_api"] = "true"
+    if args.disable_token_auth:
+        overrides["disable_token_authorization"] = "true"
+    return overrides
+
+
+def config_file(args: argparse.Namespace) -> Path | None:
+    """--ts-config, else $TS_CONFIG_FILE, else ./config.properties when present (TorchServe)."""
+    if args.ts_config is not None:
+        return Path(args.ts_config)
+    if os.environ.get("TS_CONFIG_FILE"):
+        return Path(os.environ["TS_CONFIG_FILE"])
+    default = Path("config.properties")
+    return default if default.is_file() else None
+
+
+def resolve_config(args: argparse.Namespace) -> ServerConfig:
+    config = load_config(config_file(args), cli_overrides(args))
+    if config.model_store is None:
+        raise ConfigError("Missing mandatory parameter --model-store (or model_store= in the "
+                          "config file)")
+    if not config.model_store.is_dir():
+        raise ConfigError(f"model store {config.model_store} is not a folder")
+    return config
+
+
+# ---- state file -------------------------------------------------------------------------
+
+def read_state() -> dict[str, object] | None:
+    path = state_dir() / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    pid = state.get("pid")
+    if not isinstance(pid, int) or not _is_our_server(pid):
+        path.unlink(missing_ok=True)  # stale: the server died without cleaning up
+        return None
+    return dict(state)
+
+
+def _is_our_server(pid: int) -> bool:
+    import psutil
+
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return any(part == "frontend" or part.endswith("frontend/__main__.py") for part in cmdline)
+
+
+def write_state(state: dict[str, object]) -> None:
+    path = state_dir() / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def remove_state(pid: int) -> None:
+    path = state_dir() / STATE_FILE
+    try:
+        if json.loads(path.read_text()).get("pid") == pid:
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+# ---- foreground -------------------------------------------------------------------------
+
+def setup_logging(log_config: Path | None) -> None:
+    if log_config is not None:
+        logging.config.fileConfig(log_config, disable_existing_loggers=False)
+        return
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+
+
+def run_foreground(config: ServerConfig) -> int:
+    from frontend.server import Server
+
+    server = Server(config)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, server.request_stop)
+        serving = asyncio.ensure_future(server.serve())
+        started = asyncio.ensure_future(asyncio.to_thread(server.started.wait))
+        await asyncio.wait({serving, started}, return_when=asyncio.FIRST_COMPLETED)
+        if server.started.is_set() and server.bound is not None:
+            bound = server.bound
+            write_state({
+                "pid": os.getpid(),
+                "inference": str(bound.inference),
+                "management": str(bound.management),
+                "metrics": str(bound.metrics) if bound.metrics else None,
+            })
+            print(f"batchserve is serving: inference {bound.inference}, management "
+                  f"{bound.management}, metrics {bound.metrics}", file=sys.stderr, flush=True)
+        else:
+            server.started.set()  # release the waiting thread
+        try:
+            await serving
+        finally:
+            remove_state(os.getpid())
+
+    try:
+        _run(main())
+    except (OSError, ConfigError) as exc:
+        logger.error("batchserve failed to start: %s", exc)
+        return 1
+    return 0
+
+
+def _run(coro: object) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        asyncio.run(coro)  # type: ignore[arg-type]
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(coro)  # type: ignore[arg-type]
+
+
+# ---- background start and stop ----------------------------------------------------------
+
+def start_background(argv: Sequence[str], config: ServerConfig) -> int:
+    config.log_location.mkdir(parents=True, exist_ok=True)
+    log_path = config.log_location / "batchserve.log"
+    state_dir()  # fail early if it cannot be made
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "frontend", *argv, "--foreground"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + config.default_startup_timeout_s + 60
+    while time.monotonic() < deadline:
+        code = process.poll()
+        if code is not None:
+            print(f"batchserve failed to start (exit code {code}). Last log lines from "
+                  f"{log_path}:\n{_tail(log_path)}", file=sys.stderr)
+            return 1
+        state = read_state()
+        if state is not None and state.get("pid") == process.pid and _ping(str(state["inference"])):
+            print(f"batchserve started (pid {process.pid}).\n"
+                  f"  inference API:  {state['inference']}\n"
+                  f"  management API: {state['management']}\n"
+                  f"  metrics API:    {state['metrics']}\n"
+                  f"  logs:           {log_path}")
+            return 0
+        time.sleep(0.2)
+    process.terminate()
+    print(f"batchserve did not become ready in time; see {log_path}", file=sys.stderr)
+    return 1
+
+
+def _ping(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/ping", timeout=2) as response:
+            return bool(response.status == 200)
+    except urllib.error.HTTPError as exc:
+        return exc.code == 500  # answering, though a model is unhealthy
+    except OSError:
+        return False
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def stop_server() -> int:
+    import psutil
+
+    state = read_state()
+    if state is None:
+        print("batchserve is not running.")
+        return 0
+    pid = int(state["pid"])  # type: ignore[call-overload]
+    try:
+        server = psutil.Process(pid)
+        family = [server, *server.children(recursive=True)]
+        server.send_signal(signal.SIGTERM)
+    except psutil.NoSuchProcess:
+        print("batchserve is not running.")
+        return 0
+    _, alive = psutil.wait_procs(family, timeout=STOP_TIMEOUT_S)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=10)
+    remove_state(pid)
+    print(f"batchserve stopped (pid {pid}).")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.version:
+        print("batchserve 0.1.0 (TorchServe-compatible)")
+        return 0
+    if args.stop:
+        return stop_server()
+    setup_logging(args.log_config if args.foreground else None)
+    try:
+        config = resolve_config(args)
+        running = read_state()
+        if running is not None:
+            raise ConfigError(f"batchserve is already running (pid {running['pid']}); "
+                              "stop it with torchserve --stop")
+    except ConfigError as exc:
+        print(f"torchserve: error: {exc}", file=sys.stderr)
+        return 2
+    if args.foreground:
+        return run_foreground(config)
+    return start_background([a for a in argv if a != "--foreground"], config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Bind the HTTP listeners and serve our ASGI apps on them with uvicorn (httptools)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import uvicorn
+
+from frontend.config import Address, ServerConfig
+from frontend.errors import ServeError
+from frontend.http import common
+from frontend.http.inference import InferenceApp
+from frontend.http.management import ManagementApp
+from frontend.http.metrics import MetricsApp
+from frontend.registry import ModelRegistry
+
+logger = logging.getLogger(__name__)
+
+#: How long open connections may take to finish their responses at shutdown.
+GRACEFUL_SHUTDOWN_S = 30
+
+
+class CombinedApp:
+    """One listener serving several APIs (TorchServe does this when addresses coincide)."""
+
+    def __init__(self, apps: list[InferenceApp | ManagementApp | MetricsApp]) -> None:
+        self.apps = apps
+
+    async def __call__(self, scope: common.Scope, receive: common.Receive,
+                       send: common.Send) -> None:
+        if scope["type"] != "http":
+            return
+        last_error: ServeError = common.not_found()
+        for app in self.apps:
+            try:
+                if await app.route(scope, receive, send):
+                    return
+            except common.ClientDisconnected:
+                return
+            except ServeError as error:
+                if error.http_status != 404 or "Requested resource" not in error.message:
+                    await common.send_error(send, error)
+                    return
+                last_error = error
+        await common.send_error(send, last_error)
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    name: str
+    address: Address
+
+
+def bind(address: Address) -> socket.socket:
+    """Bind a listening TCP socket now, so a busy port fails the start at once."""
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address.host, address.port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot bind {address}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class HttpListeners:
+    """The inference, management and metrics listeners: bound early, served once ready."""
+
+    def __init__(self, config: ServerConfig, registry: ModelRegistry) -> None:
+        apps: dict[str, InferenceApp | ManagementApp | MetricsApp] = {
+            "inference": InferenceApp(config, registry),
+            "management": ManagementApp(config, registry),
+        }
+        wanted = {"inference": config.inference_address,
+                  "management": config.management_address}
+        if config.enable_metrics_api:
+            apps["metrics"] = MetricsApp(config, registry)
+            wanted["metrics"] = config.metrics_address
+        # Listeners that share an address (port 0 excepted) become one combined listener.
+        groups: dict[Address | str, list[str]] = {}
+        for name, address in wanted.items():
+            key: Address | str = name if address.port == 0 else address
+            groups.setdefault(key, []).append(name)
+        self._plan = [(names, wanted[names[0]], [apps[n] for n in names])
+                      for names in groups.values()]
+        self._sockets: list[tuple[list[str], socket.socket, object]] = []
+        self._servers: list[uvicorn.Server] = []
+        self.bound: dict[str, Address] = {}
+
+    def bind(self) -> None:
+        try:
+            for names, address, apps in self._plan:
+                sock = bind(address)
+                app = apps[0] if len(apps) == 1 else CombinedApp(apps)
+                self._sockets.append((names, sock, app))
+                host, port = sock.getsockname()[:2]
+                for name in names:
+                    self.bound[name] = Address(host, port)
+        except OSError:
+            self.close_sockets()
+            raise
+
+    def close_sockets(self) -> None:
+        for _, sock, _ in self._sockets:
+            sock.close()
+        self._sockets.clear()
+
+    async def start(self) -> None:
+        for _names, sock, app in self._sockets:
+            config = uvicorn.Config(
+                app,  # type: ignore[arg-type]
+                http="httptools",
+                interface="asgi3",
+                lifespan="off",
+                access_log=False,
+                log_config=None,
+                proxy_headers=False,
+                server_header=False,
+                date_header=False,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            )
+            config.load()
+            server = uvicorn.Server(config)
+            server.lifespan = config.lifespan_class(config)
+            await server.startup(sockets=[sock])
+            self._servers.append(server)
+
+    async def stop(self) -> None:
+        """Stop accepting, let open requests finish (bounded), close the sockets."""
+        for server in self._servers:
+            server.should_exit = True
+        for server, (_, sock, _) in zip(self._servers, self._sockets, strict=False):
+            with contextlib.suppress(Exception):
+                await server.shutdown(sockets=[sock])
+        self._servers.clear()
+        self.close_sockets()
+
+
+@contextlib.asynccontextmanager
+async def serve_http(config: ServerConfig, registry: ModelRegistry
+                     ) -> AsyncIterator[HttpListeners]:
+    listeners = HttpListeners(config, registry)
+    listeners.bind()
+    try:
+        yield listeners
+    finally:
+        await listeners.stop()

@@ -1,0 +1,133 @@
+"""Lean ASGI plumbing shared by our apps: bodies, JSON and error responses, query params.
+
+The inference hot path goes through these functions only; no framework layers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import parse_qs
+
+from frontend.errors import BadRequest, PayloadTooLarge, ServeError
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+JSON = b"application/json"
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before we had read its request."""
+
+
+async def read_body(receive: Receive, limit_bytes: int) -> bytes:
+    """The whole request body, or PayloadTooLarge past ``limit_bytes``."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientDisconnected()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > limit_bytes:
+            raise PayloadTooLarge(f"request body exceeds max_request_size ({limit_bytes} bytes)")
+        return body
+    chunks = [body]
+    size = len(body)
+    while message.get("more_body", False):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit_bytes:
+            raise PayloadTooLarge(f"request body exceeds max_request_size ({limit_bytes} bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def check_content_length(scope: Scope, limit_bytes: int) -> None:
+    """Refuse an oversize body from its Content-Length header, before reading it."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                raise BadRequest("invalid Content-Length header") from None
+            if declared > limit_bytes:
+                raise PayloadTooLarge(
+                    f"request body of {declared} bytes exceeds max_request_size "
+                    f"({limit_bytes} bytes)")
+            return
+
+
+async def send_bytes(send: Send, status: int, body: bytes, content_type: bytes,
+                     headers: Headers | None = None) -> None:
+    response_headers: Headers = [(b"content-type", content_type),
+                                 (b"content-length", str(len(body)).encode())]
+    if headers:
+        response_headers.extend(headers)
+    await send({"type": "http.response.start", "status": status, "headers": response_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def pretty_json(value: object) -> bytes:
+    """TorchServe's response style: two-space indented JSON with a trailing newline."""
+    return (json.dumps(value, indent=2) + "\n").encode()
+
+
+async def send_json(send: Send, status: int, value: object,
+                    headers: Headers | None = None) -> None:
+    await send_bytes(send, status, pretty_json(value), JSON, headers)
+
+
+async def send_error(send: Send, error: ServeError, headers: Headers | None = None) -> None:
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
+    await send_json(send, error.http_status, error.to_body(), [*extra, *(headers or [])])
+
+
+def query_params(scope: Scope) -> dict[str, str]:
+    """Query string as name -> last value."""
+    raw = scope.get("query_string", b"")
+    if not raw:
+        return {}
+    return {key: values[-1] for key, values in parse_qs(raw.decode("latin-1")).items()}
+
+
+def int_param(params: dict[str, str], name: str, default: int | None = None) -> int | None:
+    if name not in params or params[name] == "":
+        return default
+    try:
+        return int(params[name])
+    except ValueError:
+        raise BadRequest(f"parameter {name} must be an integer, got {params[name]!r}") from None
+
+
+def bool_param(params: dict[str, str], name: str, default: bool) -> bool:
+    if name not in params:
+        return default
+    value = params[name].strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise BadRequest(f"parameter {name} must be true or false, got {params[name]!r}")
+
+
+def path_parts(scope: Scope) -> list[str]:
+    return [part for part in scope["path"].split("/") if part]
+
+
+def not_found() -> ServeError:
+    from frontend.errors import NotFound
+
+    return NotFound("Requested resource is not found, please refer to API document.")
+
+
+def method_not_allowed() -> ServeError:
+    from frontend.errors import MethodNotAllowed
+
+    return MethodNotAllowed("Requested method is not allowed, please refer to API document.")

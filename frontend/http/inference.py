@@ -1,0 +1,113 @@
+"""The inference API (port 8080): /ping and /predictions/{model}[/{version}].
+
+This is the hot path: a request is read, turned into one worker_pb2.Request, queued on its
+model's batcher, and answered with the worker's bytes. No payload is decoded here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from frontend.batching import Job
+from frontend.config import ServerConfig
+from frontend.errors import InternalError, ServeError
+from frontend.http import common
+from frontend.http.forms import is_form, parse_form
+from frontend.registry import Model, ModelRegistry
+from protos import worker_pb2
+
+logger = logging.getLogger(__name__)
+
+_INFERENCE_METHODS = ("POST", "PUT")
+
+
+class InferenceApp:
+    """ASGI app for TorchServe's inference API."""
+
+    def __init__(self, config: ServerConfig, registry: ModelRegistry) -> None:
+        self.config = config
+        self.registry = registry
+
+    async def __call__(self, scope: common.Scope, receive: common.Receive,
+                       send: common.Send) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            await self.route(scope, receive, send)
+        except common.ClientDisconnected:
+            return
+        except ServeError as error:
+            await common.send_error(send, error)
+
+    async def route(self, scope: common.Scope, receive: common.Receive,
+                    send: common.Send) -> bool:
+        """Serve the request if it is ours; return False when no route matches."""
+        path: str = scope["path"]
+        if path.startswith("/predictions/"):
+            if scope["method"] not in _INFERENCE_METHODS:
+                raise common.method_not_allowed()
+            parts = common.path_parts(scope)
+            if len(parts) not in (2, 3):
+                raise common.not_found()
+            model = self.registry.get(parts[1], parts[2] if len(parts) == 3 else None)
+            await self.predict(model, scope, receive, send)
+            return True
+        if path == "/ping":
+            await self.ping(send)
+            return True
+        raise common.not_found()
+
+    async def ping(self, send: common.Send) -> None:
+        healthy = all(model.is_healthy() for model in self.registry)
+        status = "Healthy" if healthy else "Unhealthy"
+        await common.send_json(send, 200 if healthy else 500, {"status": status})
+
+    async def predict(self, model: Model, scope: common.Scope, receive: common.Receive,
+                      send: common.Send) -> None:
+        limit = self.config.max_request_size_bytes
+        common.check_content_length(scope, limit)
+        body = await common.read_body(receive, limit)
+        request_id = str(uuid.uuid4())
+        request = worker_pb2.Request(request_id=request_id)
+        content_type = ""
+        for raw_name, raw_value in scope["headers"]:
+            name = raw_name.decode("latin-1")
+            value = raw_value.decode("latin-1")
+            request.headers[name] = value
+            if name == "content-type":
+                content_type = value
+        if content_type and is_form(content_type):
+            for field_name, data, field_type in parse_form(content_type, body):
+                request.inputs[field_name] = data
+                request.content_types[field_name] = field_type
+        else:
+            request.inputs["body"] = body
+            request.content_types["body"] = content_type
+        loop = asyncio.get_running_loop()
+        job = Job(request, loop.create_future(),
+                  deadline=time.monotonic() + model.settings.response_timeout_s)
+        model.submit(job)
+        response = await job.future
+        await self.respond(response, request_id, send)
+
+    async def respond(self, response: worker_pb2.Response, request_id: str,
+                      send: common.Send) -> None:
+        headers: common.Headers = [(b"x-request-id", request_id.encode())]
+        headers.extend((key.lower().encode("latin-1"), value.encode("latin-1"))
+                       for key, value in response.headers.items())
+        if response.error:
+            body = {"code": response.status or 500,
+                    "type": response.error_type or InternalError.type_name,
+                    "message": response.error}
+            await common.send_json(send, response.status or 500, body, headers)
+            return
+        if len(response.body) > self.config.max_response_size_bytes:
+            raise InternalError(
+                f"response of {len(response.body)} bytes exceeds max_response_size "
+                f"({self.config.max_response_size_bytes} bytes)")
+        content_type = (response.content_type or "application/json").encode("latin-1")
+        await common.send_bytes(send, response.status or 200, response.body, content_type,
+                                headers)

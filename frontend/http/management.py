@@ -1,0 +1,166 @@
+"""The management API (port 8081): register, list, describe, scale, set-default, unregister.
+
+Paths, parameters, status codes and bodies follow TorchServe's management API; where we
+differ it is noted (a duplicate registration is 409 here, 500 in TorchServe).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from frontend.config import ServerConfig
+from frontend.errors import BadRequest, InternalError, MethodNotAllowed, ServeError
+from frontend.http import common
+from frontend.registry import Model, ModelRegistry, RegisterRequest
+
+logger = logging.getLogger(__name__)
+
+MAX_LIST_LIMIT = 100
+
+
+class ManagementApp:
+    """ASGI app for TorchServe's management API."""
+
+    def __init__(self, config: ServerConfig, registry: ModelRegistry) -> None:
+        self.config = config
+        self.registry = registry
+
+    async def __call__(self, scope: common.Scope, receive: common.Receive,
+                       send: common.Send) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            await self.route(scope, receive, send)
+        except common.ClientDisconnected:
+            return
+        except ServeError as error:
+            await common.send_error(send, error)
+
+    async def route(self, scope: common.Scope, receive: common.Receive,
+                    send: common.Send) -> bool:
+        parts = common.path_parts(scope)
+        if not parts or parts[0] != "models" or len(parts) > 4:
+            raise common.not_found()
+        method: str = scope["method"]
+        params = common.query_params(scope)
+        if len(parts) == 1:
+            if method == "GET":
+                await common.send_json(send, 200, self.list_models(params))
+            elif method == "POST":
+                self._require_model_api()
+                await self.register(params, send)
+            else:
+                raise common.method_not_allowed()
+            return True
+        name = parts[1]
+        version = parts[2] if len(parts) >= 3 else None
+        if len(parts) == 4:
+            if parts[3] != "set-default" or method != "PUT":
+                raise common.not_found() if parts[3] != "set-default" else \
+                    common.method_not_allowed()
+            assert version is not None
+            self.registry.set_default(name, version)
+            await common.send_json(send, 200, {
+                "status": f'Default version successfully updated for model "{name}" '
+                          f'to "{version}"'})
+            return True
+        if method == "GET":
+            await common.send_json(send, 200, self.describe(name, version))
+        elif method == "PUT":
+            await self.scale(name, version, params, send)
+        elif method == "DELETE":
+            self._require_model_api()
+            model = await self.registry.unregister(name, version)
+            suffix = f' version "{version}"' if version else ""
+            await common.send_json(send, 200, {
+                "status": f'Model "{model.name}"{suffix} unregistered'})
+        else:
+            raise common.method_not_allowed()
+        return True
+
+    def _require_model_api(self) -> None:
+        if not self.config.enable_model_api:
+            raise MethodNotAllowed(
+                "Model API is disabled: start with --enable-model-api (or "
+                "enable_model_api=true) to register or unregister models at runtime.")
+
+    def list_models(self, params: dict[str, str]) -> dict[str, object]:
+        limit = common.int_param(params, "limit", MAX_LIST_LIMIT) or 0
+        limit = MAX_LIST_LIMIT if limit <= 0 or limit > MAX_LIST_LIMIT else limit
+        start = common.int_param(params, "next_page_token", 0) or 0
+        if start < 0:
+            raise BadRequest("next_page_token must be >= 0")
+        names = self.registry.names()
+        page = names[start:start + limit]
+        body: dict[str, object] = {}
+        if start + limit < len(names):
+            body["nextPageToken"] = str(start + limit)
+        body["models"] = [
+            {"modelName": name, "modelUrl": self.registry.get(name).archive.url}
+            for name in page
+        ]
+        return body
+
+    def describe(self, name: str, version: str | None) -> list[dict[str, object]]:
+        if version == "all":
+            return [model.describe() for model in self.registry.versions(name)]
+        return [self.registry.get(name, version).describe()]
+
+    async def register(self, params: dict[str, str], send: common.Send) -> None:
+        if not params.get("url"):
+            raise BadRequest("Parameter url is required.")
+        runtime = params.get("runtime", "python")
+        if runtime not in ("python", "python3"):
+            raise BadRequest(f"unsupported runtime {runtime!r}: only python is supported")
+        request = RegisterRequest(
+            url=params["url"],
+            model_name=params.get("model_name") or None,
+            handler=params.get("handler") or None,
+            batch_size=common.int_param(params, "batch_size"),
+            max_batch_delay_ms=common.int_param(params, "max_batch_delay"),
+            initial_workers=common.int_param(params, "initial_workers"),
+            response_timeout_s=common.int_param(params, "response_timeout"),
+            startup_timeout_s=common.int_param(params, "startup_timeout"),
+            # TorchServe's code defaults synchronous to true for REST (its docs say false).
+            synchronous=common.bool_param(params, "synchronous", True),
+        )
+        model = await self.registry.register(request)
+        await common.send_json(send, 200 if request.synchronous else 202,
+                               {"status": _registered_message(model, request.synchronous)})
+
+    async def scale(self, name: str, version: str | None, params: dict[str, str],
+                    send: common.Send) -> None:
+        model = self.registry.get(name, version)
+        min_worker = common.int_param(params, "min_worker", 1)
+        max_worker = common.int_param(params, "max_worker", min_worker)
+        assert min_worker is not None and max_worker is not None
+        if min_worker < 0:
+            raise BadRequest("min_worker must be >= 0")
+        if max_worker < min_worker:
+            raise BadRequest("max_worker cannot be less than min_worker.")
+        synchronous = common.bool_param(params, "synchronous", False)
+        timeout = common.int_param(params, "timeout", -1)
+        assert timeout is not None
+        model.settings = replace(model.settings, min_workers=min_worker, max_workers=max_worker)
+        started = await model.scale(min_worker, None if timeout < 0 else float(timeout))
+        if not synchronous:
+            await common.send_json(send, 202, {"status": "Processing worker updates..."})
+            return
+        failures = [f for f in [await w.first_start for w in started] if f is not None]
+        if failures:
+            raise InternalError(f"Failed to start workers for model {name}: {failures[0]}")
+        suffix = f", version: {version}" if version else ""
+        await common.send_json(send, 200, {
+            "status": f"Workers scaled to {min_worker} for model: {name}{suffix}"})
+
+
+def _registered_message(model: Model, synchronous: bool) -> str:
+    workers = len(model.workers)
+    text = f'Model "{model.name}" Version: {model.version} registered with {workers} ' \
+           "initial workers"
+    if workers == 0:
+        text += ". Use scale workers API to add workers for the model."
+    elif not synchronous:
+        text += ". Processing worker updates..."
+    return text

@@ -1,0 +1,379 @@
+"""Registered models: names, versions, default versions, and each version's queue and workers."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from frontend import archive as archives
+from frontend.batching import Batcher, FixedDelayPolicy, Job
+from frontend.config import ModelDefaults, ServerConfig
+from frontend.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    InternalError,
+    ModelNotFound,
+    ModelVersionNotFound,
+    ServiceUnavailable,
+)
+from frontend.gpus import GpuAssigner
+from frontend.metrics import ServerMetrics
+from frontend.workers import Worker, WorkerLaunch, WorkerStartError
+from protos import worker_pb2
+
+logger = logging.getLogger(__name__)
+
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SERVER_VERSION = "0.1.0"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    """The batching and worker settings in force for one model version."""
+
+    batch_size: int
+    max_batch_delay_ms: int
+    min_workers: int
+    max_workers: int
+    response_timeout_s: int
+    startup_timeout_s: int
+    job_queue_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterRequest:
+    """A registration, from the management API or from the startup model list."""
+
+    url: str
+    model_name: str | None = None
+    handler: str | None = None
+    batch_size: int | None = None
+    max_batch_delay_ms: int | None = None
+    initial_workers: int | None = None
+    response_timeout_s: int | None = None
+    startup_timeout_s: int | None = None
+    synchronous: bool = True
+    loaded_at_startup: bool = False
+
+
+def _first(*values: Any) -> Any:
+    return next((value for value in values if value is not None), None)
+
+
+def _yaml_int(config: dict[str, Any], key: str) -> int | None:
+    value = config.get(key)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise BadRequest(f"model-config.yaml: {key} must be an integer, got {value!r}") from None
+
+
+class Model:
+    """One registered model version: its archive, settings, job queue and workers."""
+
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        unpacked: archives.UnpackedArchive,
+        handler: str,
+        settings: ModelSettings,
+        config: ServerConfig,
+        run_dir: Path,
+        gpus: GpuAssigner,
+        metrics: ServerMetrics,
+        loaded_at_startup: bool,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.archive = unpacked
+        self.handler = handler
+        self.settings = settings
+        self.loaded_at_startup = loaded_at_startup
+        self.registered_at = time.time()
+        self._gpus = gpus
+        self._metrics = metrics
+        self.batcher = Batcher(
+            max_batch_size=settings.batch_size,
+            capacity=settings.job_queue_size,
+            policy=FixedDelayPolicy(settings.batch_size, settings.max_batch_delay_ms / 1000),
+        )
+        self.launch = WorkerLaunch(
+            load=worker_pb2.LoadModel(
+                model_name=name,
+                model_version=version,
+                model_dir=str(unpacked.model_dir),
+                handler=handler,
+                batch_size=settings.batch_size,
+                manifest_json=unpacked.manifest_json,
+                limit_max_image_pixels=config.limit_max_image_pixels,
+                envelope=config.service_envelope,
+                decode_input_request=config.decode_input_request,
+                server_version=SERVER_VERSION,
+            ),
+            run_dir=run_dir,
+            startup_timeout_s=settings.startup_timeout_s,
+            response_timeout_s=settings.response_timeout_s,
+        )
+        self.workers: list[Worker] = []
+        self.recent_batch_sizes: collections.deque[int] = collections.deque(maxlen=64)
+        self.batches_total = 0
+        self.requests_total = 0
+
+    def _record_batch(self, jobs: list[Job], _elapsed_s: float) -> None:
+        self.recent_batch_sizes.append(len(jobs))
+        self.batches_total += 1
+        self.requests_total += len(jobs)
+        self._metrics.record_batch(self, jobs)
+
+    def submit(self, job: Job) -> None:
+        if not self.workers:
+            raise ServiceUnavailable(
+                f'Model "{self.name}" has no worker to serve inference request. '
+                "Please use scale workers API to add workers.")
+        self.batcher.submit(job)
+
+    def start_workers(self, count: int) -> list[Worker]:
+        started = []
+        for _ in range(count):
+            worker = Worker(self.launch, self.batcher, self._gpus.next(), self._record_batch)
+            self.workers.append(worker)
+            started.append(worker)
+        return started
+
+    async def scale(self, target: int, drain_timeout_s: float | None) -> list[Worker]:
+        """Start or stop workers until ``target`` run; return the ones started."""
+        if target > len(self.workers):
+            return self.start_workers(target - len(self.workers))
+        surplus = self.workers[target:]
+        del self.workers[target:]
+        await asyncio.gather(*(worker.stop(drain_timeout_s) for worker in surplus))
+        return []
+
+    async def stop(self, drain_timeout_s: float | None) -> None:
+        """Drain the queue into the workers (bounded), then stop them."""
+        deadline = None if drain_timeout_s is None else time.monotonic() + drain_timeout_s
+        while self.batcher.depth and any(w.first_start.done() for w in self.workers):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        self.batcher.close(ServiceUnavailable(f'Model "{self.name}" is being unregistered'))
+        workers, self.workers = self.workers, []
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        await asyncio.gather(*(worker.stop(remaining) for worker in workers))
+
+    def is_healthy(self) -> bool:
+        ready = sum(1 for w in self.workers if w.describe()["status"] == "READY")
+        return ready >= self.settings.min_workers
+
+    def describe(self) -> dict[str, object]:
+        s = self.settings
+        sizes = list(self.recent_batch_sizes)
+        return {
+            "modelName": self.name,
+            "modelVersion": self.version,
+            "modelUrl": self.archive.url,
+            "runtime": self.archive.manifest.runtime or "python",
+            "minWorkers": s.min_workers,
+            "maxWorkers": s.max_workers,
+            "batchSize": s.batch_size,
+            "maxBatchDelay": s.max_batch_delay_ms,
+            "responseTimeout": s.response_timeout_s,
+            "startupTimeout": s.startup_timeout_s,
+            "loadedAtStartup": self.loaded_at_startup,
+            "handler": self.handler,
+            "workers": [worker.describe() for worker in self.workers],
+            "jobQueueStatus": {
+                "remainingCapacity": self.batcher.remaining_capacity,
+                "pendingRequests": self.batcher.depth,
+            },
+            "batching": {
+                "policy": "fixed",
+                "queueDepth": self.batcher.depth,
+                "batchesTotal": self.batches_total,
+                "requestsTotal": self.requests_total,
+                "recentBatchSizes": sizes,
+                "meanBatchSize": round(sum(sizes) / len(sizes), 3) if sizes else 0.0,
+            },
+        }
+
+
+class ModelRegistry:
+    """All registered models by name and version, and which version is the default."""
+
+    def __init__(self, config: ServerConfig, run_dir: Path, gpus: GpuAssigner) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.archive_dir = run_dir / "models"
+        self.archive_dir.mkdir(mode=0o700, exist_ok=True)
+        self._gpus = gpus
+        self._models: dict[str, dict[str, Model]] = {}
+        self._defaults: dict[str, str] = {}
+        self.metrics = ServerMetrics(self)
+
+    # ---- lookup -------------------------------------------------------------------------
+
+    def get(self, name: str, version: str | None = None) -> Model:
+        versions = self._models.get(name)
+        if not versions:
+            raise ModelNotFound(f"Model not found: {name}")
+        if version is None:
+            return versions[self._defaults[name]]
+        try:
+            return versions[version]
+        except KeyError:
+            raise ModelVersionNotFound(
+                f"Model version {version} does not exist for model {name}") from None
+
+    def versions(self, name: str) -> list[Model]:
+        versions = self._models.get(name)
+        if not versions:
+            raise ModelNotFound(f"Model not found: {name}")
+        return list(versions.values())
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def default_version(self, name: str) -> str:
+        self.get(name)
+        return self._defaults[name]
+
+    def __iter__(self) -> Iterator[Model]:
+        for versions in self._models.values():
+            yield from versions.values()
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def _settings(self, name: str, version: str, request: RegisterRequest,
+                  model_config: dict[str, Any]) -> ModelSettings:
+        config = self.config
+        from_props = config.models.get(name, {}).get(version) or ModelDefaults()
+        workers = _first(request.initial_workers, _yaml_int(model_config, "minWorkers"),
+                         from_props.min_workers, self._default_workers())
+        max_workers = _first(_yaml_int(model_config, "maxWorkers"), from_props.max_workers, workers)
+        settings = ModelSettings(
+            batch_size=_first(request.batch_size, _yaml_int(model_config, "batchSize"),
+                              from_props.batch_size, config.default_batch_size),
+            max_batch_delay_ms=_first(request.max_batch_delay_ms,
+                                      _yaml_int(model_config, "maxBatchDelay"),
+                                      from_props.max_batch_delay_ms,
+                                      config.default_max_batch_delay_ms),
+            min_workers=workers,
+            max_workers=max(workers, max_workers),
+            response_timeout_s=_first(request.response_timeout_s,
+                                      _yaml_int(model_config, "responseTimeout"),
+                                      from_props.response_timeout_s,
+                                      config.default_response_timeout_s),
+            startup_timeout_s=_first(request.startup_timeout_s,
+                                     _yaml_int(model_config, "startupTimeout"),
+                                     from_props.startup_timeout_s,
+                                     config.default_startup_timeout_s),
+            job_queue_size=_first(_yaml_int(model_config, "jobQueueSize"), config.job_queue_size),
+        )
+        if settings.batch_size < 1:
+            raise BadRequest(f"batch_size must be >= 1, got {settings.batch_size}")
+        if settings.max_batch_delay_ms < 0:
+            raise BadRequest(f"max_batch_delay must be >= 0, got {settings.max_batch_delay_ms}")
+        if settings.min_workers < 0:
+            raise BadRequest(f"initial_workers must be >= 0, got {settings.min_workers}")
+        if settings.response_timeout_s < 1 or settings.startup_timeout_s < 1:
+            raise BadRequest("response_timeout and startup_timeout must be >= 1 second")
+        return settings
+
+    def _default_workers(self) -> int:
+        if self.config.default_workers_per_model > 0:
+            return self.config.default_workers_per_model
+        return self._gpus.count or os.cpu_count() or 1
+
+    async def register(self, request: RegisterRequest) -> Model:
+        """Unpack, validate and add a model version; start its workers.
+
+        With ``synchronous`` it returns once every initial worker has loaded the model, and
+        a model whose workers fail to load is removed again (nothing stays half-registered).
+        """
+        source = archives.resolve_url(request.url, self.config.model_store,
+                                      self.config.allowed_urls)
+        unpacked = await asyncio.to_thread(archives.unpack, request.url, source,
+                                           self.archive_dir)
+        try:
+            model = self._add(request, unpacked)
+        except BaseException:
+            archives.remove_unpacked(unpacked, self.archive_dir)
+            raise
+        workers = model.start_workers(model.settings.min_workers)
+        if not request.synchronous or not workers:
+            return model
+        outcomes = await asyncio.gather(*(worker.first_start for worker in workers))
+        failures = [outcome for outcome in outcomes if outcome is not None]
+        if failures:
+            await self._remove(model, drain_timeout_s=0)
+            raise InternalError(str(failures[0]))
+        return model
+
+    def _add(self, request: RegisterRequest, unpacked: archives.UnpackedArchive) -> Model:
+        manifest = unpacked.manifest
+        name = request.model_name or manifest.model_name
+        if not name or not MODEL_NAME.match(name):
+            raise BadRequest(f"invalid model name {name!r}: use letters, digits, '_', '-', '.'")
+        version = manifest.model_version or "1.0"
+        if version in self._models.get(name, {}):
+            raise Conflict(f"Model version {version} is already registered for model {name}")
+        handler = request.handler or manifest.handler or self.config.default_service_handler
+        if not handler:
+            raise BadRequest(f"model {name!r} names no handler: pass handler=")
+        settings = self._settings(name, version, request, unpacked.model_config)
+        model = Model(name, version, unpacked, handler, settings, self.config, self.run_dir,
+                      self._gpus, self.metrics, request.loaded_at_startup)
+        versions = self._models.setdefault(name, {})
+        versions[version] = model
+        is_default = self.config.models.get(name, {}).get(version, ModelDefaults())
+        if name not in self._defaults or is_default.is_default_version:
+            self._defaults[name] = version
+        logger.info("registered model %s version %s (batch_size=%d, max_batch_delay=%d ms, "
+                    "workers=%d)", name, version, settings.batch_size,
+                    settings.max_batch_delay_ms, settings.min_workers)
+        return model
+
+    async def unregister(self, name: str, version: str | None = None) -> Model:
+        model = self.get(name, version)
+        if (version is not None and self._defaults.get(name) == version
+                and len(self._models[name]) > 1):
+            raise Forbidden(f"Cannot remove default version {version} for model {name}")
+        await self._remove(model, self.config.unregister_model_timeout_s)
+        return model
+
+    async def _remove(self, model: Model, drain_timeout_s: float | None) -> None:
+        versions = self._models.get(model.name, {})
+        if versions.get(model.version) is model:
+            del versions[model.version]
+            if not versions:
+                del self._models[model.name]
+                self._defaults.pop(model.name, None)
+            elif self._defaults.get(model.name) == model.version:
+                self._defaults[model.name] = next(iter(versions))
+        await model.stop(drain_timeout_s)
+        archives.remove_unpacked(model.archive, self.archive_dir)
+        logger.info("unregistered model %s version %s", model.name, model.version)
+
+    def set_default(self, name: str, version: str) -> None:
+        self.get(name, version)
+        self._defaults[name] = version
+
+    async def close(self, drain_timeout_s: float) -> None:
+        """Stop every model, draining in-flight requests within ``drain_timeout_s``."""
+        await asyncio.gather(*(self._remove(model, drain_timeout_s) for model in list(self)))
+
+    async def wait_started(self, models: list[Model]) -> list[WorkerStartError]:
+        outcomes = await asyncio.gather(*(w.first_start for m in models for w in m.workers))
+        return [outcome for outcome in outcomes if outcome is not None]

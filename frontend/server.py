@@ -1,0 +1,116 @@
+"""The server: assembles registry, workers and listeners; runs until asked to stop.
+
+Order: bind every port first (a busy port fails the start at once), load the startup models,
+then serve. Stopping runs in reverse: stop accepting and let open requests finish (the
+workers are still up to answer them), then stop the workers, then remove the run directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from frontend import archive as archives
+from frontend.config import Address, ServerConfig
+from frontend.errors import ConfigError, ServeError
+from frontend.gpus import GpuAssigner
+from frontend.http.app import serve_http
+from frontend.registry import ModelRegistry, RegisterRequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BoundAddresses:
+    """The addresses the listeners really bound (port 0 becomes a real port)."""
+
+    inference: Address
+    management: Address
+    metrics: Address | None
+
+
+def startup_requests(config: ServerConfig, entries: tuple[str, ...]) -> list[RegisterRequest]:
+    """Turn ``load_models`` / ``--models`` entries (``all``, ``x.mar``, ``name=x.mar``)
+    into registrations."""
+    requests: list[RegisterRequest] = []
+    for entry in entries:
+        if entry == "all":
+            if config.model_store is None:
+                raise ConfigError("load_models=all needs a model store (--model-store)")
+            for path in archives.list_store(config.model_store):
+                requests.append(RegisterRequest(url=path.name, loaded_at_startup=True))
+            continue
+        name, sep, url = entry.partition("=")
+        if not sep:
+            name, url = "", entry
+        requests.append(RegisterRequest(url=url.strip(), model_name=name.strip() or None,
+                                        loaded_at_startup=True))
+    return requests
+
+
+class Server:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.bound: BoundAddresses | None = None
+        self.registry: ModelRegistry | None = None
+        self._stop: asyncio.Event | None = None
+        #: Set once every listener is serving (a threading.Event: tests wait on it from
+        #: another thread).
+        self.started = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def request_stop(self) -> None:
+        """Ask the server to stop; safe to call from any thread."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    def _make_run_dir(self) -> tuple[Path, bool]:
+        if self.config.run_dir is not None:
+            self.config.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return self.config.run_dir, False
+        # Short path under /tmp: Unix socket paths are limited to about 100 bytes.
+        return Path(tempfile.mkdtemp(prefix="batchserve-", dir="/tmp")), True
+
+    async def serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        config = self.config
+        run_dir, owns_run_dir = self._make_run_dir()
+        run_dir.chmod(0o700)
+        registry = ModelRegistry(config, run_dir, GpuAssigner.detect(config.number_of_gpu))
+        self.registry = registry
+        try:
+            async with serve_http(config, registry) as http:
+                bound = http.bound
+                self.bound = BoundAddresses(bound["inference"], bound["management"],
+                                            bound.get("metrics"))
+                await self._load_startup_models(registry)
+                await http.start()
+                logger.info("inference API on %s, management API on %s, metrics on %s",
+                            bound["inference"], bound["management"], bound.get("metrics"))
+                self.started.set()
+                await self._stop.wait()
+                logger.info("stopping: no new connections; finishing open requests")
+        finally:
+            await registry.close(drain_timeout_s=config.unregister_model_timeout_s)
+            if owns_run_dir:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            else:
+                shutil.rmtree(registry.archive_dir, ignore_errors=True)
+            logger.info("stopped")
+
+    async def _load_startup_models(self, registry: ModelRegistry) -> None:
+        requests = startup_requests(self.config, self.config.load_models)
+        models = []
+        for request in requests:
+            try:
+                models.append(await registry.register(replace(request, synchronous=False)))
+            except ServeError as exc:
+                logger.error("cannot load startup model %s: %s", request.url, exc)
+        for failure in await registry.wait_started(models):
+            logger.error("startup model failed to load: %s", failure)

@@ -1,0 +1,472 @@
+"""Worker subprocesses: spawn, connect, load, serve batches, restart with backoff.
+
+For each worker the frontend listens on a fresh Unix socket in the private run directory,
+starts ``python -m backend --socket PATH`` and waits for its HELLO, then sends LOAD. One
+supervisor task per worker pulls batches from the model's Batcher while the worker is idle,
+so a worker never holds more than one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import itertools
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from frontend.batching import Batcher, Job, fail_jobs
+from frontend.errors import (
+    BatchSizeMismatch,
+    GatewayTimeout,
+    InternalError,
+    InvalidInput,
+    OutOfResources,
+    ServeError,
+    WorkerDied,
+)
+from frontend.wire import read_frame, write_frame
+from protos import worker_pb2
+from protos.framing import Frame, Kind, ProtocolError
+
+logger = logging.getLogger(__name__)
+model_logger = logging.getLogger("batchserve.model")
+
+_worker_ids = itertools.count(9000)  # TorchServe numbers its workers from port 9000 up
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
+#: A worker that stayed up this long has its restart backoff reset.
+STABLE_AFTER_S = 60.0
+
+WORKER_ERRORS: dict[int, type[ServeError]] = {
+    worker_pb2.INVALID_INPUT: InvalidInput,
+    worker_pb2.OUT_OF_MEMORY: OutOfResources,
+    worker_pb2.BATCH_SIZE_MISMATCH: BatchSizeMismatch,
+}
+
+
+class WorkerState(enum.Enum):
+    STARTING = "STARTING"
+    READY = "READY"
+    BUSY = "BUSY"
+    BACKOFF = "RESTARTING"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+
+
+class WorkerStartError(InternalError):
+    """The worker process could not be started or its model failed to load."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLaunch:
+    """What every worker of one model version needs to start."""
+
+    load: worker_pb2.LoadModel  # template: worker_id and gpu_id are filled per worker
+    run_dir: Path
+    startup_timeout_s: float
+    response_timeout_s: float
+    python: str = sys.executable
+
+
+def backoff_s(failures: int) -> float:
+    """Seconds to wait before restart number ``failures`` (1-based): 0.5, 1, 2, ... capped."""
+    if failures <= 0:
+        return 0.0
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (failures - 1))
+
+
+class WorkerConnection:
+    """One live worker process and its socket; at most one request frame outstanding."""
+
+    def __init__(
+        self,
+        name: str,
+        process: asyncio.subprocess.Process,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.name = name
+        self.process = process
+        self._reader = reader
+        self._writer = writer
+        loop = asyncio.get_running_loop()
+        self._pending: asyncio.Future[Frame] | None = None
+        self.closed: asyncio.Future[None] = loop.create_future()
+        self._read_task = loop.create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        reason = "closed its socket"
+        try:
+            while True:
+                frame = await read_frame(self._reader)
+                if self._pending is not None and not self._pending.done():
+                    self._pending.set_result(frame)
+                else:
+                    logger.warning("%s sent an unexpected %s frame", self.name, frame.kind.name)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except ProtocolError as exc:
+            reason = f"broke the protocol ({exc})"
+            self.kill()
+        finally:
+            code = await self._exit_code(0.5)
+            if code is not None:
+                reason = f"exited with code {code}"
+            error = WorkerDied(f"Worker died: {self.name} (pid {self.process.pid}) {reason}")
+            if self._pending is not None and not self._pending.done():
+                self._pending.set_exception(error)
+            if not self.closed.done():
+                self.closed.set_result(None)
+
+    async def _exit_code(self, wait_s: float) -> int | None:
+        try:
+            return await asyncio.wait_for(self.process.wait(), wait_s)
+        except TimeoutError:
+            return None
+
+    async def request(self, frame: Frame, timeout_s: float) -> Frame:
+        """Send one frame and wait for the worker's reply frame."""
+        if self.closed.done():
+            raise WorkerDied(f"Worker died: {self.name} is gone")
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Frame] = loop.create_future()
+        self._pending = reply
+        timer = loop.call_later(timeout_s, _expire, reply, timeout_s, self.name)
+        try:
+            write_frame(self._writer, frame)
+            await self._writer.drain()
+            return await reply
+        except ConnectionError as exc:
+            raise WorkerDied(f"Worker died: {self.name}: {exc}") from None
+        finally:
+            timer.cancel()
+            self._pending = None
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+
+    async def close(self, grace_s: float = 5.0) -> None:
+        """Ask the worker to exit, kill it if it does not, and reap it."""
+        if self.process.returncode is None and not self.closed.done():
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                write_frame(self._writer, Frame(Kind.SHUTDOWN))
+                await self._writer.drain()
+        self._writer.close()
+        if await self._exit_code(grace_s) is None:
+            self.kill()
+            await self.process.wait()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._read_task
+
+
+def _expire(reply: asyncio.Future[Frame], timeout_s: float, name: str) -> None:
+    if not reply.done():
+        reply.set_exception(GatewayTimeout(
+            f"{name} did not answer within the response timeout of {timeout_s:g} s"))
+
+
+async def _forward_output(stream: asyncio.StreamReader | None, name: str,
+                          tail: collections.deque[str]) -> None:
+    """Copy a worker's stdout or stderr into the model log, one line at a time."""
+    if stream is None:
+        return
+    while line := await stream.readline():
+        text = line.decode("utf-8", "replace").rstrip()
+        tail.append(text)
+        model_logger.info("[%s] %s", name, text)
+
+
+class Worker:
+    """Supervises one worker slot of a model: start, serve, restart with backoff, stop."""
+
+    def __init__(
+        self,
+        launch: WorkerLaunch,
+        batcher: Batcher,
+        gpu_id: int | None,
+        on_batch: Callable[[list[Job], float], None] | None = None,
+    ) -> None:
+        number = next(_worker_ids)
+        self.id = str(number)
+        self.name = f"W-{number}-{launch.load.model_name}_{launch.load.model_version}"
+        self.gpu_id = gpu_id
+        self.state = WorkerState.STARTING
+        self.pid: int | None = None
+        self.start_time = time.time()
+        self.restarts = 0
+        self.last_error = ""
+        self._launch = launch
+        self._batcher = batcher
+        self._on_batch = on_batch
+        self._batch_ids = itertools.count(1)
+        loop = asyncio.get_running_loop()
+        #: The outcome of the first start: None when the model loaded, else the error.
+        self.first_start: asyncio.Future[WorkerStartError | None] = loop.create_future()
+        self._stop_requested: asyncio.Future[None] = loop.create_future()
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        self._log_tasks: list[asyncio.Task[None]] = []
+        self._task = loop.create_task(self._run(), name=self.name)
+
+    @property
+    def is_stopping(self) -> bool:
+        return self._stop_requested.done()
+
+    async def _run(self) -> None:
+        failures = 0
+        while not self.is_stopping:
+            self.state = WorkerState.STARTING
+            try:
+                connection = await self._start()
+            except WorkerStartError as exc:
+                self.last_error = str(exc)
+                logger.error("%s failed to start: %s", self.name, exc)
+                if not self.first_start.done():
+                    self.first_start.set_result(exc)
+                failures += 1
+                await self._wait_backoff(failures)
+                continue
+            self.state = WorkerState.READY
+            self.last_error = ""
+            if not self.first_start.done():
+                self.first_start.set_result(None)
+            up_since = time.monotonic()
+            try:
+                await self._serve(connection)
+            except WorkerDied as exc:
+                self.last_error = str(exc)
+                logger.error("%s", exc)
+            finally:
+                self.state = WorkerState.STOPPING
+                await connection.close()
+                self.pid = None
+            if self.is_stopping:
+                break
+            failures = 1 if time.monotonic() - up_since > STABLE_AFTER_S else failures + 1
+            await self._wait_backoff(failures)
+        self.state = WorkerState.STOPPED
+
+    async def _wait_backoff(self, failures: int) -> None:
+        if self.is_stopping:
+            return
+        self.state = WorkerState.BACKOFF
+        self.restarts += 1
+        delay = backoff_s(failures)
+        logger.info("%s restarting in %.1f s (attempt %d)", self.name, delay, failures)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._stop_requested), delay)
+
+    async def _start(self) -> WorkerConnection:
+        launch = self._launch
+        path = launch.run_dir / f"{self.id}.{self.restarts}.sock"
+        loop = asyncio.get_running_loop()
+        connected: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
+            loop.create_future())
+
+        def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if connected.done():
+                writer.close()  # only the worker we started may connect
+            else:
+                connected.set_result((reader, writer))
+
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        listener = await asyncio.start_unix_server(on_connect, path=str(path))
+        os.chmod(path, 0o600)
+        process: asyncio.subprocess.Process | None = None
+        try:
+            process = await asyncio.create_subprocess_exec(
+                launch.python, "-m", "backend", "--socket", str(path),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                # Own session: a Ctrl-C in the terminal reaches the frontend only, which then
+                # drains and stops its workers in order.
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            self.pid = process.pid
+            self.start_time = time.time()
+            # Keep hard references: the loop holds tasks only weakly.
+            self._log_tasks = [
+                loop.create_task(_forward_output(stream, self.name, self._stderr_tail))
+                for stream in (process.stdout, process.stderr)
+            ]
+            reader, writer = await self._await_connection(process, connected)
+        except BaseException:
+            if process is not None and process.returncode is None:
+                process.kill()
+                await process.wait()
+            raise
+        finally:
+            listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        try:
+            hello = await asyncio.wait_for(read_frame(reader), launch.startup_timeout_s)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
+            writer.close()
+            process.kill()
+            await process.wait()
+            raise WorkerStartError(f"{self.name} sent no HELLO ({type(exc).__name__})"
+                                   f"{self._tail_text()}") from None
+        connection = WorkerConnection(self.name, process, reader, writer)
+        try:
+            if hello.kind is not Kind.HELLO:
+                raise WorkerStartError(f"{self.name} sent {hello.kind.name} instead of HELLO")
+            await self._load(connection)
+        except BaseException:
+            await connection.close(grace_s=1.0)
+            raise
+        return connection
+
+    async def _await_connection(
+        self,
+        process: asyncio.subprocess.Process,
+        connected: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        exited = asyncio.ensure_future(process.wait())
+        try:
+            await asyncio.wait({connected, exited}, timeout=self._launch.startup_timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+        if connected.done():
+            return connected.result()
+        if process.returncode is not None:
+            raise WorkerStartError(
+                f"{self.name} exited with code {process.returncode} before connecting"
+                f"{self._tail_text()}")
+        raise WorkerStartError(
+            f"{self.name} did not connect within {self._launch.startup_timeout_s:g} s")
+
+    def _tail_text(self) -> str:
+        return (": " + " | ".join(list(self._stderr_tail)[-5:])) if self._stderr_tail else ""
+
+    async def _load(self, connection: WorkerConnection) -> None:
+        launch = self._launch
+        load = worker_pb2.LoadModel()
+        load.CopyFrom(launch.load)
+        load.worker_id = self.id
+        load.gpu_id = -1 if self.gpu_id is None else self.gpu_id
+        try:
+            reply = await connection.request(Frame(Kind.LOAD, load.SerializeToString()),
+                                             launch.startup_timeout_s)
+        except (WorkerDied, GatewayTimeout) as exc:
+            raise WorkerStartError(f"{self.name} failed while loading the model: {exc}"
+                                   f"{self._tail_text()}") from None
+        if reply.kind is Kind.LOADED:
+            loaded = worker_pb2.Loaded.FromString(reply.payload)
+            logger.info("%s loaded the model in %.0f ms", self.name, loaded.load_time_ms)
+            return
+        if reply.kind is Kind.ERROR:
+            error = worker_pb2.Error.FromString(reply.payload)
+            raise WorkerStartError(f"Failed to load model {launch.load.model_name!r}: "
+                                   f"{error.message}")
+        raise WorkerStartError(f"{self.name} sent {reply.kind.name} instead of LOADED")
+
+    async def _serve(self, connection: WorkerConnection) -> None:
+        waiters: set[asyncio.Future[object]] = {connection.closed, self._stop_requested}  # type: ignore[arg-type]
+        while True:
+            next_batch = asyncio.ensure_future(self._batcher.next_batch())
+            done, _ = await asyncio.wait({next_batch, *waiters},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if next_batch not in done:
+                next_batch.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ServeError):
+                    await next_batch
+                if connection.closed.done():
+                    raise WorkerDied(f"Worker died: {self.name} (pid {self.pid}) exited "
+                                     f"with code {connection.process.returncode} while idle")
+                return  # stop requested
+            try:
+                jobs = next_batch.result()
+            except ServeError:
+                return  # the batcher was closed: the model is going away
+            await self._run_batch(connection, jobs)
+
+    async def _run_batch(self, connection: WorkerConnection, jobs: list[Job]) -> None:
+        batch = worker_pb2.PredictBatch(batch_id=next(self._batch_ids))
+        batch.requests.extend(job.request for job in jobs)
+        self.state = WorkerState.BUSY
+        started = time.monotonic()
+        try:
+            reply = await connection.request(Frame(Kind.PREDICT, batch.SerializeToString()),
+                                             self._launch.response_timeout_s)
+        except GatewayTimeout as exc:
+            fail_jobs(jobs, exc)
+            connection.kill()  # a hung worker must not be reused
+            raise WorkerDied(f"{self.name} killed: {exc}") from None
+        except WorkerDied as exc:
+            fail_jobs(jobs, WorkerDied(f"{exc} while handling a batch of {len(jobs)}"))
+            raise
+        finally:
+            if self.state is WorkerState.BUSY:
+                self.state = WorkerState.READY
+        if self._on_batch is not None:
+            self._on_batch(jobs, time.monotonic() - started)
+        if reply.kind is Kind.PREDICTED:
+            result = worker_pb2.PredictResult.FromString(reply.payload)
+            if len(result.responses) != len(jobs):
+                fail_jobs(jobs, BatchSizeMismatch(
+                    f"{self.name} returned {len(result.responses)} responses for a batch of "
+                    f"{len(jobs)} requests"))
+                return
+            for job, response in zip(jobs, result.responses, strict=True):
+                if job.is_live():
+                    job.future.set_result(response)
+        elif reply.kind is Kind.ERROR:
+            error = worker_pb2.Error.FromString(reply.payload)
+            error_type = WORKER_ERRORS.get(error.code, InternalError)
+            fail_jobs(jobs, error_type(f"Prediction failed: {error.message}"))
+        else:
+            fail_jobs(jobs, InternalError(f"{self.name} sent {reply.kind.name} to a batch"))
+            connection.kill()
+            raise WorkerDied(f"{self.name} broke the protocol")
+
+    async def stop(self, timeout_s: float | None) -> None:
+        """Stop after the batch in flight (waiting at most ``timeout_s``; None: no limit)."""
+        if not self._stop_requested.done():
+            self._stop_requested.set_result(None)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+        except TimeoutError:
+            logger.warning("%s did not finish its batch within %s s; killing it",
+                           self.name, timeout_s)
+            if self.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+            await self._task
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "startTime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(self.start_time)),
+            "status": "READY" if self.state in (WorkerState.READY, WorkerState.BUSY)
+            else "UNLOADING" if self.state in (WorkerState.STOPPING, WorkerState.STOPPED)
+            else self.state.value,
+            "memoryUsage": _memory_usage(self.pid),
+            "pid": self.pid if self.pid is not None else -1,
+            "gpu": self.gpu_id is not None,
+            **({"lastError": self.last_error} if self.last_error else {}),
+        }
+
+
+def _memory_usage(pid: int | None) -> int:
+    if pid is None:
+        return 0
+    import psutil
+
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0
