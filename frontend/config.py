@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -139,11 +140,12 @@ def _parse_load_models(text: str) -> tuple[str, ...]:
 
 
 def _parse_regex_list(text: str) -> tuple[str, ...]:
-    import re
-
     patterns = tuple(item.strip() for item in text.split(",") if item.strip())
     for pattern in patterns:
-        re.compile(pattern)
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"bad regular expression {pattern!r}: {exc}") from None
     return patterns
 
 

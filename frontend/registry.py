@@ -27,7 +27,7 @@ from frontend.errors import (
 )
 from frontend.gpus import GpuAssigner
 from frontend.metrics import ServerMetrics
-from frontend.workers import Worker, WorkerLaunch, WorkerStartError
+from frontend.workers import Worker, WorkerLaunch, WorkerStartError, WorkerState
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -201,6 +201,7 @@ class Model:
             "batching": {
                 "policy": "fixed",
                 "queueDepth": self.batcher.depth,
+                "inFlightBatches": sum(1 for w in self.workers if w.state is WorkerState.BUSY),
                 "batchesTotal": self.batches_total,
                 "requestsTotal": self.requests_total,
                 "recentBatchSizes": sizes,

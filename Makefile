@@ -1,0 +1,49 @@
+# The two set-up commands: `make demo` and `make test`. Both create .venv when missing and
+# reinstall only when the dependency declarations (setup.py, pyproject.toml) change.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.install-stamp
+TS_VENV := .venv-torchserve-archiver
+TS_STAMP := $(TS_VENV)/.install-stamp
+DEMO_MODEL := model_store/echo.mar
+
+.PHONY: demo test lint install clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	@touch $(STAMP)
+
+# TorchServe's own torch-model-archiver (its package is also named model_archiver, so it
+# lives in a venv of its own); the compatibility tests build archives with it.
+$(TS_STAMP):
+	@test -x $(TS_VENV)/bin/python || $(PYTHON) -m venv $(TS_VENV)
+	$(TS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		torch-model-archiver==0.12.0
+	@touch $(TS_STAMP)
+
+test: $(STAMP) $(TS_STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+$(DEMO_MODEL): $(STAMP) examples/echo/echo_handler.py
+	$(VENV)/bin/model-archiver --model-name echo --version 1.0 \
+		--handler examples/echo/echo_handler.py --export-path model_store --force
+
+demo: $(STAMP) $(DEMO_MODEL)
+	@echo
+	@echo "Serving the echo model. In another terminal try:"
+	@echo "  curl http://127.0.0.1:8080/predictions/echo -T README.md"
+	@echo "Stop with Ctrl-C."
+	@echo
+	$(VENV)/bin/torchserve --start --foreground --ts-config config.properties \
+		--model-store model_store --models echo=echo.mar --disable-token-auth
+
+clean:
+	rm -rf $(VENV) $(TS_VENV) model_store/*.mar logs

@@ -1,0 +1,117 @@
+"""Shared fixtures: archives built by our model-archiver, and real servers on free ports."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from frontend.config import Address, ServerConfig
+from frontend.server import Server
+from model_archiver.packaging import ArchiveOptions, build_archive
+
+ROOT = Path(__file__).resolve().parent.parent
+HANDLERS = ROOT / "tests" / "fixtures" / "handlers"
+START_TIMEOUT_S = 60.0
+
+
+@pytest.fixture
+def model_store(tmp_path: Path) -> Path:
+    store = tmp_path / "model_store"
+    store.mkdir()
+    return store
+
+
+@pytest.fixture
+def build_mar(model_store: Path) -> Callable[..., Path]:
+    """Build an archive of a fixture handler into the test's model store."""
+
+    def build(name: str, handler: str, *, version: str = "1.0", fmt: str = "default",
+              extra_files: tuple[str, ...] = ()) -> Path:
+        module, _, function = handler.partition(":")
+        handler_path = HANDLERS / f"{module}.py"
+        return build_archive(ArchiveOptions(
+            model_name=name, version=version,
+            handler=f"{handler_path}:{function}" if function else str(handler_path),
+            extra_files=extra_files, export_path=model_store, archive_format=fmt, force=True))
+
+    return build
+
+
+@dataclass
+class RunningServer:
+    server: Server
+    thread: threading.Thread
+    inference: str
+    management: str
+    metrics: str
+
+    def predict(self, model: str, body: bytes = b"", **kwargs: object) -> requests.Response:
+        return requests.post(f"{self.inference}/predictions/{model}", data=body, timeout=60,
+                             **kwargs)  # type: ignore[arg-type]
+
+    def describe(self, model: str) -> dict[str, object]:
+        response = requests.get(f"{self.management}/models/{model}", timeout=30)
+        response.raise_for_status()
+        return response.json()[0]  # type: ignore[no-any-return]
+
+    def wait_for(self, predicate: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+        """Poll ``predicate`` until it holds, failing the test after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.request_stop()
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive(), "server did not stop"
+
+
+def _run(server: Server) -> None:
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(server.serve())
+
+
+@pytest.fixture
+def start_server(model_store: Path) -> Iterator[Callable[..., RunningServer]]:
+    """Start a real server (real worker subprocesses) on free ports; stopped at teardown."""
+    running: list[RunningServer] = []
+
+    def start(*models: str, **overrides: object) -> RunningServer:
+        settings: dict[str, object] = {
+            "inference_address": Address("127.0.0.1", 0),
+            "management_address": Address("127.0.0.1", 0),
+            "metrics_address": Address("127.0.0.1", 0),
+            "model_store": model_store,
+            "load_models": models,
+            "default_workers_per_model": 1,
+            "enable_model_api": True,
+            "disable_token_authorization": True,
+            **overrides,
+        }
+        server = Server(ServerConfig(**settings))  # type: ignore[arg-type]
+        thread = threading.Thread(target=_run, args=(server,), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not server.started.wait(0.05):
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise AssertionError("server failed to start")
+        assert server.bound is not None and server.bound.metrics is not None
+        handle = RunningServer(server, thread, str(server.bound.inference),
+                               str(server.bound.management), str(server.bound.metrics))
+        running.append(handle)
+        return handle
+
+    yield start
+    for handle in running:
+        handle.stop()

@@ -1,0 +1,89 @@
+"""The installed ``torchserve`` and ``model-archiver`` commands, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import requests
+
+BIN = Path(sys.executable).parent
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_start_serve_stop_leaves_no_process_behind(tmp_path: Path) -> None:
+    env = {**os.environ, "BATCHSERVE_STATE_DIR": str(tmp_path / "state")}
+    handler = Path(__file__).resolve().parent.parent / "fixtures" / "handlers" / "echo.py"
+    store = tmp_path / "store"
+    store.mkdir()
+    archived = _run([str(BIN / "model-archiver"), "--model-name", "echo", "--handler",
+                     str(handler), "--export-path", str(store)], env, tmp_path)
+    assert archived.returncode == 0, archived.stderr
+    (tmp_path / "config.properties").write_text(
+        "inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
+        "metrics_address=http://127.0.0.1:0\ndefault_workers_per_model=2\n")
+
+    started = _run([str(BIN / "torchserve"), "--start", "--model-store", str(store),
+                    "--models", "echo=echo.mar", "--ts-config", "config.properties",
+                    "--disable-token-auth"], env, tmp_path)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "batchserve started" in started.stdout
+        state = json.loads((tmp_path / "state" / "server.json").read_text())
+        answer = requests.post(f"{state['inference']}/predictions/echo", data=b"cli", timeout=30)
+        assert answer.content == b"cli"
+        workers = requests.get(f"{state['management']}/models/echo", timeout=30).json()[0]
+        pids = [state["pid"], *(w["pid"] for w in workers["workers"])]
+        assert len(pids) == 3 and all(psutil.pid_exists(p) for p in pids)
+
+        again = _run([str(BIN / "torchserve"), "--start", "--model-store", str(store),
+                      "--ts-config", "config.properties"], env, tmp_path)
+        assert again.returncode != 0
+        assert "already running" in again.stderr
+    finally:
+        stopped = _run([str(BIN / "torchserve"), "--stop"], env, tmp_path)
+    assert stopped.returncode == 0
+    assert "stopped" in stopped.stdout
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not (tmp_path / "state" / "server.json").exists()
+
+    second = _run([str(BIN / "torchserve"), "--stop"], env, tmp_path)
+    assert second.returncode == 0
+    assert "not running" in second.stdout
+
+
+def test_start_fails_clearly_on_a_bad_config_value(tmp_path: Path) -> None:
+    env = {**os.environ, "BATCHSERVE_STATE_DIR": str(tmp_path / "state")}
+    (tmp_path / "store").mkdir()
+    (tmp_path / "bad.properties").write_text("job_queue_size=lots\n")
+    result = _run([str(BIN / "torchserve"), "--start", "--model-store", "store",
+                   "--ts-config", "bad.properties"], env, tmp_path)
+    assert result.returncode != 0
+    assert "job_queue_size" in result.stderr
+
+
+def test_start_reports_a_port_in_use(tmp_path: Path) -> None:
+    import socket
+
+    env = {**os.environ, "BATCHSERVE_STATE_DIR": str(tmp_path / "state")}
+    (tmp_path / "store").mkdir()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        (tmp_path / "c.properties").write_text(
+            f"inference_address=http://127.0.0.1:{port}\nmanagement_address=http://127.0.0.1:0\n"
+            "metrics_address=http://127.0.0.1:0\n")
+        result = _run([str(BIN / "torchserve"), "--start", "--model-store", "store",
+                       "--ts-config", "c.properties"], env, tmp_path)
+    assert result.returncode != 0
+    assert "cannot bind" in result.stderr + result.stdout

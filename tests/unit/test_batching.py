@@ -1,0 +1,134 @@
+"""The batcher: batches of up to B, released when full or D after the first job."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from frontend.batching import Batcher, FixedDelayPolicy, Job
+from frontend.errors import GatewayTimeout, ServiceUnavailable
+from protos import worker_pb2
+
+
+def _job(loop: asyncio.AbstractEventLoop, rid: str = "r", deadline: float = float("inf")) -> Job:
+    return Job(worker_pb2.Request(request_id=rid), loop.create_future(), deadline=deadline)
+
+
+def _batcher(size: int, delay_s: float, capacity: int = 100) -> Batcher:
+    return Batcher(max_batch_size=size, capacity=capacity,
+                   policy=FixedDelayPolicy(size, delay_s))
+
+
+def test_fixed_policy_is_pure() -> None:
+    policy = FixedDelayPolicy(max_batch_size=8, max_delay_s=0.05)
+    assert policy.wait_s(queued=8, waited_s=0.0) == 0.0
+    assert policy.wait_s(queued=3, waited_s=0.0) == pytest.approx(0.05)
+    assert policy.wait_s(queued=3, waited_s=0.03) == pytest.approx(0.02)
+    assert policy.wait_s(queued=1, waited_s=0.06) < 0
+
+
+def test_a_full_batch_is_released_at_once() -> None:
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(4, delay_s=10.0)
+        for i in range(6):
+            batcher.submit(_job(loop, f"r{i}"))
+        batch = await asyncio.wait_for(batcher.next_batch(), 1.0)
+        assert batcher.depth == 2
+        return [job.request.request_id for job in batch]
+
+    assert asyncio.run(scenario()) == ["r0", "r1", "r2", "r3"]
+
+
+def test_a_partial_batch_is_released_after_the_delay() -> None:
+    async def scenario() -> tuple[int, float]:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(8, delay_s=0.05)
+        batcher.submit(_job(loop))
+        started = time.monotonic()
+        waiting = asyncio.ensure_future(batcher.next_batch())
+        await asyncio.sleep(0.01)
+        batcher.submit(_job(loop))
+        batch = await asyncio.wait_for(waiting, 2.0)
+        return len(batch), time.monotonic() - started
+
+    size, elapsed = asyncio.run(scenario())
+    assert size == 2
+    assert elapsed >= 0.045
+
+
+def test_late_arrivals_that_fill_the_batch_release_it_early() -> None:
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(3, delay_s=30.0)
+        batcher.submit(_job(loop))
+        waiting = asyncio.ensure_future(batcher.next_batch())
+        await asyncio.sleep(0)
+        batcher.submit(_job(loop))
+        batcher.submit(_job(loop))
+        return len(await asyncio.wait_for(waiting, 2.0))
+
+    assert asyncio.run(scenario()) == 3
+
+
+def test_full_queue_raises_service_unavailable_with_retry_after() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(1, 0.0, capacity=2)
+        batcher.submit(_job(loop))
+        batcher.submit(_job(loop))
+        with pytest.raises(ServiceUnavailable) as caught:
+            batcher.submit(_job(loop))
+        assert caught.value.headers == {"Retry-After": "1"}
+
+    asyncio.run(scenario())
+
+
+def test_abandoned_and_expired_jobs_are_never_dispatched() -> None:
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(4, delay_s=0.0)
+        gone, expired, live = _job(loop, "gone"), _job(loop, "expired", deadline=0.0), \
+            _job(loop, "live")
+        for job in (gone, expired, live):
+            batcher.submit(job)
+        gone.future.cancel()
+        batch = await asyncio.wait_for(batcher.next_batch(), 1.0)
+        assert isinstance(expired.future.exception(), GatewayTimeout)
+        return [job.request.request_id for job in batch]
+
+    assert asyncio.run(scenario()) == ["live"]
+
+
+def test_a_cancelled_collector_loses_no_job() -> None:
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(4, delay_s=30.0)
+        batcher.submit(_job(loop))
+        collecting = asyncio.ensure_future(batcher.next_batch())
+        await asyncio.sleep(0.01)
+        collecting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await collecting
+        assert batcher.depth == 1
+        batcher.policy = FixedDelayPolicy(4, 0.0)
+        return len(await asyncio.wait_for(batcher.next_batch(), 1.0))
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_close_fails_queued_jobs_and_wakes_collectors() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(4, delay_s=30.0)
+        waiting = asyncio.ensure_future(batcher.next_batch())
+        await asyncio.sleep(0)
+        batcher.close(ServiceUnavailable("going away"))
+        with pytest.raises(ServiceUnavailable):
+            await asyncio.wait_for(waiting, 1.0)
+        with pytest.raises(ServiceUnavailable):
+            batcher.submit(_job(loop))
+
+    asyncio.run(scenario())
