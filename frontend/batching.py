@@ -83,6 +83,8 @@ class Batcher:
         self._clock = clock
         self._queue: collections.deque[Job] = collections.deque()
         self._arrived = asyncio.Event()
+        self._emptied = asyncio.Event()
+        self._emptied.set()
         # One worker assembles a batch at a time; the others wait their turn, as TorchServe's
         # per-model lock does. Jobs leave the deque only in the final synchronous step, so a
         # worker cancelled while it collects loses nothing.
@@ -113,12 +115,15 @@ class Batcher:
                 )
         job.enqueued_at = self._clock()
         self._queue.append(job)
+        self._emptied.clear()
         self._arrived.set()
 
     def _drop_finished(self) -> None:
         """Forget jobs whose future is already done (client gone, or expired)."""
         if any(not job.is_live() for job in self._queue):
             self._queue = collections.deque(job for job in self._queue if job.is_live())
+            if not self._queue:
+                self._emptied.set()
 
     def _expire(self, now: float) -> None:
         for job in self._queue:
@@ -159,7 +164,17 @@ class Batcher:
         batch = [self._queue.popleft() for _ in range(count)]
         for job in batch:
             job.queue_wait_s = now - job.enqueued_at
+        if not self._queue:
+            self._emptied.set()
         return batch
+
+    async def wait_empty(self, timeout_s: float | None) -> bool:
+        """Wait until every queued job has been dispatched; False on timeout."""
+        try:
+            await asyncio.wait_for(self._emptied.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def close(self, error: ServeError) -> None:
         """Fail every queued job with ``error`` and refuse new ones."""
@@ -168,6 +183,7 @@ class Batcher:
             job = self._queue.popleft()
             if job.is_live():
                 job.future.set_exception(error)
+        self._emptied.set()
         self._arrived.set()  # wake a waiting worker so it sees the close
 
 

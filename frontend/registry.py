@@ -162,12 +162,10 @@ class Model:
         return []
 
     async def stop(self, drain_timeout_s: float | None) -> None:
-        """Drain the queue into the workers (bounded), then stop them."""
+        """Let the workers take what is queued (bounded), then stop them."""
         deadline = None if drain_timeout_s is None else time.monotonic() + drain_timeout_s
-        while self.batcher.depth and any(w.first_start.done() for w in self.workers):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.02)
+        if any(worker.first_start.done() for worker in self.workers):
+            await self.batcher.wait_empty(drain_timeout_s)
         self.batcher.close(ServiceUnavailable(f'Model "{self.name}" is being unregistered'))
         workers, self.workers = self.workers, []
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -66,7 +66,7 @@ class Server:
 
     def request_stop(self) -> None:
         """Ask the server to stop; safe to call from any thread."""
-        if self._loop is not None and self._stop is not None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._stop.set)
 
     def _make_run_dir(self) -> tuple[Path, bool]:

@@ -256,3 +256,32 @@ def test_metrics_endpoint_counts_requests(build_mar, start_server) -> None:
     assert float(line.rsplit(" ", 1)[1]) == 3.0
     assert json.loads(requests.get(f"{server.inference}/ping", timeout=10).text) == {
         "status": "Healthy"}
+
+
+def test_stop_finishes_in_flight_requests_before_stopping_workers(
+        build_mar, start_server, tmp_path: Path) -> None:
+    build_mar("gate", "gate")
+    server = start_server("gate.mar")
+    gate = tmp_path / "open"
+    worker_pid = server.describe("gate")["workers"][0]["pid"]  # type: ignore[index]
+
+    def refused() -> bool:
+        try:
+            requests.get(f"{server.inference}/ping", timeout=1)
+        except requests.ConnectionError:
+            return True
+        return False
+
+    with ThreadPoolExecutor(2) as pool:
+        pending = pool.submit(server.predict, "gate", str(gate).encode())
+        server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
+                        "the request to reach the worker")
+        stopping = pool.submit(server.stop)
+        server.wait_for(refused, "the listener to close")
+        assert not pending.done()
+        gate.touch()
+        answer = pending.result(timeout=30)
+        stopping.result(timeout=60)
+    assert answer.status_code == 200
+    assert answer.content == str(gate).encode()
+    assert not _alive(worker_pid)
