@@ -43,7 +43,7 @@ demo: $(STAMP) $(DEMO_MODEL)
 	@echo "Stop with Ctrl-C."
 	@echo
 	$(VENV)/bin/torchserve --start --foreground --ts-config config.properties \
-		--model-store model_store --models echo=echo.mar --disable-token-auth
+		--model-store model_store --models echo=echo.mar --disable-token-auth --enable-model-api
 
 clean:
 	rm -rf $(VENV) $(TS_VENV) model_store/*.mar logs

@@ -37,6 +37,12 @@ class HandlerLoadError(BackendError):
     code = worker_pb2.LOAD_FAILED
 
 
+class ModelLoadError(BackendError):
+    """The model the manifest names (modelFile, serializedFile) cannot be built or loaded."""
+
+    code = worker_pb2.LOAD_FAILED
+
+
 class BatchSizeMismatch(BackendError):
     """The handler returned a number of results different from the number of requests."""
 

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import importlib
 
-BUILTIN_HANDLERS: dict[str, str] = {}
+BUILTIN_HANDLERS: dict[str, str] = {
+    "image_classifier": "backend.handlers.image_classifier:ImageClassifier",
+    "image_segmenter": "backend.handlers.image_segmenter:ImageSegmenter",
+    "object_detector": "backend.handlers.object_detector:ObjectDetector",
+}
 
 
 def builtin_handler(name: str) -> type | None:
