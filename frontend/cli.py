@@ -128,7 +128,9 @@ def _is_our_server(pid: int) -> bool:
         cmdline = psutil.Process(pid).cmdline()
     except psutil.Error:
         return False
-    return any(part == "frontend" or part.endswith("frontend/__main__.py") for part in cmdline)
+    # `python -m frontend --foreground` (background start) or the `torchserve` script itself.
+    return "--start" in cmdline and any(
+        part == "frontend" or Path(part).name == "torchserve" for part in cmdline)
 
 
 def write_state(state: dict[str, object]) -> None:

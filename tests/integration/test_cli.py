@@ -87,3 +87,32 @@ def test_start_reports_a_port_in_use(tmp_path: Path) -> None:
                        "--ts-config", "c.properties"], env, tmp_path)
     assert result.returncode != 0
     assert "cannot bind" in result.stderr + result.stdout
+
+
+def test_foreground_server_stops_on_sigterm_via_stop(tmp_path: Path) -> None:
+    import time
+
+    env = {**os.environ, "BATCHSERVE_STATE_DIR": str(tmp_path / "state")}
+    (tmp_path / "store").mkdir()
+    (tmp_path / "config.properties").write_text(
+        "inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
+        "metrics_address=http://127.0.0.1:0\n")
+    server = subprocess.Popen([str(BIN / "torchserve"), "--start", "--foreground",
+                               "--model-store", "store"], env=env, cwd=tmp_path,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
+    try:
+        state_file = tmp_path / "state" / "server.json"
+        deadline = time.monotonic() + 60
+        while not state_file.exists():
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        stopped = _run([str(BIN / "torchserve"), "--stop"], env, tmp_path)
+        assert stopped.returncode == 0 and "stopped" in stopped.stdout
+        assert server.wait(timeout=60) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+        assert server.stdout is not None
+        server.stdout.close()
