@@ -20,9 +20,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from frontend.config import ServerConfig, load_config
 from frontend.errors import ConfigError
+
+if TYPE_CHECKING:
+    import psutil
 
 logger = logging.getLogger("batchserve")
 
@@ -271,16 +275,38 @@ def stop_server() -> int:
     except psutil.NoSuchProcess:
         print("batchserve is not running.")
         return 0
-    _, alive = psutil.wait_procs(family, timeout=STOP_TIMEOUT_S)
+    alive = _wait_gone(family, STOP_TIMEOUT_S)
     for process in alive:
         try:
             process.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=10)
+    _wait_gone(alive, 10)
     remove_state(pid)
     print(f"batchserve stopped (pid {pid}).")
     return 0
+
+
+def _wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until each process has exited (a zombie counts as exited); return the rest."""
+
+    deadline = time.monotonic() + timeout_s
+    alive = list(processes)
+    while alive:
+        alive = [p for p in alive if _running(p)]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return alive
+
+
+def _running(process: psutil.Process) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
