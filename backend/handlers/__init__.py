@@ -12,6 +12,7 @@ BUILTIN_HANDLERS: dict[str, str] = {
     "image_classifier": "backend.handlers.image_classifier:ImageClassifier",
     "image_segmenter": "backend.handlers.image_segmenter:ImageSegmenter",
     "object_detector": "backend.handlers.object_detector:ObjectDetector",
+    "text_classifier": "backend.handlers.text_classifier:TextClassifier",
 }
 
 

@@ -1,0 +1,92 @@
+"""The handler contract, and BaseHandler: preprocess -> inference -> postprocess over a batch.
+
+Device selection and weight formats live in ``backend.device`` and ``backend.weights``; this
+module only wires them together. It imports torch, so only handlers that run a model load it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from backend.context import Context
+from backend.device import select_device
+from backend.errors import BatchSizeMismatch
+from backend.handlers.labels import INDEX_TO_NAME, LabelMap, load_label_mapping
+from backend.weights import load_model
+
+
+class Handler(Protocol):
+    """What the worker needs of a handler class (TorchServe's contract)."""
+
+    def initialize(self, context: Context) -> None: ...
+
+    def handle(self, data: list[Any], context: Context) -> list[Any]: ...
+
+
+class BaseHandler:
+    """Loads the archive's model, then runs each batch through one forward pass.
+
+    Subclasses override ``preprocess`` (requests -> model input), ``inference`` and
+    ``postprocess`` (model output -> one result per request). Attribute names follow
+    TorchServe's BaseHandler, which custom handlers read.
+    """
+
+    def __init__(self) -> None:
+        self.context: Context | None = None
+        self.device = torch.device("cpu")
+        self.model: torch.nn.Module | None = None
+        self.mapping: LabelMap | None = None
+        self.initialized = False
+
+    def initialize(self, context: Context) -> None:
+        properties = context.system_properties
+        model_dir = Path(properties["model_dir"])
+        self.context = context
+        self.device = select_device(properties.get("gpu_id"))
+        self.model = load_model(model_dir, context.manifest, self.device)
+        self.model.eval()
+        self.mapping = load_label_mapping(model_dir / INDEX_TO_NAME)
+        self.initialized = True
+
+    def preprocess(self, data: list[Any]) -> Any:
+        return torch.as_tensor(data, device=self.device)
+
+    def inference(self, inputs: Any) -> Any:
+        if self.model is None:
+            raise RuntimeError(f"{type(self).__name__} was not initialised")
+        return self.model(inputs)
+
+    def postprocess(self, outputs: Any) -> list[Any]:
+        return list(outputs.tolist())
+
+    def handle(self, data: list[Any], context: Context) -> list[Any]:
+        """One batch in, one result per request out."""
+        self.context = context
+        inputs = self.preprocess(data)
+        with torch.inference_mode():
+            outputs = self.inference(inputs)
+        return self.postprocess(outputs)
+
+    def handle_valid(self, items: list[Any], context: Context) -> list[Any]:
+        """``BaseHandler.handle`` on the items that are not exceptions, all in one batch.
+
+        An exception item (say the InvalidInput of a corrupt image) stays the result of its
+        own request, which the service answers with that error; the others are predicted.
+        """
+        valid = [index for index, item in enumerate(items) if not isinstance(item, Exception)]
+        results = list(items)
+        if not valid:
+            return results
+        # The pipeline itself, not a subclass's handle (which is what calls this).
+        outputs = BaseHandler.handle(self, [items[index] for index in valid], context)
+        if len(outputs) != len(valid):
+            raise BatchSizeMismatch(
+                f"{type(self).__name__}.postprocess returned {len(outputs)} results for "
+                f"{len(valid)} inputs"
+            )
+        for index, output in zip(valid, outputs, strict=True):
+            results[index] = output
+        return results
