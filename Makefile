@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
 TS_VENV := .venv-torchserve-archiver
 TS_STAMP := $(TS_VENV)/.install-stamp
-DEMO_MODEL := model_store/echo.mar
+DEMO_MODEL := model_store/resnet-152-batch_v2.mar
+EXAMPLE := examples/image_classifier/resnet_152_batch
 
 .PHONY: demo test lint install clean
 
@@ -32,18 +33,19 @@ test: $(STAMP) $(TS_STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-$(DEMO_MODEL): $(STAMP) examples/echo/echo_handler.py
-	$(VENV)/bin/model-archiver --model-name echo --version 1.0 \
-		--handler examples/echo/echo_handler.py --export-path model_store --force
+# Built once (seeded random weights: no download is possible), then reused.
+$(DEMO_MODEL): $(STAMP)
+	$(PY) $(EXAMPLE)/build_mar.py --model-store model_store
 
 demo: $(STAMP) $(DEMO_MODEL)
 	@echo
-	@echo "Serving the echo model. In another terminal try:"
-	@echo "  curl http://127.0.0.1:8080/predictions/echo -T README.md"
+	@echo "Serving ResNet-152 (batch_size 8, max_batch_delay 10 ms, 1 worker). In another terminal:"
+	@echo "  curl http://127.0.0.1:8080/predictions/resnet-152-batch_v2 -T $(EXAMPLE)/kitten.jpg"
 	@echo "Stop with Ctrl-C."
 	@echo
 	$(VENV)/bin/torchserve --start --foreground --ts-config config.properties \
-		--model-store model_store --models echo=echo.mar --disable-token-auth --enable-model-api
+		--model-store model_store --models resnet-152-batch_v2=resnet-152-batch_v2.mar \
+		--disable-token-auth --enable-model-api
 
 clean:
 	rm -rf $(VENV) $(TS_VENV) model_store/*.mar logs

@@ -82,33 +82,38 @@ def _run(server: Server) -> None:
         runner.run(server.serve())
 
 
+def launch_server(model_store: Path, *models: str, **overrides: object) -> RunningServer:
+    """Start a real server (real worker subprocesses) on free loopback ports."""
+    settings: dict[str, object] = {
+        "inference_address": Address("127.0.0.1", 0),
+        "management_address": Address("127.0.0.1", 0),
+        "metrics_address": Address("127.0.0.1", 0),
+        "model_store": model_store,
+        "load_models": models,
+        "default_workers_per_model": 1,
+        "enable_model_api": True,
+        "disable_token_authorization": True,
+        **overrides,
+    }
+    server = Server(ServerConfig(**settings))  # type: ignore[arg-type]
+    thread = threading.Thread(target=_run, args=(server,), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started.wait(0.05):
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise AssertionError("server failed to start")
+    assert server.bound is not None and server.bound.metrics is not None
+    return RunningServer(server, thread, str(server.bound.inference),
+                         str(server.bound.management), str(server.bound.metrics))
+
+
 @pytest.fixture
 def start_server(model_store: Path) -> Iterator[Callable[..., RunningServer]]:
-    """Start a real server (real worker subprocesses) on free ports; stopped at teardown."""
+    """Start servers on the test's model store; each is stopped at teardown."""
     running: list[RunningServer] = []
 
     def start(*models: str, **overrides: object) -> RunningServer:
-        settings: dict[str, object] = {
-            "inference_address": Address("127.0.0.1", 0),
-            "management_address": Address("127.0.0.1", 0),
-            "metrics_address": Address("127.0.0.1", 0),
-            "model_store": model_store,
-            "load_models": models,
-            "default_workers_per_model": 1,
-            "enable_model_api": True,
-            "disable_token_authorization": True,
-            **overrides,
-        }
-        server = Server(ServerConfig(**settings))  # type: ignore[arg-type]
-        thread = threading.Thread(target=_run, args=(server,), daemon=True)
-        thread.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not server.started.wait(0.05):
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise AssertionError("server failed to start")
-        assert server.bound is not None and server.bound.metrics is not None
-        handle = RunningServer(server, thread, str(server.bound.inference),
-                               str(server.bound.management), str(server.bound.metrics))
+        handle = launch_server(model_store, *models, **overrides)
         running.append(handle)
         return handle
 

@@ -37,3 +37,16 @@ def test_module_level_handle_function_archive(model_store: Path, start_server, f
     assert registered.status_code == 200, registered.text
     assert server.predict("tsecho", b"made by torchserve").content == b"made by torchserve"
     assert server.describe("tsecho")["modelVersion"] == "1.0"
+
+
+def test_image_classifier_archive(model_store: Path, start_server) -> None:
+    from tests.integration.vision_fixtures import LABELS, jpeg, tiny_model_files
+
+    model_file, weights, labels = tiny_model_files(model_store / "src")
+    torchserve_archive(model_store, "tstiny", "--model-file", str(model_file),
+                       "--serialized-file", str(weights), "--handler", "image_classifier",
+                       "--extra-files", str(labels))
+    server = start_server("tstiny.mar")
+    answer = server.predict("tstiny", jpeg(5))
+    assert answer.status_code == 200, answer.text
+    assert set(answer.json()) == {label for _, label in LABELS.values()}
