@@ -87,6 +87,8 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
         overrides["enable_model_api"] = "true"
     if args.disable_token_auth:
         overrides["disable_token_authorization"] = "true"
+    if args.ncs:
+        overrides["snapshot_disabled"] = "true"
     return overrides
 
 
@@ -182,6 +184,8 @@ def run_foreground(config: ServerConfig) -> int:
                 "inference": str(bound.inference),
                 "management": str(bound.management),
                 "metrics": str(bound.metrics) if bound.metrics else None,
+                "key_file": None if config.disable_token_authorization
+                else str(config.key_file.resolve()),
             })
             print(f"batchserve is serving: inference {bound.inference}, management "
                   f"{bound.management}, metrics {bound.metrics}", file=sys.stderr, flush=True)
@@ -231,10 +235,12 @@ def start_background(argv: Sequence[str], config: ServerConfig) -> int:
             return 1
         state = read_state()
         if state is not None and state.get("pid") == process.pid and _ping(str(state["inference"])):
+            keys = state.get("key_file") or "off (--disable-token-auth)"
             print(f"batchserve started (pid {process.pid}).\n"
                   f"  inference API:  {state['inference']}\n"
                   f"  management API: {state['management']}\n"
                   f"  metrics API:    {state['metrics']}\n"
+                  f"  token keys:     {keys}\n"
                   f"  logs:           {log_path}")
             return 0
         time.sleep(0.2)

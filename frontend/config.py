@@ -135,6 +135,13 @@ def _parse_port(text: str) -> int:
     return value
 
 
+def _parse_json_object(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("expected a JSON object")
+    return value
+
+
 def _parse_load_models(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
@@ -177,6 +184,9 @@ class ServerConfig:
     default_max_batch_delay_ms: int = 100
     enable_model_api: bool = False
     disable_token_authorization: bool = False
+    token_expiration_min: int = 60
+    #: Where the token key file is written (TorchServe: key_file.json in the working folder).
+    key_file: Path = Path("key_file.json")
     #: Regexes an archive URL must match in full. Default: nothing outside the model store.
     allowed_urls: tuple[str, ...] = ()
     limit_max_image_pixels: bool = True
@@ -189,6 +199,8 @@ class ServerConfig:
     #: Private directory for worker sockets and extracted archives; None: a fresh temp dir.
     run_dir: Path | None = None
     snapshot_disabled: bool = False
+    #: TorchServe's ``model_snapshot`` JSON (KServe's config uses it): models to restore.
+    model_snapshot: Mapping[str, Any] | None = None
 
 
 # config.properties key -> (ServerConfig field, parser)
@@ -216,6 +228,8 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "max_batch_delay": ("default_max_batch_delay_ms", _parse_non_negative_int),
     "enable_model_api": ("enable_model_api", _parse_bool),
     "disable_token_authorization": ("disable_token_authorization", _parse_bool),
+    "token_expiration_min": ("token_expiration_min", _parse_positive_int),
+    "key_file": ("key_file", Path),
     "allowed_urls": ("allowed_urls", _parse_regex_list),
     "limit_max_image_pixels": ("limit_max_image_pixels", _parse_bool),
     "decode_input_request": ("decode_input_request", _parse_bool),
@@ -225,6 +239,8 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "metrics_mode": ("metrics_mode", str),
     "log_location": ("log_location", Path),
     "run_dir": ("run_dir", Path),
+    "snapshot_disabled": ("snapshot_disabled", _parse_bool),
+    "model_snapshot": ("model_snapshot", _parse_json_object),
 }
 
 #: TorchServe keys we read elsewhere or accept without effect (no "unknown key" warning).
@@ -232,7 +248,7 @@ _ACCEPTED_WITHOUT_EFFECT = frozenset({
     "enable_envvars_config", "number_of_netty_threads", "netty_client_threads", "vmargs",
     "async_logging", "prefer_direct_buffer", "use_native_io", "io_ratio",
     "initial_worker_port", "model_server_home", "metric_time_interval", "install_py_dep_per_model",
-    "default_startup_timeout_ms", "model_snapshot", "workflow_store", "tsConfigFile",
+    "default_startup_timeout_ms", "workflow_store", "tsConfigFile",
     "cpu_launcher_enable", "ipex_enable",
 })
 

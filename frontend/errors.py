@@ -40,6 +40,13 @@ class InvalidInput(BadRequest):
     type_name = "InvalidInputException"
 
 
+class Unauthorized(ServeError):
+    """A missing, wrong or expired token (TorchServe answers 400; 401 is the right code)."""
+
+    http_status = 401
+    type_name = "InvalidKeyException"
+
+
 class Forbidden(ServeError):
     http_status = 403
     type_name = "ForbiddenException"

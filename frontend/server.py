@@ -8,6 +8,7 @@ workers are still up to answer them), then stop the workers, then remove the run
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import tempfile
@@ -16,11 +17,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from frontend import archive as archives
+from frontend.auth import TokenAuthority
 from frontend.config import Address, ServerConfig
 from frontend.errors import ConfigError, ServeError
 from frontend.gpus import GpuAssigner
 from frontend.http.app import serve_http
 from frontend.registry import ModelRegistry, RegisterRequest
+from frontend.services import Services
+from frontend.snapshot import Snapshots, restore_requests
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +62,7 @@ class Server:
         self.config = config
         self.bound: BoundAddresses | None = None
         self.registry: ModelRegistry | None = None
+        self.services: Services | None = None
         self._stop: asyncio.Event | None = None
         #: Set once every listener is serving (a threading.Event: tests wait on it from
         #: another thread).
@@ -84,12 +89,23 @@ class Server:
         run_dir.chmod(0o700)
         registry = ModelRegistry(config, run_dir, GpuAssigner.detect(config.number_of_gpu))
         self.registry = registry
+        auth = None
+        if not config.disable_token_authorization:
+            auth = TokenAuthority(config.key_file, config.token_expiration_min)
+        snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
+        self.services = Services(config, registry, auth, snapshots)
         try:
-            async with serve_http(config, registry) as http:
+            async with serve_http(self.services) as http:
                 bound = http.bound
                 self.bound = BoundAddresses(bound["inference"], bound["management"],
                                             bound.get("metrics"))
-                await self._load_startup_models(registry)
+                await self._load_startup_models(registry, snapshots)
+                if auth is not None:
+                    auth.start()
+                    logger.info("token authorization is on: keys in %s", auth.path.resolve())
+                else:
+                    logger.warning("token authorization is disabled: anyone who can reach the "
+                                   "ports can use every API")
                 await http.start()
                 logger.info("inference API on %s, management API on %s, metrics on %s",
                             bound["inference"], bound["management"], bound.get("metrics"))
@@ -98,19 +114,33 @@ class Server:
                 logger.info("stopping: no new connections; finishing open requests")
         finally:
             await registry.close(drain_timeout_s=config.unregister_model_timeout_s)
+            if auth is not None:
+                auth.remove()
             if owns_run_dir:
                 shutil.rmtree(run_dir, ignore_errors=True)
             else:
                 shutil.rmtree(registry.archive_dir, ignore_errors=True)
             logger.info("stopped")
 
-    async def _load_startup_models(self, registry: ModelRegistry) -> None:
-        requests = startup_requests(self.config, self.config.load_models)
+    async def _load_startup_models(self, registry: ModelRegistry, snapshots: Snapshots) -> None:
+        """Load ``load_models`` / ``--models``; without them, restore the latest snapshot."""
+        defaults: dict[str, str] = {}
+        if self.config.load_models:
+            requests = startup_requests(self.config, self.config.load_models)
+        else:
+            document = self.config.model_snapshot or (
+                snapshots.latest() if snapshots.enabled else None)
+            requests, defaults = restore_requests(document) if document else ([], {})
+            if requests:
+                logger.info("restoring %d model(s) from the last snapshot", len(requests))
         models = []
         for request in requests:
             try:
                 models.append(await registry.register(replace(request, synchronous=False)))
             except ServeError as exc:
                 logger.error("cannot load startup model %s: %s", request.url, exc)
+        for name, version in defaults.items():
+            with contextlib.suppress(ServeError):
+                registry.set_default(name, version)
         for failure in await registry.wait_started(models):
             logger.error("startup model failed to load: %s", failure)

@@ -93,6 +93,7 @@ def launch_server(model_store: Path, *models: str, **overrides: object) -> Runni
         "default_workers_per_model": 1,
         "enable_model_api": True,
         "disable_token_authorization": True,
+        "log_location": model_store.parent / "logs",
         **overrides,
     }
     server = Server(ServerConfig(**settings))  # type: ignore[arg-type]

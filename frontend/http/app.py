@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from frontend.config import Address, ServerConfig
+from frontend.config import Address
 from frontend.errors import ServeError
 from frontend.http import common
 from frontend.http.inference import InferenceApp
 from frontend.http.management import ManagementApp
 from frontend.http.metrics import MetricsApp
-from frontend.registry import ModelRegistry
+from frontend.services import Services
 
 logger = logging.getLogger(__name__)
 
@@ -73,15 +73,16 @@ def bind(address: Address) -> socket.socket:
 class HttpListeners:
     """The inference, management and metrics listeners: bound early, served once ready."""
 
-    def __init__(self, config: ServerConfig, registry: ModelRegistry) -> None:
+    def __init__(self, services: Services) -> None:
+        config = services.config
         apps: dict[str, InferenceApp | ManagementApp | MetricsApp] = {
-            "inference": InferenceApp(config, registry),
-            "management": ManagementApp(config, registry),
+            "inference": InferenceApp(services),
+            "management": ManagementApp(services),
         }
         wanted = {"inference": config.inference_address,
                   "management": config.management_address}
         if config.enable_metrics_api:
-            apps["metrics"] = MetricsApp(config, registry)
+            apps["metrics"] = MetricsApp(services)
             wanted["metrics"] = config.metrics_address
         # Listeners that share an address (port 0 excepted) become one combined listener.
         groups: dict[Address | str, list[str]] = {}
@@ -144,9 +145,8 @@ class HttpListeners:
 
 
 @contextlib.asynccontextmanager
-async def serve_http(config: ServerConfig, registry: ModelRegistry
-                     ) -> AsyncIterator[HttpListeners]:
-    listeners = HttpListeners(config, registry)
+async def serve_http(services: Services) -> AsyncIterator[HttpListeners]:
+    listeners = HttpListeners(services)
     listeners.bind()
     try:
         yield listeners

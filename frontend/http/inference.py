@@ -11,12 +11,13 @@ import logging
 import time
 import uuid
 
+from frontend.auth import KeyKind
 from frontend.batching import Job
-from frontend.config import ServerConfig
 from frontend.errors import InternalError, ServeError
 from frontend.http import common
 from frontend.http.forms import is_form, parse_form
-from frontend.registry import Model, ModelRegistry
+from frontend.registry import Model
+from frontend.services import Services
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -27,9 +28,11 @@ _INFERENCE_METHODS = ("POST", "PUT")
 class InferenceApp:
     """ASGI app for TorchServe's inference API."""
 
-    def __init__(self, config: ServerConfig, registry: ModelRegistry) -> None:
-        self.config = config
-        self.registry = registry
+    def __init__(self, services: Services) -> None:
+        self.config = services.config
+        self.registry = services.registry
+        self.auth = services.auth
+        self.snapshots = services.snapshots
 
     async def __call__(self, scope: common.Scope, receive: common.Receive,
                        send: common.Send) -> None:
@@ -49,6 +52,8 @@ class InferenceApp:
         if path.startswith("/predictions/"):
             if scope["method"] not in _INFERENCE_METHODS:
                 raise common.method_not_allowed()
+            if self.auth is not None:
+                self.auth.check(KeyKind.INFERENCE, scope["headers"])
             parts = common.path_parts(scope)
             if len(parts) not in (2, 3):
                 raise common.not_found()

@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from frontend.config import ServerConfig
+from frontend.auth import KeyKind
 from frontend.errors import BadRequest, InternalError, MethodNotAllowed, ServeError
 from frontend.http import common
-from frontend.registry import Model, ModelRegistry, RegisterRequest
+from frontend.registry import Model, RegisterRequest
+from frontend.services import Services
 
 logger = logging.getLogger(__name__)
 
@@ -22,9 +23,11 @@ MAX_LIST_LIMIT = 100
 class ManagementApp:
     """ASGI app for TorchServe's management API."""
 
-    def __init__(self, config: ServerConfig, registry: ModelRegistry) -> None:
-        self.config = config
-        self.registry = registry
+    def __init__(self, services: Services) -> None:
+        self.config = services.config
+        self.registry = services.registry
+        self.auth = services.auth
+        self.snapshots = services.snapshots
 
     async def __call__(self, scope: common.Scope, receive: common.Receive,
                        send: common.Send) -> None:
@@ -40,8 +43,13 @@ class ManagementApp:
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:
         parts = common.path_parts(scope)
+        if parts == ["token"]:
+            await self.token(scope, send)
+            return True
         if not parts or parts[0] != "models" or len(parts) > 4:
             raise common.not_found()
+        if self.auth is not None:
+            self.auth.check(KeyKind.MANAGEMENT, scope["headers"])
         method: str = scope["method"]
         params = common.query_params(scope)
         if len(parts) == 1:
@@ -61,6 +69,7 @@ class ManagementApp:
                     common.method_not_allowed()
             assert version is not None
             self.registry.set_default(name, version)
+            self.snapshots.save(self.registry)
             await common.send_json(send, 200, {
                 "status": f'Default version successfully updated for model "{name}" '
                           f'to "{version}"'})
@@ -72,12 +81,23 @@ class ManagementApp:
         elif method == "DELETE":
             self._require_model_api()
             model = await self.registry.unregister(name, version)
+            self.snapshots.save(self.registry)
             suffix = f' version "{version}"' if version else ""
             await common.send_json(send, 200, {
                 "status": f'Model "{model.name}"{suffix} unregistered'})
         else:
             raise common.method_not_allowed()
         return True
+
+    async def token(self, scope: common.Scope, send: common.Send) -> None:
+        """Rotate the inference or management key (authorised by the API key)."""
+        if self.auth is None:
+            raise BadRequest("token authorization is disabled on this server")
+        if scope["method"] != "GET":
+            raise common.method_not_allowed()
+        self.auth.check(KeyKind.API, scope["headers"])
+        kind = common.query_params(scope).get("type", "")
+        await common.send_json(send, 200, {kind: self.auth.rotate(kind)})
 
     def _require_model_api(self) -> None:
         if not self.config.enable_model_api:
@@ -126,6 +146,7 @@ class ManagementApp:
             synchronous=common.bool_param(params, "synchronous", True),
         )
         model = await self.registry.register(request)
+        self.snapshots.save(self.registry)
         await common.send_json(send, 200 if request.synchronous else 202,
                                {"status": _registered_message(model, request.synchronous)})
 
@@ -144,6 +165,7 @@ class ManagementApp:
         assert timeout is not None
         model.settings = replace(model.settings, min_workers=min_worker, max_workers=max_worker)
         started = await model.scale(min_worker, None if timeout < 0 else float(timeout))
+        self.snapshots.save(self.registry)
         if not synchronous:
             await common.send_json(send, 202, {"status": "Processing worker updates..."})
             return

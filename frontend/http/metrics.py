@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from frontend.config import ServerConfig
 from frontend.errors import ServeError
 from frontend.http import common
 from frontend.metrics import ServerMetrics
-from frontend.registry import ModelRegistry
+from frontend.services import Services
 
 
 class MetricsApp:
-    def __init__(self, config: ServerConfig, registry: ModelRegistry) -> None:
-        self.metrics: ServerMetrics = registry.metrics
+    def __init__(self, services: Services) -> None:
+        self.metrics: ServerMetrics = services.registry.metrics
 
     async def __call__(self, scope: common.Scope, receive: common.Receive,
                        send: common.Send) -> None:

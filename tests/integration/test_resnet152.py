@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import requests

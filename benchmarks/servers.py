@@ -1,0 +1,52 @@
+"""Start and stop a real batchserve (``torchserve --start``) for a benchmark run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+class Batchserve:
+    """A background server on free loopback ports, with its own state dir and logs."""
+
+    def __init__(self, model_store: Path, extra_properties: str = "") -> None:
+        self.work = Path(tempfile.mkdtemp(prefix="bench-"))
+        self.env = {**os.environ, "BATCHSERVE_STATE_DIR": str(self.work / "state")}
+        (self.work / "config.properties").write_text(
+            "inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
+            "metrics_address=http://127.0.0.1:0\n" + extra_properties)
+        self.model_store = model_store
+        self.inference = ""
+        self.management = ""
+
+    def __enter__(self) -> Batchserve:
+        subprocess.run([str(BIN / "torchserve"), "--start", "--model-store",
+                        str(self.model_store), "--ts-config", "config.properties",
+                        "--enable-model-api", "--disable-token-auth"],
+                       cwd=self.work, env=self.env, check=True, timeout=300,
+                       stdout=subprocess.DEVNULL)
+        state = json.loads((self.work / "state" / "server.json").read_text())
+        self.inference, self.management = state["inference"], state["management"]
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        subprocess.run([str(BIN / "torchserve"), "--stop"], cwd=self.work, env=self.env,
+                       check=True, timeout=300, stdout=subprocess.DEVNULL)
+
+    def register(self, url: str, **params: object) -> None:
+        query = urllib.parse.urlencode({"url": url, "synchronous": "true", **params})
+        request = urllib.request.Request(f"{self.management}/models?{query}", method="POST")
+        with urllib.request.urlopen(request, timeout=600) as response:
+            response.read()
+
+    def describe(self, name: str) -> dict[str, object]:
+        with urllib.request.urlopen(f"{self.management}/models/{name}", timeout=60) as response:
+            return json.loads(response.read())[0]  # type: ignore[no-any-return]

@@ -1,0 +1,108 @@
+"""Model snapshots as TorchServe writes them, and restoring the latest one at start.
+
+After every change (register, scale, set-default, unregister) the registered models and
+their settings are written to ``{log_location}/config/<timestamp>-snapshot.cfg`` (mode 0600)
+as a properties file with TorchServe's ``model_snapshot`` JSON. ``torchserve --start``
+without ``--models`` (and without ``--ncs``) registers them again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import javaproperties
+
+from frontend.registry import RegisterRequest
+
+if TYPE_CHECKING:
+    from frontend.registry import ModelRegistry
+
+logger = logging.getLogger(__name__)
+
+SUFFIX = "-snapshot.cfg"
+KEEP = 20
+
+
+def snapshot_document(registry: ModelRegistry) -> dict[str, Any]:
+    models: dict[str, dict[str, dict[str, Any]]] = {}
+    for model in registry:
+        s = model.settings
+        models.setdefault(model.name, {})[model.version] = {
+            "defaultVersion": registry.default_version(model.name) == model.version,
+            "marName": model.archive.url,
+            "minWorkers": s.min_workers,
+            "maxWorkers": s.max_workers,
+            "batchSize": s.batch_size,
+            "maxBatchDelay": s.max_batch_delay_ms,
+            "responseTimeout": s.response_timeout_s,
+            "startupTimeout": s.startup_timeout_s,
+            "handler": model.handler,
+        }
+    count = sum(len(versions) for versions in models.values())
+    return {"name": "snapshot", "modelCount": count, "created": int(time.time() * 1000),
+            "models": models}
+
+
+class Snapshots:
+    def __init__(self, folder: Path, enabled: bool) -> None:
+        self.folder = folder
+        self.enabled = enabled
+
+    def save(self, registry: ModelRegistry) -> Path | None:
+        if not self.enabled:
+            return None
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        stamp = time.strftime("%Y%m%d%H%M%S") + f"{time.time_ns() // 1_000_000 % 1000:03d}"
+        path = self.folder / f"{stamp}{SUFFIX}"
+        text = javaproperties.dumps(
+            {"model_snapshot": json.dumps(snapshot_document(registry))}, timestamp=False)
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+        for old in sorted(self.folder.glob(f"*{SUFFIX}"))[:-KEEP]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def latest(self) -> dict[str, Any] | None:
+        if not self.folder.is_dir():
+            return None
+        candidates = sorted(self.folder.glob(f"*{SUFFIX}"))
+        if not candidates:
+            return None
+        with candidates[-1].open(encoding="utf-8") as fh:
+            properties = javaproperties.load(fh)
+        try:
+            return dict(json.loads(properties["model_snapshot"]))
+        except (KeyError, ValueError) as exc:
+            logger.error("ignoring unreadable snapshot %s: %s", candidates[-1], exc)
+            return None
+
+
+def restore_requests(document: dict[str, Any]) -> tuple[list[RegisterRequest], dict[str, str]]:
+    """Registrations for every model of a snapshot, and each model's default version."""
+    requests: list[RegisterRequest] = []
+    defaults: dict[str, str] = {}
+    for name, versions in document.get("models", {}).items():
+        for version, settings in versions.items():
+            requests.append(RegisterRequest(
+                url=settings["marName"],
+                model_name=name,
+                handler=settings.get("handler"),
+                batch_size=settings.get("batchSize"),
+                max_batch_delay_ms=settings.get("maxBatchDelay"),
+                initial_workers=settings.get("minWorkers"),
+                response_timeout_s=settings.get("responseTimeout"),
+                startup_timeout_s=settings.get("startupTimeout"),
+                synchronous=False,
+                loaded_at_startup=True,
+            ))
+            if settings.get("defaultVersion"):
+                defaults[name] = version
+    return requests, defaults
