@@ -50,6 +50,8 @@ class ModelService:
 
     def predict(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
         """Run one batch. Raises when the whole batch failed (see ``errors.classify``)."""
+        if any(r.describe for r in batch.requests):
+            return self._describe(batch)
         requests = list(batch.requests)
         self.context.begin_batch(
             [r.request_id for r in requests], [dict(r.headers) for r in requests]
@@ -86,6 +88,22 @@ class ModelService:
         return worker_pb2.PredictResult(
             batch_id=batch.batch_id, responses=responses, handler_time_ms=handler_time_ms
         )
+
+    def _describe(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
+        """Answer describe requests with the handler's ``describe_handle()`` (TorchServe's
+        ``?customized=true``); predictions that share the batch run as a batch of their own."""
+        handler = getattr(self.entry_point.handle, "__self__", None)
+        describe_handle = getattr(handler, "describe_handle", None)
+        metadata = describe_handle() if callable(describe_handle) else {}
+        body, content_type = encode_result(metadata)
+        rest = worker_pb2.PredictBatch(batch_id=batch.batch_id,
+                                       requests=[r for r in batch.requests if not r.describe])
+        predicted = iter(self.predict(rest).responses if rest.requests else [])
+        return worker_pb2.PredictResult(batch_id=batch.batch_id, responses=[
+            worker_pb2.Response(request_id=r.request_id, status=200, body=body,
+                                content_type=content_type)
+            if r.describe else next(predicted)
+            for r in batch.requests])
 
     def _encode(self, idx: int, request: worker_pb2.Request, item: Any) -> worker_pb2.Response:
         processor = self.context.request_processor[idx]

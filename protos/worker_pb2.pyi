@@ -65,7 +65,7 @@ class Loaded(_message.Message):
     def __init__(self, load_time_ms: _Optional[float] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "headers", "inputs", "content_types")
+    __slots__ = ("request_id", "headers", "inputs", "content_types", "describe")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -91,11 +91,13 @@ class Request(_message.Message):
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     CONTENT_TYPES_FIELD_NUMBER: _ClassVar[int]
+    DESCRIBE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     headers: _containers.ScalarMap[str, str]
     inputs: _containers.ScalarMap[str, bytes]
     content_types: _containers.ScalarMap[str, str]
-    def __init__(self, request_id: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., inputs: _Optional[_Mapping[str, bytes]] = ..., content_types: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    describe: bool
+    def __init__(self, request_id: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., inputs: _Optional[_Mapping[str, bytes]] = ..., content_types: _Optional[_Mapping[str, str]] = ..., describe: _Optional[bool] = ...) -> None: ...
 
 class PredictBatch(_message.Message):
     __slots__ = ("batch_id", "requests")

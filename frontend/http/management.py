@@ -6,14 +6,20 @@ differ it is noted (a duplicate registration is 409 here, 500 in TorchServe).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import time
+import uuid
 from dataclasses import replace
 
 from frontend.auth import KeyKind
+from frontend.batching import Job
 from frontend.errors import BadRequest, InternalError, MethodNotAllowed, ServeError
 from frontend.http import common
 from frontend.registry import Model, RegisterRequest
 from frontend.services import Services
+from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +81,8 @@ class ManagementApp:
                           f'to "{version}"'})
             return True
         if method == "GET":
-            await common.send_json(send, 200, self.describe(name, version))
+            customized = common.bool_param(params, "customized", False)
+            await common.send_json(send, 200, await self.describe(name, version, customized))
         elif method == "PUT":
             await self.scale(name, version, params, send)
         elif method == "DELETE":
@@ -122,10 +129,15 @@ class ManagementApp:
         ]
         return body
 
-    def describe(self, name: str, version: str | None) -> list[dict[str, object]]:
-        if version == "all":
-            return [model.describe() for model in self.registry.versions(name)]
-        return [self.registry.get(name, version).describe()]
+    async def describe(self, name: str, version: str | None,
+                       customized: bool) -> list[dict[str, object]]:
+        models = (self.registry.versions(name) if version == "all"
+                  else [self.registry.get(name, version)])
+        descriptions = [model.describe() for model in models]
+        if customized:
+            for model, description in zip(models, descriptions, strict=True):
+                description["customizedMetadata"] = await _customized_metadata(model)
+        return descriptions
 
     async def register(self, params: dict[str, str], send: common.Send) -> None:
         if not params.get("url"):
@@ -153,6 +165,8 @@ class ManagementApp:
     async def scale(self, name: str, version: str | None, params: dict[str, str],
                     send: common.Send) -> None:
         model = self.registry.get(name, version)
+        if common.int_param(params, "number_gpu", 0) < 0:  # type: ignore[operator]
+            raise BadRequest("number_gpu must be >= 0")
         min_worker = common.int_param(params, "min_worker", 1)
         max_worker = common.int_param(params, "max_worker", min_worker)
         assert min_worker is not None and max_worker is not None
@@ -175,6 +189,20 @@ class ManagementApp:
         suffix = f", version: {version}" if version else ""
         await common.send_json(send, 200, {
             "status": f"Workers scaled to {min_worker} for model: {name}{suffix}"})
+
+
+async def _customized_metadata(model: Model) -> object:
+    """Ask a worker for the handler's describe_handle() output, through the model's queue."""
+    request = worker_pb2.Request(request_id=str(uuid.uuid4()), describe=True)
+    job = Job(request, asyncio.get_running_loop().create_future(),
+              deadline=time.monotonic() + model.settings.response_timeout_s)
+    model.submit(job)
+    response = await job.future
+    if response.error:
+        raise InternalError(f"describe failed: {response.error}")
+    if response.content_type.startswith("application/json"):
+        return json.loads(response.body)
+    return response.body.decode("utf-8", "replace")
 
 
 def _registered_message(model: Model, synchronous: bool) -> str:

@@ -1,0 +1,211 @@
+"""The management API end to end: versions, scaling real processes, tokens, snapshots."""
+
+from __future__ import annotations
+
+import json
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import requests
+
+from tests.conftest import RunningServer
+
+
+def _models(server: RunningServer) -> str:
+    return f"{server.management}/models"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _worker_pids(server: RunningServer, name: str) -> list[int]:
+    return [w["pid"] for w in server.describe(name)["workers"]]  # type: ignore[union-attr]
+
+
+def _register(server: RunningServer, **params: object) -> requests.Response:
+    return requests.post(_models(server), params={"synchronous": "true", **params}, timeout=120)
+
+
+def test_list_is_sorted_and_paginated(build_mar, start_server) -> None:
+    build_mar("echo", "echo")
+    server = start_server()
+    for name in ("e", "c", "a", "d", "b"):
+        assert _register(server, url="echo.mar", model_name=name,
+                         initial_workers=0).status_code == 200
+    first = requests.get(_models(server), params={"limit": 2}, timeout=10).json()
+    assert first == {"nextPageToken": "2", "models": [
+        {"modelName": "a", "modelUrl": "echo.mar"}, {"modelName": "b", "modelUrl": "echo.mar"}]}
+    second = requests.get(_models(server), params={"limit": 2, "next_page_token": 2},
+                          timeout=10).json()
+    assert [m["modelName"] for m in second["models"]] == ["c", "d"]
+    last = requests.get(_models(server), params={"limit": 2, "next_page_token": 4},
+                        timeout=10).json()
+    assert last == {"models": [{"modelName": "e", "modelUrl": "echo.mar"}]}
+    everything = requests.get(_models(server), params={"limit": 500}, timeout=10).json()
+    assert len(everything["models"]) == 5 and "nextPageToken" not in everything
+    zero_workers = requests.post(_models(server), params={"url": "echo.mar", "model_name": "z",
+                                                          "initial_workers": 0}, timeout=30)
+    assert "Use scale workers API" in zero_workers.json()["status"]
+    assert requests.get(_models(server), params={"limit": "x"}, timeout=10).status_code == 400
+
+
+def test_versions_side_by_side_default_and_removal(build_mar, model_store: Path,
+                                                   start_server) -> None:
+    build_mar("multi", "describable", version="1.0").rename(model_store / "multi-1.mar")
+    build_mar("multi", "describable", version="2.0").rename(model_store / "multi-2.mar")
+    server = start_server()
+    assert _register(server, url="multi-1.mar").status_code == 200
+    assert _register(server, url="multi-2.mar").status_code == 200
+
+    def predict(path: str) -> str:
+        return requests.post(f"{server.inference}/predictions/{path}", data=b"x",
+                             timeout=30).text
+
+    assert predict("multi") == "version 1.0"
+    assert predict("multi/1.0") == "version 1.0"
+    assert predict("multi/2.0") == "version 2.0"
+    assert requests.post(f"{server.inference}/predictions/multi/3.0", data=b"x",
+                         timeout=30).status_code == 404
+
+    all_versions = requests.get(f"{_models(server)}/multi/all", timeout=10).json()
+    assert sorted(d["modelVersion"] for d in all_versions) == ["1.0", "2.0"]
+
+    changed = requests.put(f"{_models(server)}/multi/2.0/set-default", timeout=10)
+    assert changed.status_code == 200
+    assert changed.json() == {
+        "status": 'Default version successfully updated for model "multi" to "2.0"'}
+    assert predict("multi") == "version 2.0"
+    assert requests.put(f"{_models(server)}/multi/9.9/set-default",
+                        timeout=10).status_code == 404
+
+    refused = requests.delete(f"{_models(server)}/multi/2.0", timeout=30)
+    assert refused.status_code == 403
+    assert "default version" in refused.json()["message"]
+    pids_v1 = _worker_pids(server, "multi/1.0")
+    assert requests.delete(f"{_models(server)}/multi/1.0", timeout=60).status_code == 200
+    assert predict("multi") == "version 2.0"
+    for pid in pids_v1:
+        server.wait_for(lambda pid=pid: not _alive(pid), f"worker {pid} to exit")
+
+    customized = requests.get(f"{_models(server)}/multi", params={"customized": "true"},
+                              timeout=30).json()[0]
+    assert customized["customizedMetadata"] == {"data1": "1", "version": "2.0"}
+
+
+def test_scaling_starts_and_stops_real_processes(build_mar, start_server,
+                                                 tmp_path: Path) -> None:
+    build_mar("gate", "gate")
+    server = start_server("gate.mar")
+    [first] = _worker_pids(server, "gate")
+
+    up = requests.put(f"{_models(server)}/gate",
+                      params={"min_worker": 3, "max_worker": 3, "synchronous": "true"},
+                      timeout=60)
+    assert up.json() == {"status": "Workers scaled to 3 for model: gate"}
+    pids = _worker_pids(server, "gate")
+    assert len(set(pids)) == 3 and all(_alive(p) for p in pids)
+    assert all("backend" in psutil.Process(p).cmdline() for p in pids)
+    described = server.describe("gate")
+    assert (described["minWorkers"], described["maxWorkers"]) == (3, 3)
+
+    down = requests.put(f"{_models(server)}/gate", params={"min_worker": 1}, timeout=60)
+    assert down.status_code == 202
+    for pid in pids[1:]:
+        server.wait_for(lambda pid=pid: not _alive(pid), f"worker {pid} to stop")
+    assert _worker_pids(server, "gate") == [first]
+
+    bad = requests.put(f"{_models(server)}/gate", params={"min_worker": 3, "max_worker": 1},
+                       timeout=10)
+    assert bad.status_code == 400
+    assert "max_worker cannot be less than min_worker" in bad.json()["message"]
+
+
+def test_scaling_down_with_timeout_0_kills_a_busy_worker_at_once(
+        build_mar, start_server, tmp_path: Path) -> None:
+    build_mar("gate", "gate")
+    server = start_server("gate.mar")
+    [pid] = _worker_pids(server, "gate")
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(server.predict, "gate", str(tmp_path / "never").encode())
+        server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
+                        "the request to reach the worker")
+        down = requests.put(f"{_models(server)}/gate",
+                            params={"min_worker": 0, "timeout": 0, "synchronous": "true"},
+                            timeout=30)
+        assert down.status_code == 200
+        answer = held.result(timeout=10)
+    assert answer.status_code == 500
+    assert "Worker died" in answer.json()["message"]
+    assert not _alive(pid)
+
+
+def test_token_authorization(build_mar, start_server, tmp_path: Path) -> None:
+    build_mar("echo", "echo")
+    key_file = tmp_path / "key_file.json"
+    server = start_server("echo.mar", disable_token_authorization=False, key_file=key_file)
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    keys = json.loads(key_file.read_text())
+    assert set(keys) == {"inference", "management", "API"}
+    assert "expiration time" in keys["inference"]
+
+    def bearer(key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+    missing = server.predict("echo", b"x")
+    assert missing.status_code == 401
+    assert missing.json()["type"] == "InvalidKeyException"
+    assert server.predict("echo", b"x", headers=bearer("wrong")).status_code == 401
+    inference_key = keys["inference"]["key"]
+    assert server.predict("echo", b"ok", headers=bearer(inference_key)).content == b"ok"
+    assert requests.get(f"{server.inference}/ping", timeout=10).status_code == 200
+
+    assert requests.get(_models(server), headers=bearer(inference_key),
+                        timeout=10).status_code == 401
+    management_key = keys["management"]["key"]
+    assert requests.get(_models(server), headers=bearer(management_key),
+                        timeout=10).status_code == 200
+
+    not_api = requests.get(f"{server.management}/token", params={"type": "inference"},
+                           headers=bearer(management_key), timeout=10)
+    assert not_api.status_code == 401
+    rotated = requests.get(f"{server.management}/token", params={"type": "inference"},
+                           headers=bearer(keys["API"]["key"]), timeout=10)
+    assert rotated.status_code == 200
+    new_key = rotated.json()["inference"]["key"]
+    assert new_key != inference_key
+    assert json.loads(key_file.read_text())["inference"]["key"] == new_key
+    assert server.predict("echo", b"x", headers=bearer(inference_key)).status_code == 401
+    assert server.predict("echo", b"new", headers=bearer(new_key)).content == b"new"
+
+    server.stop()
+    assert not key_file.exists()
+
+
+def test_snapshot_is_written_and_restored(build_mar, start_server, tmp_path: Path) -> None:
+    build_mar("echo", "echo")
+    logs = tmp_path / "snap-logs"
+    first = start_server(log_location=logs)
+    assert _register(first, url="echo.mar", model_name="kept", batch_size=4,
+                     max_batch_delay=7, initial_workers=2).status_code == 200
+    snapshots = sorted((logs / "config").glob("*-snapshot.cfg"))
+    assert snapshots
+    assert stat.S_IMODE(snapshots[-1].stat().st_mode) == 0o600
+    first.stop()
+
+    restored = start_server(log_location=logs)
+    described = restored.describe("kept")
+    assert (described["batchSize"], described["maxBatchDelay"]) == (4, 7)
+    assert described["loadedAtStartup"] is True
+    workers = described["workers"]
+    assert isinstance(workers, list) and len(workers) == 2
+    assert restored.predict("kept", b"back").content == b"back"
+    restored.stop()
+
+    fresh = start_server(log_location=logs, snapshot_disabled=True)
+    assert requests.get(_models(fresh), timeout=10).json() == {"models": []}
