@@ -29,7 +29,16 @@ class GpuAssigner:
         visible = visible_gpu_count()
         return cls(visible if number_of_gpu is None else min(number_of_gpu, visible))
 
-    def next(self) -> int | None:
+    def next(self, device_ids: tuple[int, ...] = ()) -> int | None:
+        """The GPU for the next worker: round robin over all GPUs, or over ``device_ids``
+        (a model's ``deviceIds``) when given. None when there is no GPU."""
         if self.count == 0:
             return None
-        return next(self._next) % self.count
+        turn = next(self._next)
+        usable = [i for i in device_ids if i < self.count] if device_ids else None
+        if usable is not None:
+            if not usable:
+                raise ValueError(f"deviceIds {list(device_ids)} name no visible GPU "
+                                 f"(there are {self.count})")
+            return usable[turn % len(usable)]
+        return turn % self.count

@@ -47,6 +47,8 @@ class ModelSettings:
     response_timeout_s: int
     startup_timeout_s: int
     job_queue_size: int
+    #: GPUs this model's workers may use (model-config.yaml ``deviceIds``); empty: any.
+    device_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,15 @@ class RegisterRequest:
 
 def _first(*values: Any) -> Any:
     return next((value for value in values if value is not None), None)
+
+
+def _device_ids(config: dict[str, Any]) -> tuple[int, ...]:
+    raw = config.get("deviceIds")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(i, int) and i >= 0 for i in raw):
+        raise BadRequest(f"model-config.yaml: deviceIds must be a list of GPU ids, got {raw!r}")
+    return tuple(raw)
 
 
 def _yaml_int(config: dict[str, Any], key: str) -> int | None:
@@ -147,7 +158,8 @@ class Model:
     def start_workers(self, count: int) -> list[Worker]:
         started = []
         for _ in range(count):
-            worker = Worker(self.launch, self.batcher, self._gpus.next(), self._record_batch)
+            gpu = self._gpus.next(self.settings.device_ids)
+            worker = Worker(self.launch, self.batcher, gpu, self._record_batch)
             self.workers.append(worker)
             started.append(worker)
         return started
@@ -190,6 +202,7 @@ class Model:
             "responseTimeout": s.response_timeout_s,
             "startupTimeout": s.startup_timeout_s,
             "loadedAtStartup": self.loaded_at_startup,
+            **({"deviceIds": list(s.device_ids)} if s.device_ids else {}),
             "handler": self.handler,
             "workers": [worker.describe() for worker in self.workers],
             "jobQueueStatus": {
@@ -279,6 +292,7 @@ class ModelRegistry:
                                      from_props.startup_timeout_s,
                                      config.default_startup_timeout_s),
             job_queue_size=_first(_yaml_int(model_config, "jobQueueSize"), config.job_queue_size),
+            device_ids=_device_ids(model_config),
         )
         if settings.batch_size < 1:
             raise BadRequest(f"batch_size must be >= 1, got {settings.batch_size}")

@@ -33,13 +33,14 @@ def build_mar(model_store: Path) -> Callable[..., Path]:
     """Build an archive of a fixture handler into the test's model store."""
 
     def build(name: str, handler: str, *, version: str = "1.0", fmt: str = "default",
-              extra_files: tuple[str, ...] = ()) -> Path:
+              extra_files: tuple[str, ...] = (), config_file: Path | None = None) -> Path:
         module, _, function = handler.partition(":")
         handler_path = HANDLERS / f"{module}.py"
         return build_archive(ArchiveOptions(
             model_name=name, version=version,
             handler=f"{handler_path}:{function}" if function else str(handler_path),
-            extra_files=extra_files, export_path=model_store, archive_format=fmt, force=True))
+            extra_files=extra_files, export_path=model_store, archive_format=fmt, force=True,
+            config_file=str(config_file) if config_file else None))
 
     return build
 

@@ -209,3 +209,24 @@ def test_snapshot_is_written_and_restored(build_mar, start_server, tmp_path: Pat
 
     fresh = start_server(log_location=logs, snapshot_disabled=True)
     assert requests.get(_models(fresh), timeout=10).json() == {"models": []}
+
+
+def test_settings_priority_api_over_yaml_over_properties(build_mar, start_server,
+                                                        tmp_path: Path) -> None:
+    from frontend.config import parse_models_json
+
+    config_file = tmp_path / "model-config.yaml"
+    config_file.write_text("batchSize: 4\nmaxBatchDelay: 30\nminWorkers: 2\nresponseTimeout: 9\n")
+    build_mar("tuned", "echo", config_file=config_file)
+    properties = parse_models_json(
+        '{"tuned": {"1.0": {"batchSize": 2, "maxBatchDelay": 5, "responseTimeout": 3, '
+        '"startupTimeout": 77}}}')
+    server = start_server(models=properties)
+
+    assert _register(server, url="tuned.mar", max_batch_delay=11).status_code == 200
+    described = server.describe("tuned")
+    assert described["batchSize"] == 4  # YAML over properties
+    assert described["maxBatchDelay"] == 11  # API over YAML
+    assert described["responseTimeout"] == 9  # YAML over properties
+    assert described["startupTimeout"] == 77  # properties over the default
+    assert len(described["workers"]) == 2  # type: ignore[arg-type]
