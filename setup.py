@@ -25,6 +25,7 @@ EXTRAS_REQUIRE = {
         "requests>=2.31",
         "grpcio-tools>=1.60",
         "ruff>=0.5",
+        "openapi-spec-validator>=0.7",
     ],
 }
 

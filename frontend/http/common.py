@@ -117,6 +117,12 @@ def bool_param(params: dict[str, str], name: str, default: bool) -> bool:
     raise BadRequest(f"parameter {name} must be true or false, got {params[name]!r}")
 
 
+def is_api_description(scope: Scope) -> bool:
+    """``GET /api-description`` or ``OPTIONS /``: TorchServe's OpenAPI self-description."""
+    return (scope["path"] == "/api-description" and scope["method"] == "GET") or (
+        scope["path"] == "/" and scope["method"] == "OPTIONS")
+
+
 def path_parts(scope: Scope) -> list[str]:
     return [part for part in scope["path"].split("/") if part]
 

@@ -16,6 +16,7 @@ from frontend.batching import Job
 from frontend.errors import InternalError, ServeError
 from frontend.http import common
 from frontend.http.forms import is_form, parse_form
+from frontend.http.openapi import inference_description
 from frontend.registry import Model
 from frontend.services import Services
 from protos import worker_pb2
@@ -62,6 +63,9 @@ class InferenceApp:
             return True
         if path == "/ping":
             await self.ping(send)
+            return True
+        if common.is_api_description(scope):
+            await common.send_json(send, 200, inference_description())
             return True
         raise common.not_found()
 

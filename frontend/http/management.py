@@ -17,6 +17,7 @@ from frontend.auth import KeyKind
 from frontend.batching import Job
 from frontend.errors import BadRequest, InternalError, MethodNotAllowed, ServeError
 from frontend.http import common
+from frontend.http.openapi import management_description
 from frontend.registry import Model, RegisterRequest
 from frontend.services import Services
 from protos import worker_pb2
@@ -48,6 +49,9 @@ class ManagementApp:
 
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:
+        if common.is_api_description(scope):
+            await common.send_json(send, 200, management_description())
+            return True
         parts = common.path_parts(scope)
         if parts == ["token"]:
             await self.token(scope, send)

@@ -230,3 +230,17 @@ def test_settings_priority_api_over_yaml_over_properties(build_mar, start_server
     assert described["responseTimeout"] == 9  # YAML over properties
     assert described["startupTimeout"] == 77  # properties over the default
     assert len(described["workers"]) == 2  # type: ignore[arg-type]
+
+
+def test_both_ports_describe_themselves_with_valid_openapi(start_server) -> None:
+    from openapi_spec_validator import validate
+
+    server = start_server()
+    for base, expected in ((server.inference, "/predictions/{model_name}"),
+                           (server.management, "/models")):
+        described = requests.get(f"{base}/api-description", timeout=10)
+        assert described.status_code == 200
+        document = described.json()
+        validate(document)
+        assert expected in document["paths"]
+        assert requests.options(f"{base}/", timeout=10).json() == document
