@@ -49,8 +49,9 @@ def archive_stem(path: Path) -> str:
 def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...]) -> Path:
     """Map a register ``url`` to a local archive path, enforcing ``allowed_urls``.
 
-    A bare name is looked up in the model store. Anything else (absolute path, ``file://``,
-    ``http(s)://``) must match one of the ``allowed_urls`` patterns in full.
+    A bare name is looked up in the model store. An absolute path or ``file://`` URL must
+    match one of the ``allowed_urls`` patterns in full (http(s) URLs are downloaded by
+    frontend.download, which checks them itself).
     """
     if not url:
         raise ArchiveError("Parameter url is required.")
@@ -70,8 +71,6 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
             f"url {url!r} is not allowed: only archives in the model store may be registered "
             "unless allowed_urls admits the location"
         )
-    if parts.scheme in ("http", "https"):
-        raise ArchiveError("downloading archives over http(s) is not supported yet")
     if parts.scheme not in ("", "file"):
         raise ArchiveError(f"unsupported url scheme {parts.scheme!r}")
     raw_path = unquote(parts.path) if parts.scheme == "file" else url

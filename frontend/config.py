@@ -189,6 +189,8 @@ class ServerConfig:
     key_file: Path = Path("key_file.json")
     #: Regexes an archive URL must match in full. Default: nothing outside the model store.
     allowed_urls: tuple[str, ...] = ()
+    #: Largest archive an http(s) registration may download.
+    max_archive_size_bytes: int = 4 * 1024**3
     limit_max_image_pixels: bool = True
     decode_input_request: bool = True
     service_envelope: str = ""
@@ -231,6 +233,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "token_expiration_min": ("token_expiration_min", _parse_positive_int),
     "key_file": ("key_file", Path),
     "allowed_urls": ("allowed_urls", _parse_regex_list),
+    "max_archive_size": ("max_archive_size_bytes", _parse_positive_int),
     "limit_max_image_pixels": ("limit_max_image_pixels", _parse_bool),
     "decode_input_request": ("decode_input_request", _parse_bool),
     "service_envelope": ("service_envelope", str),

@@ -16,6 +16,7 @@ from typing import Any
 from frontend import archive as archives
 from frontend.batching import Batcher, FixedDelayPolicy, Job
 from frontend.config import ModelDefaults, ServerConfig
+from frontend.download import download_archive
 from frontend.errors import (
     BadRequest,
     Conflict,
@@ -315,10 +316,17 @@ class ModelRegistry:
         With ``synchronous`` it returns once every initial worker has loaded the model, and
         a model whose workers fail to load is removed again (nothing stays half-registered).
         """
-        source = archives.resolve_url(request.url, self.config.model_store,
-                                      self.config.allowed_urls)
-        unpacked = await asyncio.to_thread(archives.unpack, request.url, source,
-                                           self.archive_dir)
+        url = request.url
+        if url.lower().startswith(("http://", "https://")):
+            if self.config.model_store is None:
+                raise BadRequest("no model store is configured to download the archive into")
+            downloaded = await asyncio.to_thread(
+                download_archive, url, self.config.model_store, self.config.allowed_urls,
+                self.config.max_archive_size_bytes)
+            logger.info("downloaded %s into the model store as %s", url, downloaded.name)
+            url = downloaded.name  # snapshots restore it from the store
+        source = archives.resolve_url(url, self.config.model_store, self.config.allowed_urls)
+        unpacked = await asyncio.to_thread(archives.unpack, url, source, self.archive_dir)
         try:
             model = self._add(request, unpacked)
         except BaseException:

@@ -244,3 +244,43 @@ def test_both_ports_describe_themselves_with_valid_openapi(start_server) -> None
         validate(document)
         assert expected in document["paths"]
         assert requests.options(f"{base}/", timeout=10).json() == document
+
+
+def test_allowed_urls_gate_downloads_and_paths(build_mar, model_store: Path, start_server,
+                                              tmp_path: Path) -> None:
+    import functools
+    import http.server
+    import threading
+
+    build_mar("echo", "echo")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (model_store / "echo.mar").rename(outside / "remote.mar")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(outside))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        closed = start_server()
+        refused = _register(closed, url=f"{base}/remote.mar")
+        assert refused.status_code == 403
+        assert "allowed_urls" in refused.json()["message"]
+        assert _register(closed, url=str(outside / "remote.mar")).status_code == 403
+        assert not (model_store / "remote.mar").exists()
+
+        pattern = f"http://127\\.0\\.0\\.1:{httpd.server_address[1]}/.*"
+        opened = start_server(allowed_urls=(pattern, f"{outside}/.*"))
+        fetched = _register(opened, url=f"{base}/remote.mar", model_name="fetched")
+        assert fetched.status_code == 200, fetched.text
+        assert (model_store / "remote.mar").exists()
+        assert opened.describe("fetched")["modelUrl"] == "remote.mar"
+        assert opened.predict("fetched", b"over http").content == b"over http"
+        again = _register(opened, url=f"{base}/remote.mar", model_name="twice")
+        assert again.status_code == 409
+        by_path = _register(opened, url=str(outside / "remote.mar"), model_name="by_path")
+        assert by_path.status_code == 200, by_path.text
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -1,0 +1,214 @@
+"""Fetch a model archive over http(s) into the model store, safely.
+
+This is the defence against TorchServe's SSRF advisory (CVE-2023-43654): the URL and every
+redirect target must match ``allowed_urls`` in full, the body is size-limited, and the archive
+appears in the store atomically under a plain name, never replacing a file already there.
+Blocking: the caller runs it in a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import re
+import ssl
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+from urllib.error import HTTPError, URLError
+from urllib.parse import unquote, urljoin, urlsplit
+from urllib.request import (
+    HTTPDefaultErrorHandler,
+    HTTPErrorProcessor,
+    HTTPHandler,
+    HTTPSHandler,
+    OpenerDirector,
+    ProxyHandler,
+    Request,
+)
+
+from frontend.archive import ARCHIVE_SUFFIXES
+from frontend.errors import ArchiveError, Conflict, Forbidden
+
+MAX_REDIRECTS = 5
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+CHUNK_BYTES = 1 << 16
+_SCHEMES = ("http", "https")
+
+
+class _ReturnRedirects(HTTPErrorProcessor):
+    """Hand 3xx responses back to the caller instead of following them.
+
+    urllib's own redirect handler would follow a redirect before we could check its target
+    against ``allowed_urls`` (and it also follows ftp:// targets), so we follow them ourselves.
+    """
+
+    def http_response(
+        self, request: Request, response: http.client.HTTPResponse
+    ) -> http.client.HTTPResponse:
+        if 300 <= response.status < 400:
+            return response
+        return super().http_response(request, response)  # type: ignore[no-any-return]
+
+    https_response = http_response
+
+
+def _build_opener() -> OpenerDirector:
+    # Only the http(s) handlers: no file://, ftp:// or data: handling at all. Proxies from the
+    # environment are honoured (an egress proxy is a normal deployment); allowed_urls still
+    # governs the URL the proxy is asked for.
+    opener = OpenerDirector()
+    for handler in (ProxyHandler(), HTTPHandler(),
+                    HTTPSHandler(context=ssl.create_default_context()),
+                    HTTPDefaultErrorHandler(), _ReturnRedirects()):
+        opener.add_handler(handler)
+    return opener
+
+
+def _is_allowed(url: str, allowed_urls: tuple[str, ...]) -> bool:
+    return any(re.fullmatch(pattern, url) for pattern in allowed_urls)
+
+
+def archive_name(url: str) -> str:
+    """The store file name for ``url``: its last path segment, unquoted, checked to be plain."""
+    name = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+    # A leading dot is refused too: list_store skips hidden files, and the download's own
+    # temporary files are hidden.
+    is_plain = (
+        name not in ("", ".", "..")
+        and not name.startswith(".")
+        and "/" not in name
+        and "\\" not in name
+        and not any(ord(char) < 0x20 or char == "\x7f" for char in name)
+    )
+    if not is_plain:
+        raise ArchiveError(f"url {url!r} does not end in a plain archive file name")
+    if not name.endswith(ARCHIVE_SUFFIXES):
+        raise ArchiveError(f"url {url!r}: expected a .mar, .tar.gz or .tgz archive, got {name!r}")
+    return name
+
+
+def _open(opener: OpenerDirector, url: str, timeout_s: float) -> http.client.HTTPResponse:
+    try:
+        return opener.open(Request(url), timeout=timeout_s)  # type: ignore[no-any-return]
+    except HTTPError as exc:
+        exc.close()
+        raise ArchiveError(f"downloading {url!r} failed: HTTP {exc.code} {exc.reason}") from exc
+    except URLError as exc:
+        raise ArchiveError(f"cannot download {url!r}: {_reason(exc.reason)}") from exc
+    # OSError: a timeout while waiting for the response head is not wrapped in URLError.
+    # ValueError: http.client's InvalidURL (control characters, a bad port).
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise ArchiveError(f"cannot download {url!r}: {_reason(exc)}") from exc
+
+
+def _open_following_redirects(
+    url: str, allowed_urls: tuple[str, ...], timeout_s: float
+) -> tuple[http.client.HTTPResponse, str]:
+    """Open ``url``, following up to MAX_REDIRECTS redirects that allowed_urls admits."""
+    opener = _build_opener()
+    first_url = url
+    for _ in range(MAX_REDIRECTS + 1):
+        response = _open(opener, url, timeout_s)
+        if not 300 <= response.status < 400:
+            return response, url
+        with response:
+            location = response.headers.get("Location")
+            status = response.status
+        if status not in REDIRECT_STATUSES:
+            raise ArchiveError(f"downloading {url!r} failed: unexpected HTTP {status}")
+        if not location:
+            raise ArchiveError(f"downloading {url!r} failed: HTTP {status} without a Location")
+        target = urljoin(url, location.strip())
+        if urlsplit(target).scheme.lower() not in _SCHEMES:
+            raise ArchiveError(f"{url!r} redirects to {target!r}: only http(s) is followed")
+        # Checked on every hop: an admitted server must not be able to point us anywhere else.
+        if not _is_allowed(target, allowed_urls):
+            raise Forbidden(f"{url!r} redirects to {target!r}, which allowed_urls does not admit")
+        url = target
+    raise ArchiveError(f"downloading {first_url!r} failed: more than {MAX_REDIRECTS} redirects")
+
+
+def _reason(exc: object) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _read_chunk(response: http.client.HTTPResponse, url: str) -> bytes:
+    try:
+        return response.read(CHUNK_BYTES)
+    except (OSError, http.client.HTTPException) as exc:
+        raise ArchiveError(f"downloading {url!r} failed: {_reason(exc)}") from exc
+
+
+def _stream_to(response: http.client.HTTPResponse, url: str, out: BinaryIO,
+               max_bytes: int) -> None:
+    # http.client's parse of Content-Length (None when chunked, absent or invalid), taken
+    # before any read decrements it.
+    declared = response.length
+    too_large = f"archive at {url!r} exceeds the download limit of {max_bytes} bytes"
+    if declared is not None and declared > max_bytes:
+        raise ArchiveError(too_large)
+    received = 0
+    while chunk := _read_chunk(response, url):
+        received += len(chunk)
+        if received > max_bytes:
+            raise ArchiveError(too_large)
+        out.write(chunk)
+    # NOTE: http.client does not raise when a Content-Length body ends early; it just stops.
+    if declared is not None and received != declared:
+        raise ArchiveError(
+            f"downloading {url!r} failed: got {received} of {declared} bytes (connection closed)"
+        )
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def download_archive(
+    url: str,
+    model_store: Path,
+    allowed_urls: tuple[str, ...],
+    max_bytes: int,
+    timeout_s: float = 60.0,
+) -> Path:
+    """Download the archive at ``url`` into ``model_store`` and return its path.
+
+    ``timeout_s`` bounds connecting and each socket read, not the whole transfer (a large
+    archive may take longer); ``max_bytes`` bounds the body. Nothing is requested unless
+    ``allowed_urls`` admits the URL and the store has no file of that name yet.
+    """
+    if not _is_allowed(url, allowed_urls):
+        raise Forbidden(f"url {url!r} is not allowed: allowed_urls does not admit it")
+    if urlsplit(url).scheme.lower() not in _SCHEMES:
+        raise ArchiveError(f"url {url!r}: only http(s) archives can be downloaded")
+    name = archive_name(url)
+    final = model_store / name
+    conflict = f"archive {name!r} already exists in the model store"
+    if os.path.lexists(final):
+        raise Conflict(conflict)
+
+    response, final_url = _open_following_redirects(url, allowed_urls, timeout_s)
+    with response:
+        # mkstemp creates the file with mode 0600; the hard link below keeps that mode.
+        fd, temp_name = tempfile.mkstemp(prefix=".download-", suffix=".part", dir=model_store)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                _stream_to(response, final_url, out, max_bytes)
+                out.flush()
+                os.fsync(out.fileno())
+            # os.link fails if the name appeared meanwhile; rename would silently replace it.
+            try:
+                os.link(temp_name, final)
+            except FileExistsError as exc:
+                raise Conflict(conflict) from exc
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp_name)
+    _fsync_dir(model_store)
+    return final
