@@ -284,3 +284,32 @@ def test_allowed_urls_gate_downloads_and_paths(build_mar, model_store: Path, sta
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_unregister_drains_in_flight_requests(build_mar, start_server, tmp_path: Path) -> None:
+    build_mar("gate", "gate")
+    server = start_server("gate.mar")
+    gate = tmp_path / "open"
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(server.predict, "gate", str(gate).encode())
+        server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
+                        "the request to reach the worker")
+        deleting = pool.submit(requests.delete, f"{_models(server)}/gate", timeout=60)
+        server.wait_for(lambda: server.predict("gate", b"late").status_code == 404,
+                        "the model to leave the registry")
+        assert not deleting.done()
+        gate.touch()
+        assert held.result(timeout=30).status_code == 200
+        assert deleting.result(timeout=30).status_code == 200
+
+
+def test_asynchronous_registration_answers_202_then_comes_up(build_mar, start_server) -> None:
+    build_mar("echo", "echo")
+    server = start_server()
+    accepted = requests.post(_models(server), params={"url": "echo.mar",
+                                                      "synchronous": "false"}, timeout=30)
+    assert accepted.status_code == 202
+    assert "Processing worker updates" in accepted.json()["status"]
+    server.wait_for(lambda: server.describe("echo")["workers"][0]["status"] == "READY",  # type: ignore[index]
+                    "the worker to load the model")
+    assert server.predict("echo", b"up").content == b"up"
