@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,6 +202,16 @@ class Context:
     @property
     def system_properties(self) -> dict[str, Any]:
         return self._system_properties
+
+    #: Installed by the worker: sends one intermediate response to the frontend at once.
+    partial_sink: Callable[[str, Any, int], None] | None = None
+
+    def send_intermediate(self, idx: int, item: Any, status: int = 200) -> None:
+        """Stream ``item`` to request ``idx`` now, before the batch's final results
+        (HTTP: one chunk of a chunked response; gRPC StreamPredictions: one message)."""
+        if self.partial_sink is None:
+            raise RuntimeError("intermediate responses need a running worker")
+        self.partial_sink(self.request_ids[idx], item, status)
 
     def begin_batch(self, request_ids: list[str], headers: list[Mapping[str, str]]) -> None:
         """Reset the per-batch state: ids, request headers, response statuses and headers."""

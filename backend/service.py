@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,16 @@ class ModelService:
         )
         if isinstance(item, BaseException):
             return _fail(response, item, self.entry_point.name)
+        if isinstance(item, Iterator):
+            # A generator streams its items as intermediate responses; the final response
+            # then carries no body of its own.
+            try:
+                for part in item:
+                    self.context.send_intermediate(idx, part)
+            except Exception as exc:
+                return _fail(response, exc, self.entry_point.name)
+            response.content_type = content_type
+            return response
         try:
             body, default_type = encode_result(item)
         except (TypeError, ValueError) as exc:

@@ -21,11 +21,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 # NOTE: every module the worker needs is imported here, before a model directory joins
 # sys.path (STYLE trap 22), so nothing in an archive can shadow them.
 from backend.errors import classify, describe
-from backend.service import ModelService, load_service
+from backend.service import ModelService, encode_result, load_service
 from protos import worker_pb2
 from protos.framing import MAX_PAYLOAD_BYTES, Frame, FrameDecoder, Kind, ProtocolError, encode
 
@@ -98,6 +99,7 @@ class Worker:
         start = time.perf_counter()
         try:
             self.service = load_service(message)
+            self.service.context.partial_sink = self._send_partial
         except Exception as exc:
             logger.exception("loading model %s failed", message.model_name)
             return error_frame(worker_pb2.LOAD_FAILED, describe(exc))
@@ -142,6 +144,12 @@ class Worker:
 
     def _send(self, frame: Frame) -> None:
         self._sock.sendall(encode(frame))
+
+    def _send_partial(self, request_id: str, item: Any, status: int) -> None:
+        body, content_type = encode_result(item)
+        response = worker_pb2.Response(request_id=request_id, status=status, body=body,
+                                       content_type=content_type)
+        self._send(Frame(Kind.PARTIAL, response.SerializeToString()))
 
 
 def error_frame(code: worker_pb2.ErrorCode, message: str, batch_id: int = 0) -> Frame:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds per measurement")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--rounds", type=int, default=3, help="server/raw pairs per batch size")
     parser.add_argument("--raw", type=Path, help=argparse.SUPPRESS)  # internal: raw side only
     args = parser.parse_args()
     if args.raw is not None:
@@ -103,17 +105,22 @@ def main() -> None:
         return
     store = Path(tempfile.mkdtemp(prefix="bench-store-"))
     archive = build_archive(store)
-    print("| batch_size | raw img/s (before, after) | server img/s | server/raw |\n"
-          "|---|---|---|---|")
+    print("| batch_size | round | raw img/s (before, after) | server img/s | server/raw |\n"
+          "|---|---|---|---|---|")
     for batch_size in args.batch_sizes:
-        # Raw before and after the server run, averaged: the machine's speed drifts.
-        before = raw_in_subprocess(archive, batch_size, args.duration)
-        served, detail = server_throughput(store, batch_size, args.concurrency, args.duration)
-        after = raw_in_subprocess(archive, batch_size, args.duration)
-        raw = (before + after) / 2
-        print(f"| {batch_size} | {raw:.2f} ({before:.2f}, {after:.2f}) | {served:.2f} | "
-              f"{served / raw:.3f} |", flush=True)
-        print(f"<!-- server: {detail} -->", flush=True)
+        ratios = []
+        for round_number in range(1, args.rounds + 1):
+            # Raw before and after the server run, averaged: the machine's speed drifts.
+            before = raw_in_subprocess(archive, batch_size, args.duration)
+            served, detail = server_throughput(store, batch_size, args.concurrency,
+                                               args.duration)
+            after = raw_in_subprocess(archive, batch_size, args.duration)
+            raw = (before + after) / 2
+            ratios.append(served / raw)
+            print(f"| {batch_size} | {round_number} | {raw:.2f} ({before:.2f}, {after:.2f}) | "
+                  f"{served:.2f} | {served / raw:.3f} |", flush=True)
+            print(f"<!-- server: {detail} -->", flush=True)
+        print(f"| {batch_size} | median | | | **{statistics.median(ratios):.3f}** |", flush=True)
 
 
 if __name__ == "__main__":

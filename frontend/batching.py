@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from frontend.errors import GatewayTimeout, ServeError, ServiceUnavailable
+from frontend.streams import ResponseStream
 from protos import worker_pb2
 
 
@@ -25,13 +26,36 @@ class Job:
     """One client request waiting for its response."""
 
     request: worker_pb2.Request
-    future: asyncio.Future[worker_pb2.Response]
+    #: Resolves to the Response, or to a ResponseStream once a first intermediate part came.
+    future: asyncio.Future[worker_pb2.Response | ResponseStream]
     #: loop.time() when the job entered the queue.
     enqueued_at: float = 0.0
     #: loop.time() after which the answer is no use to the client.
     deadline: float = float("inf")
     #: wall-clock seconds the job waited in the queue, set when it is dispatched.
     queue_wait_s: float = field(default=0.0)
+    stream: ResponseStream | None = None
+
+    def add_part(self, part: worker_pb2.Response) -> None:
+        """An intermediate response: the first one turns the answer into a stream."""
+        if self.stream is None:
+            if self.future.done():
+                return  # the client went away
+            self.stream = ResponseStream()
+            self.future.set_result(self.stream)
+        self.stream.put(part)
+
+    def resolve(self, response: worker_pb2.Response) -> None:
+        if self.stream is not None:
+            self.stream.finish(response)
+        elif not self.future.done():
+            self.future.set_result(response)
+
+    def fail(self, error: BaseException) -> None:
+        if self.stream is not None:
+            self.stream.fail(error)
+        elif not self.future.done():
+            self.future.set_exception(error)
 
     def is_live(self) -> bool:
         return not self.future.done()
@@ -189,5 +213,4 @@ class Batcher:
 
 def fail_jobs(jobs: list[Job], error: BaseException) -> None:
     for job in jobs:
-        if job.is_live():
-            job.future.set_exception(error)
+        job.fail(error)

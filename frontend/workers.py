@@ -99,6 +99,8 @@ class WorkerConnection:
         self._writer = writer
         loop = asyncio.get_running_loop()
         self._pending: asyncio.Future[Frame] | None = None
+        #: Receives each intermediate response (PARTIAL frame) of the batch in flight.
+        self.on_partial: Callable[[worker_pb2.Response], None] | None = None
         self.closed: asyncio.Future[None] = loop.create_future()
         self._read_task = loop.create_task(self._read_loop())
 
@@ -107,7 +109,10 @@ class WorkerConnection:
         try:
             while True:
                 frame = await read_frame(self._reader)
-                if self._pending is not None and not self._pending.done():
+                if frame.kind is Kind.PARTIAL:
+                    if self.on_partial is not None:
+                        self.on_partial(worker_pb2.Response.FromString(frame.payload))
+                elif self._pending is not None and not self._pending.done():
                     self._pending.set_result(frame)
                 else:
                     logger.warning("%s sent an unexpected %s frame", self.name, frame.kind.name)
@@ -167,6 +172,17 @@ class WorkerConnection:
             await self.process.wait()
         with contextlib.suppress(asyncio.CancelledError):
             await self._read_task
+
+
+def _partial_router(jobs: list[Job]) -> Callable[[worker_pb2.Response], None]:
+    def route(part: worker_pb2.Response) -> None:
+        for job in jobs:
+            if job.request.request_id == part.request_id:
+                job.add_part(part)
+                return
+        logger.warning("intermediate response for unknown request %s", part.request_id)
+
+    return route
 
 
 def _expire(reply: asyncio.Future[Frame], timeout_s: float, name: str) -> None:
@@ -399,6 +415,7 @@ class Worker:
         batch.requests.extend(job.request for job in jobs)
         self.state = WorkerState.BUSY
         started = time.monotonic()
+        connection.on_partial = _partial_router(jobs)
         try:
             reply = await connection.request(Frame(Kind.PREDICT, batch.SerializeToString()),
                                              self._launch.response_timeout_s)
@@ -410,6 +427,7 @@ class Worker:
             fail_jobs(jobs, WorkerDied(f"{exc} while handling a batch of {len(jobs)}"))
             raise
         finally:
+            connection.on_partial = None
             if self.state is WorkerState.BUSY:
                 self.state = WorkerState.READY
         if self._on_batch is not None:
@@ -422,8 +440,7 @@ class Worker:
                     f"{len(jobs)} requests"))
                 return
             for job, response in zip(jobs, result.responses, strict=True):
-                if job.is_live():
-                    job.future.set_result(response)
+                job.resolve(response)
         elif reply.kind is Kind.ERROR:
             error = worker_pb2.Error.FromString(reply.payload)
             error_type = WORKER_ERRORS.get(error.code, InternalError)

@@ -24,6 +24,7 @@ class Kind(enum.IntEnum):
     PREDICTED = 5  # worker -> frontend: PredictResult
     ERROR = 6  # worker -> frontend: Error
     SHUTDOWN = 7  # frontend -> worker: exit cleanly (empty payload)
+    PARTIAL = 8  # worker -> frontend: one intermediate Response of a request still running
 
 
 class ProtocolError(Exception):

@@ -97,26 +97,6 @@ def query_params(scope: Scope) -> dict[str, str]:
     return {key: values[-1] for key, values in parse_qs(raw.decode("latin-1")).items()}
 
 
-def int_param(params: dict[str, str], name: str, default: int | None = None) -> int | None:
-    if name not in params or params[name] == "":
-        return default
-    try:
-        return int(params[name])
-    except ValueError:
-        raise BadRequest(f"parameter {name} must be an integer, got {params[name]!r}") from None
-
-
-def bool_param(params: dict[str, str], name: str, default: bool) -> bool:
-    if name not in params:
-        return default
-    value = params[name].strip().lower()
-    if value in ("true", "1", "yes"):
-        return True
-    if value in ("false", "0", "no"):
-        return False
-    raise BadRequest(f"parameter {name} must be true or false, got {params[name]!r}")
-
-
 def is_api_description(scope: Scope) -> bool:
     """``GET /api-description`` or ``OPTIONS /``: TorchServe's OpenAPI self-description."""
     return (scope["path"] == "/api-description" and scope["method"] == "GET") or (

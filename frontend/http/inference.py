@@ -19,6 +19,7 @@ from frontend.http.forms import is_form, parse_form
 from frontend.http.openapi import inference_description
 from frontend.registry import Model
 from frontend.services import Services
+from frontend.streams import ResponseStream
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -99,8 +100,36 @@ class InferenceApp:
         job = Job(request, loop.create_future(),
                   deadline=time.monotonic() + model.settings.response_timeout_s)
         model.submit(job)
-        response = await job.future
-        await self.respond(response, request_id, send)
+        result = await job.future
+        if isinstance(result, ResponseStream):
+            await self.respond_in_parts(result, request_id, send)
+        else:
+            await self.respond(result, request_id, send)
+
+    async def respond_in_parts(self, stream: ResponseStream, request_id: str,
+                               send: common.Send) -> None:
+        """Intermediate responses as they come: HTTP/1.1 chunked transfer encoding."""
+        started = False
+        try:
+            async for part in stream:
+                if not started:
+                    content_type = (part.content_type or "application/json").encode("latin-1")
+                    await send({"type": "http.response.start", "status": part.status or 200,
+                                "headers": [(b"content-type", content_type),
+                                            (b"x-request-id", request_id.encode())]})
+                    started = True
+                body = part.body
+                if part.error:
+                    body = common.pretty_json({"code": part.status or 500,
+                                               "type": part.error_type, "message": part.error})
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        except ServeError as error:
+            if not started:
+                raise
+            # The status line is gone already: end the stream with the error as its last part.
+            await send({"type": "http.response.body", "body": common.pretty_json(
+                error.to_body()), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def respond(self, response: worker_pb2.Response, request_id: str,
                       send: common.Send) -> None:

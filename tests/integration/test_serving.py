@@ -285,3 +285,18 @@ def test_stop_finishes_in_flight_requests_before_stopping_workers(
     assert answer.status_code == 200
     assert answer.content == str(gate).encode()
     assert not _alive(worker_pid)
+
+
+def test_intermediate_responses_stream_as_http_chunks(build_mar, start_server) -> None:
+    build_mar("gen", "streamer")
+    build_mar("tsstyle", "streamer:torchserve_style")
+    server = start_server("gen.mar", "tsstyle.mar")
+    for model in ("gen", "tsstyle"):
+        with requests.post(f"{server.inference}/predictions/{model}", data=b"hi",
+                           stream=True, timeout=30) as answer:
+            assert answer.status_code == 200
+            assert answer.headers.get("transfer-encoding") == "chunked"
+            assert "content-length" not in answer.headers
+            chunks = [c for c in answer.iter_content(chunk_size=None) if c]
+        assert b"".join(chunks) == b"hi part 1\nhi part 2\nhi part 3\n", model
+        assert len(chunks) >= 2, model
