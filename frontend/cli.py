@@ -184,6 +184,8 @@ def run_foreground(config: ServerConfig) -> int:
                 "inference": str(bound.inference),
                 "management": str(bound.management),
                 "metrics": str(bound.metrics) if bound.metrics else None,
+                "grpc_inference_port": bound.grpc_inference_port,
+                "grpc_management_port": bound.grpc_management_port,
                 "key_file": None if config.disable_token_authorization
                 else str(config.key_file.resolve()),
             })
@@ -240,6 +242,8 @@ def start_background(argv: Sequence[str], config: ServerConfig) -> int:
                   f"  inference API:  {state['inference']}\n"
                   f"  management API: {state['management']}\n"
                   f"  metrics API:    {state['metrics']}\n"
+                  f"  gRPC ports:     {state.get('grpc_inference_port')} (inference), "
+                  f"{state.get('grpc_management_port')} (management)\n"
                   f"  token keys:     {keys}\n"
                   f"  logs:           {log_path}")
             return 0

@@ -7,15 +7,13 @@ the JSON body, so both transports answer with the same text.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 import uuid
 from dataclasses import replace
 
-from frontend.batching import Job
 from frontend.errors import BadRequest, InternalError, MethodNotAllowed
 from frontend.params import bool_param, int_param
+from frontend.predict import submit
 from frontend.registry import Model, RegisterRequest
 from frontend.services import Services
 from protos import worker_pb2
@@ -132,11 +130,10 @@ class ManagementOps:
 
 async def _customized_metadata(model: Model) -> object:
     """Ask a worker for the handler's describe_handle() output, through the model's queue."""
-    request = worker_pb2.Request(request_id=str(uuid.uuid4()), describe=True)
-    job = Job(request, asyncio.get_running_loop().create_future(),
-              deadline=time.monotonic() + model.settings.response_timeout_s)
-    model.submit(job)
-    response = await job.future
+    response = await submit(model, worker_pb2.Request(request_id=str(uuid.uuid4()),
+                                                      describe=True))
+    if not isinstance(response, worker_pb2.Response):
+        raise InternalError("describe_handle() must not stream")
     if response.error:
         raise InternalError(f"describe failed: {response.error}")
     if response.content_type.startswith("application/json"):

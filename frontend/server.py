@@ -21,6 +21,7 @@ from frontend.auth import TokenAuthority
 from frontend.config import Address, ServerConfig
 from frontend.errors import ConfigError, ServeError
 from frontend.gpus import GpuAssigner
+from frontend.grpc_api import GrpcServers
 from frontend.http.app import serve_http
 from frontend.registry import ModelRegistry, RegisterRequest
 from frontend.services import Services
@@ -36,6 +37,8 @@ class BoundAddresses:
     inference: Address
     management: Address
     metrics: Address | None
+    grpc_inference_port: int | None = None
+    grpc_management_port: int | None = None
 
 
 def startup_requests(config: ServerConfig, entries: tuple[str, ...]) -> list[RegisterRequest]:
@@ -94,12 +97,18 @@ class Server:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
         self.services = Services(config, registry, auth, snapshots)
+        grpc_servers = GrpcServers(self.services) if config.enable_grpc else None
         try:
             async with serve_http(self.services) as http:
                 bound = http.bound
-                self.bound = BoundAddresses(bound["inference"], bound["management"],
-                                            bound.get("metrics"))
                 await self._load_startup_models(registry, snapshots)
+                grpc_ports: dict[str, int] = {}
+                if grpc_servers is not None:
+                    await grpc_servers.start()
+                    grpc_ports = grpc_servers.ports
+                self.bound = BoundAddresses(bound["inference"], bound["management"],
+                                            bound.get("metrics"), grpc_ports.get("inference"),
+                                            grpc_ports.get("management"))
                 if auth is not None:
                     auth.start()
                     logger.info("token authorization is on: keys in %s", auth.path.resolve())
@@ -107,12 +116,18 @@ class Server:
                     logger.warning("token authorization is disabled: anyone who can reach the "
                                    "ports can use every API")
                 await http.start()
-                logger.info("inference API on %s, management API on %s, metrics on %s",
-                            bound["inference"], bound["management"], bound.get("metrics"))
+                logger.info("inference API on %s, management API on %s, metrics on %s, gRPC "
+                            "inference/management ports %s/%s", bound["inference"],
+                            bound["management"], bound.get("metrics"),
+                            grpc_ports.get("inference"), grpc_ports.get("management"))
                 self.started.set()
                 await self._stop.wait()
                 logger.info("stopping: no new connections; finishing open requests")
+                if grpc_servers is not None:
+                    await grpc_servers.stop(grace_s=30)
         finally:
+            if grpc_servers is not None:
+                await grpc_servers.stop(grace_s=0)
             await registry.close(drain_timeout_s=config.unregister_model_timeout_s)
             if auth is not None:
                 auth.remove()

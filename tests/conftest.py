@@ -52,6 +52,8 @@ class RunningServer:
     inference: str
     management: str
     metrics: str
+    grpc_inference_port: int | None = None
+    grpc_management_port: int | None = None
 
     def predict(self, model: str, body: bytes = b"", **kwargs: object) -> requests.Response:
         return requests.post(f"{self.inference}/predictions/{model}", data=body, timeout=60,
@@ -89,6 +91,8 @@ def launch_server(model_store: Path, *models: str, **overrides: object) -> Runni
         "inference_address": Address("127.0.0.1", 0),
         "management_address": Address("127.0.0.1", 0),
         "metrics_address": Address("127.0.0.1", 0),
+        "grpc_inference_port": 0,
+        "grpc_management_port": 0,
         "model_store": model_store,
         "load_models": models,
         "default_workers_per_model": 1,
@@ -106,7 +110,8 @@ def launch_server(model_store: Path, *models: str, **overrides: object) -> Runni
             raise AssertionError("server failed to start")
     assert server.bound is not None and server.bound.metrics is not None
     return RunningServer(server, thread, str(server.bound.inference),
-                         str(server.bound.management), str(server.bound.metrics))
+                         str(server.bound.management), str(server.bound.metrics),
+                         server.bound.grpc_inference_port, server.bound.grpc_management_port)
 
 
 @pytest.fixture

@@ -6,17 +6,15 @@ model's batcher, and answered with the worker's bytes. No payload is decoded her
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 import uuid
 
 from frontend.auth import KeyKind
-from frontend.batching import Job
 from frontend.errors import InternalError, ServeError
 from frontend.http import common
 from frontend.http.forms import is_form, parse_form
 from frontend.http.openapi import inference_description
+from frontend.predict import submit
 from frontend.registry import Model
 from frontend.services import Services
 from frontend.streams import ResponseStream
@@ -96,11 +94,7 @@ class InferenceApp:
         else:
             request.inputs["body"] = body
             request.content_types["body"] = content_type
-        loop = asyncio.get_running_loop()
-        job = Job(request, loop.create_future(),
-                  deadline=time.monotonic() + model.settings.response_timeout_s)
-        model.submit(job)
-        result = await job.future
+        result = await submit(model, request)
         if isinstance(result, ResponseStream):
             await self.respond_in_parts(result, request_id, send)
         else:

@@ -29,7 +29,8 @@ def test_start_serve_stop_leaves_no_process_behind(tmp_path: Path) -> None:
     assert archived.returncode == 0, archived.stderr
     (tmp_path / "config.properties").write_text(
         "inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
-        "metrics_address=http://127.0.0.1:0\ndefault_workers_per_model=2\n")
+        "metrics_address=http://127.0.0.1:0\ngrpc_inference_port=0\ngrpc_management_port=0\n"
+        "default_workers_per_model=2\n")
 
     started = _run([str(BIN / "torchserve"), "--start", "--model-store", str(store),
                     "--models", "echo=echo.mar", "--ts-config", "config.properties",
@@ -82,7 +83,7 @@ def test_start_reports_a_port_in_use(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         (tmp_path / "c.properties").write_text(
             f"inference_address=http://127.0.0.1:{port}\nmanagement_address=http://127.0.0.1:0\n"
-            "metrics_address=http://127.0.0.1:0\n")
+            "metrics_address=http://127.0.0.1:0\ngrpc_inference_port=0\ngrpc_management_port=0\n")
         result = _run([str(BIN / "torchserve"), "--start", "--model-store", "store",
                        "--ts-config", "c.properties"], env, tmp_path)
     assert result.returncode != 0
@@ -96,7 +97,7 @@ def test_foreground_server_stops_on_sigterm_via_stop(tmp_path: Path) -> None:
     (tmp_path / "store").mkdir()
     (tmp_path / "config.properties").write_text(
         "inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
-        "metrics_address=http://127.0.0.1:0\n")
+        "metrics_address=http://127.0.0.1:0\ngrpc_inference_port=0\ngrpc_management_port=0\n")
     server = subprocess.Popen([str(BIN / "torchserve"), "--start", "--foreground",
                                "--model-store", "store"], env=env, cwd=tmp_path,
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

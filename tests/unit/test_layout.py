@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -26,12 +27,23 @@ def test_frontend_and_backend_only_meet_in_protos(package: str) -> None:
                 assert name.split(".")[0] not in BANNED[package], f"{path} imports {name}"
 
 
+def _version_line(source: str, prefix: str) -> str:
+    return next((line for line in source.splitlines() if line.startswith(prefix)), "")
+
+
+def _method_paths(source: str) -> set[str]:
+    return set(re.findall(r"'(/[\w.]+/\w+)'", source))
+
+
 def test_generated_protobuf_modules_match_the_proto_files(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools")
     from protos import generate
 
     generate.generate(tmp_path)
-    for proto in generate.PROTOS:
+    stale = "is stale: run python -m protos.generate"
+    committed_files = {path.stem for path in (ROOT / "protos").glob("*_pb2*.py")}
+    assert committed_files == set(generate.generated_modules()), "orphaned generated module"
+    for proto in generate.ALL_PROTOS:
         module = proto.removesuffix(".proto") + "_pb2"
         committed = importlib.import_module(f"protos.{module}")
         fresh_source = (tmp_path / f"{module}.py").read_text()
@@ -40,5 +52,26 @@ def test_generated_protobuf_modules_match_the_proto_files(tmp_path: Path) -> Non
         marker = "AddSerializedFile("
         fresh = fresh_source[fresh_source.index(marker):].split("\n", 1)[0]
         kept = committed_source[committed_source.index(marker):].split("\n", 1)[0]
-        assert fresh == kept, f"protos/{module}.py is stale: run python -m protos.generate"
+        assert fresh == kept, f"protos/{module}.py {stale}"
         assert committed.DESCRIPTOR.name == proto
+        # The stubs' text only means something next to the same protoc.
+        version = "# Protobuf Python Version:"
+        if _version_line(fresh_source, version) == _version_line(committed_source, version):
+            fresh_stub = (tmp_path / f"{module}.pyi").read_text()
+            kept_stub = (ROOT / "protos" / f"{module}.pyi").read_text()
+            assert fresh_stub == kept_stub, f"protos/{module}.pyi {stale}"
+    for proto in generate.GRPC_PROTOS:
+        module = proto.removesuffix(".proto") + "_pb2_grpc"
+        fresh_source = (tmp_path / f"{module}.py").read_text()
+        committed_source = (ROOT / "protos" / f"{module}.py").read_text()
+        # No descriptor in here: compare the text when the same grpcio-tools wrote both,
+        # otherwise (templates change between releases) the RPC paths they register.
+        version = "GRPC_GENERATED_VERSION ="
+        if _version_line(fresh_source, version) == _version_line(committed_source, version):
+            assert fresh_source == committed_source, f"protos/{module}.py {stale}"
+        else:
+            assert _method_paths(fresh_source) == _method_paths(committed_source), (
+                f"protos/{module}.py {stale}"
+            )
+        assert "from protos import" in committed_source, f"protos/{module}.py: top-level import"
+        assert _method_paths(committed_source), module

@@ -1,0 +1,343 @@
+"""TorchServe's gRPC services (grpc.aio, in the frontend's event loop).
+
+``org.pytorch.serve.grpc.inference.InferenceAPIsService`` on ``grpc_inference_port`` and
+``org.pytorch.serve.grpc.management.ManagementAPIsService`` on ``grpc_management_port``, so
+TorchServe's own stubs work unchanged. Predictions go through the same queues and batches as
+HTTP requests; management RPCs run the same operations as REST and answer the same JSON.
+Health checking and reflection are on, for grpcurl and Kubernetes gRPC probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.rpc import status_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from frontend.auth import KeyKind
+from frontend.errors import ServeError
+from frontend.management import ManagementOps
+from frontend.predict import submit
+from frontend.services import Services
+from frontend.streams import ResponseStream
+from protos import (
+    inference_pb2,
+    inference_pb2_grpc,
+    management_pb2,
+    management_pb2_grpc,
+    worker_pb2,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: The one place that maps our HTTP statuses to gRPC codes (a TorchServe client sees the same
+#: message text over either transport).
+GRPC_CODES: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.PERMISSION_DENIED,  # model API disabled, as TorchServe answers
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.ALREADY_EXISTS,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+    507: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def grpc_code(http_status: int) -> grpc.StatusCode:
+    return GRPC_CODES.get(http_status, grpc.StatusCode.INTERNAL)
+
+
+class _RequestFailed(Exception):
+    """A worker's per-request error (status + message), raised to abort the RPC."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def _answer(context: grpc.aio.ServicerContext, call: Awaitable[T]) -> T:
+    """Run an RPC body; map our errors to a gRPC status with the REST message text."""
+    try:
+        return await call
+    except ServeError as error:
+        await context.abort(grpc_code(error.http_status), error.message)
+    except _RequestFailed as error:
+        await context.abort(grpc_code(error.status), str(error))
+    raise AssertionError("unreachable: abort raises")
+
+
+def _metadata_headers(context: grpc.aio.ServicerContext) -> list[tuple[bytes, bytes]]:
+    return [(key.lower().encode("latin-1"), value.encode("latin-1"))
+            for key, value in (context.invocation_metadata() or ())
+            if isinstance(value, str)]
+
+
+def _body_of(response: worker_pb2.Response) -> bytes:
+    if response.error:
+        raise _RequestFailed(response.status or 500, response.error)
+    return response.body
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
+    def __init__(self, services: Services) -> None:
+        self.registry = services.registry
+        self.auth = services.auth
+
+    async def Ping(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        healthy = all(model.is_healthy() for model in self.registry)
+        status = json.dumps({"status": "Healthy" if healthy else "Unhealthy"}, indent=2)
+        return inference_pb2.TorchServeHealthResponse(health=status)
+
+    async def _start(self, request: Any, context: grpc.aio.ServicerContext,
+                     headers: list[tuple[bytes, bytes]]
+                     ) -> worker_pb2.Response | ResponseStream:
+        model = self.registry.get(request.model_name, request.model_version or None)
+        message = worker_pb2.Request(request_id=str(uuid.uuid4()))
+        for key, value in headers:
+            message.headers[key.decode("latin-1")] = value.decode("latin-1")
+        for name, value in request.input.items():
+            message.inputs[name] = value
+        if request.HasField("sequence_id"):
+            message.headers["ts_request_sequence_id"] = request.sequence_id
+        return await submit(model, message, context.time_remaining())
+
+    def _check(self, headers: list[tuple[bytes, bytes]]) -> None:
+        if self.auth is not None:
+            self.auth.check(KeyKind.INFERENCE, headers)
+
+    async def _predict_whole(self, request: Any, context: grpc.aio.ServicerContext,
+                             headers: list[tuple[bytes, bytes]]) -> bytes:
+        result = await self._start(request, context, headers)
+        if isinstance(result, ResponseStream):
+            return b"".join([_body_of(part) async for part in result])
+        return _body_of(result)
+
+    async def Predictions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        headers = _metadata_headers(context)
+
+        async def run() -> Any:
+            self._check(headers)
+            body = await self._predict_whole(request, context, headers)
+            return inference_pb2.PredictionResponse(prediction=body)
+
+        return await _answer(context, run())
+
+    async def StreamPredictions(self, request: Any,
+                                context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        headers = _metadata_headers(context)
+        parts: list[worker_pb2.Response] | ResponseStream
+
+        async def start() -> list[worker_pb2.Response] | ResponseStream:
+            self._check(headers)
+            result = await self._start(request, context, headers)
+            return result if isinstance(result, ResponseStream) else [result]
+
+        parts = await _answer(context, start())
+        try:
+            async for part in _iterate(parts):
+                yield inference_pb2.PredictionResponse(prediction=_body_of(part))
+        except ServeError as error:
+            await context.abort(grpc_code(error.http_status), error.message)
+        except _RequestFailed as error:
+            await context.abort(grpc_code(error.status), str(error))
+
+    async def StreamPredictions2(self, request_iterator: AsyncIterator[Any],
+                                 context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """One bidirectional stream for many requests: answered in order, each carrying its
+        sequence_id; a failed request answers with its ``status`` and the stream goes on."""
+        headers = _metadata_headers(context)
+        await _answer(context, _async(lambda: self._check(headers)))
+        pending: asyncio.Queue[tuple[Any, asyncio.Task[bytes]] | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    task = asyncio.ensure_future(self._predict_whole(request, context, headers))
+                    await pending.put((request, task))
+            finally:
+                await pending.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (item := await pending.get()) is not None:
+                request, task = item
+                answer = inference_pb2.PredictionResponse()
+                if request.HasField("sequence_id"):
+                    answer.sequence_id = request.sequence_id
+                try:
+                    answer.prediction = await task
+                except ServeError as error:
+                    answer.status.CopyFrom(_rpc_status(error.http_status, error.message))
+                except _RequestFailed as error:
+                    answer.status.CopyFrom(_rpc_status(error.status, str(error)))
+                yield answer
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+
+async def _async(function: Callable[[], None]) -> None:
+    function()
+
+
+async def _iterate(parts: list[worker_pb2.Response] | ResponseStream
+                   ) -> AsyncIterator[worker_pb2.Response]:
+    if isinstance(parts, ResponseStream):
+        async for part in parts:
+            yield part
+    else:
+        for part in parts:
+            yield part
+
+
+def _rpc_status(http_status: int, message: str) -> status_pb2.Status:
+    return status_pb2.Status(code=grpc_code(http_status).value[0], message=message)
+
+
+def _pretty(body: object) -> str:
+    return json.dumps(body, indent=2)
+
+
+def _params(**values: object) -> dict[str, str]:
+    """gRPC fields as REST query parameters; proto3's zero values mean "not given"."""
+    params: dict[str, str] = {}
+    for name, value in values.items():
+        if isinstance(value, bool):
+            params[name] = "true" if value else "false"
+        elif value not in (0, "", None):
+            params[name] = str(value)
+    return params
+
+
+class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
+    def __init__(self, services: Services) -> None:
+        self.auth = services.auth
+        self.ops = ManagementOps(services)
+
+    async def _run(self, context: grpc.aio.ServicerContext,
+                   operation: Callable[[], Awaitable[object]]) -> Any:
+        async def run() -> Any:
+            if self.auth is not None:
+                self.auth.check(KeyKind.MANAGEMENT, _metadata_headers(context))
+            body = await operation()
+            return management_pb2.ManagementResponse(msg=_pretty(body))
+
+        return await _answer(context, run())
+
+    async def DescribeModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._run(context, lambda: self.ops.describe(
+            request.model_name, request.model_version or None, request.customized))
+
+    async def ListModels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        params = _params(limit=request.limit, next_page_token=request.next_page_token)
+        return await self._run(context, lambda: _async_value(self.ops.list_models(params)))
+
+    async def RegisterModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        params = _params(url=request.url, model_name=request.model_name,
+                         handler=request.handler, runtime=request.runtime,
+                         batch_size=request.batch_size, max_batch_delay=request.max_batch_delay,
+                         initial_workers=request.initial_workers,
+                         response_timeout=request.response_timeout,
+                         startup_timeout=request.startup_timeout,
+                         synchronous=request.synchronous)
+
+        async def register() -> object:
+            _, body = await self.ops.register(params)
+            return body
+
+        return await self._run(context, register)
+
+    async def ScaleWorker(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        # NOTE: an unset timeout (0) means "wait for the batch in flight" (-1), not "kill now":
+        # proto3 cannot tell 0 from absent, and killing busy workers must be asked for.
+        params = _params(min_worker=request.min_worker, max_worker=request.max_worker,
+                         number_gpu=request.number_gpu, synchronous=request.synchronous,
+                         timeout=request.timeout)
+
+        async def scale() -> object:
+            _, body = await self.ops.scale(request.model_name, request.model_version or None,
+                                           params)
+            return body
+
+        return await self._run(context, scale)
+
+    async def SetDefault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._run(context, lambda: _async_value(
+            self.ops.set_default(request.model_name, request.model_version)))
+
+    async def UnregisterModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._run(context, lambda: self.ops.unregister(
+            request.model_name, request.model_version or None))
+
+
+async def _async_value(value: T) -> T:
+    return value
+
+
+INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"].full_name
+MANAGEMENT_SERVICE = (
+    management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"].full_name)
+
+
+class GrpcServers:
+    """The two gRPC listeners: bound at start, stopped with a grace period."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self._servers: list[grpc.aio.Server] = []
+        self.ports: dict[str, int] = {}
+
+    async def start(self) -> None:
+        config = self.services.config
+        plan = [
+            ("inference", config.grpc_inference_address, config.grpc_inference_port,
+             INFERENCE_SERVICE, lambda server: inference_pb2_grpc
+             .add_InferenceAPIsServiceServicer_to_server(
+                 InferenceServicer(self.services), server)),
+            ("management", config.grpc_management_address, config.grpc_management_port,
+             MANAGEMENT_SERVICE, lambda server: management_pb2_grpc
+             .add_ManagementAPIsServiceServicer_to_server(
+                 ManagementServicer(self.services), server)),
+        ]
+        for name, host, port, service_name, add in plan:
+            server = grpc.aio.server(options=[
+                ("grpc.max_receive_message_length", config.max_request_size_bytes),
+                ("grpc.max_send_message_length", config.max_response_size_bytes),
+                ("grpc.so_reuseport", 0),
+            ])
+            add(server)
+            health_servicer = health.aio.HealthServicer()
+            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+            reflection.enable_server_reflection(
+                (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+            target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            try:
+                bound = server.add_insecure_port(target)
+            except RuntimeError as exc:
+                raise OSError(f"cannot bind gRPC {name} port {target}: {exc}") from None
+            if bound == 0:
+                raise OSError(f"cannot bind gRPC {name} port {target}")
+            await server.start()
+            for service in ("", service_name):
+                await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+            self._servers.append(server)
+            self.ports[name] = bound
+
+    async def stop(self, grace_s: float) -> None:
+        await asyncio.gather(*(server.stop(grace_s) for server in self._servers))
+        self._servers.clear()
