@@ -22,7 +22,8 @@ class Batchserve:
         self.env = {**os.environ, "BATCHSERVE_STATE_DIR": str(self.work / "state")}
         (self.work / "config.properties").write_text(
             "inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
-            "metrics_address=http://127.0.0.1:0\ngrpc_inference_port=0\ngrpc_management_port=0\n" + extra_properties)
+            "metrics_address=http://127.0.0.1:0\ngrpc_inference_port=0\n"
+            "grpc_management_port=0\n" + extra_properties)
         self.model_store = model_store
         self.inference = ""
         self.management = ""
