@@ -78,3 +78,18 @@ def test_bad_images_are_400_and_the_worker_survives(resnet: RunningServer) -> No
         assert answer.json()["message"]
     assert resnet.predict(MODEL, IMAGES["croco"]).status_code == 200
     assert resnet.describe(MODEL)["workers"][0]["pid"] == pid  # type: ignore[index]
+
+
+def test_kitten_over_grpc_equals_http(resnet: RunningServer) -> None:
+    import grpc
+
+    from protos import inference_pb2, inference_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{resnet.grpc_inference_port}") as channel:
+        stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        answer = stub.Predictions(inference_pb2.PredictionsRequest(
+            model_name=MODEL, input={"data": IMAGES["kitten"]}), timeout=120)
+    over_http = resnet.predict(MODEL, IMAGES["kitten"]).json()
+    import json
+
+    assert json.loads(answer.prediction) == over_http
