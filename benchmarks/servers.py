@@ -35,6 +35,7 @@ class Batchserve:
                        cwd=self.work, env=self.env, check=True, timeout=300,
                        stdout=subprocess.DEVNULL)
         state = json.loads((self.work / "state" / "server.json").read_text())
+        self.state: dict[str, object] = state
         self.inference, self.management = state["inference"], state["management"]
         return self
 
