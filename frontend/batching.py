@@ -35,6 +35,8 @@ class Job:
     #: wall-clock seconds the job waited in the queue, set when it is dispatched.
     queue_wait_s: float = field(default=0.0)
     stream: ResponseStream | None = None
+    #: True once the job left the queue for a worker.
+    dispatched: bool = False
 
     def add_part(self, part: worker_pb2.Response) -> None:
         """An intermediate response: the first one turns the answer into a stream."""
@@ -188,6 +190,7 @@ class Batcher:
         batch = [self._queue.popleft() for _ in range(count)]
         for job in batch:
             job.queue_wait_s = now - job.enqueued_at
+            job.dispatched = True
         if not self._queue:
             self._emptied.set()
         return batch

@@ -6,23 +6,41 @@ import asyncio
 import time
 
 from frontend.batching import Job
+from frontend.errors import GatewayTimeout
 from frontend.registry import Model
 from frontend.streams import ResponseStream
 from protos import worker_pb2
 
 
-async def submit(model: Model, request: worker_pb2.Request,
-                 timeout_s: float | None = None) -> worker_pb2.Response | ResponseStream:
+async def submit(model: Model, request: worker_pb2.Request, timeout_s: float | None = None,
+                 abandoned: asyncio.Future[object] | None = None
+                 ) -> worker_pb2.Response | ResponseStream:
     """Queue ``request`` on ``model`` and wait for the worker's answer.
 
     The request's deadline is the model's ``response_timeout``, or the client's own deadline
     (``timeout_s``) when that is sooner; a request still queued at its deadline is answered
-    504 and never reaches a worker.
+    504 and never reaches a worker. When ``abandoned`` completes (the client went away) the
+    request is cancelled, and the queue forgets it.
     """
     budget_s = float(model.settings.response_timeout_s)
     if timeout_s is not None:
         budget_s = min(budget_s, timeout_s)
-    job = Job(request, asyncio.get_running_loop().create_future(),
-              deadline=time.monotonic() + budget_s)
+    loop = asyncio.get_running_loop()
+    job = Job(request, loop.create_future(), deadline=time.monotonic() + budget_s)
     model.submit(job)
-    return await job.future
+    if abandoned is not None:
+        abandoned.add_done_callback(lambda _: job.future.cancel())
+    # Answer 504 at the deadline itself, even while every worker is busy.
+    timer = loop.call_later(budget_s, _expire, job, budget_s)
+    try:
+        return await job.future
+    finally:
+        timer.cancel()
+
+
+def _expire(job: Job, budget_s: float) -> None:
+    if job.future.done():
+        return
+    where = "in a worker" if job.dispatched else "in the queue, before a worker was free"
+    job.future.set_exception(GatewayTimeout(f"no answer within {budget_s:g} s: the request "
+                                            f"timed out {where}"))

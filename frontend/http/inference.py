@@ -6,11 +6,12 @@ model's batcher, and answered with the worker's bytes. No payload is decoded her
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 
 from frontend.auth import KeyKind
-from frontend.errors import InternalError, ServeError
+from frontend.errors import BadRequest, InternalError, ServeError
 from frontend.http import common
 from frontend.http.forms import is_form, parse_form
 from frontend.http.openapi import inference_description
@@ -23,6 +24,20 @@ from protos import worker_pb2
 logger = logging.getLogger(__name__)
 
 _INFERENCE_METHODS = ("POST", "PUT")
+
+
+REQUEST_TIMEOUT_HEADER = "x-request-timeout"
+
+
+def _parse_timeout(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a number of seconds, got {value!r}")\
+            from None
+    if not seconds > 0:
+        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be > 0, got {value!r}")
+    return seconds
 
 
 class InferenceApp:
@@ -81,12 +96,15 @@ class InferenceApp:
         request_id = str(uuid.uuid4())
         request = worker_pb2.Request(request_id=request_id)
         content_type = ""
+        timeout_s: float | None = None
         for raw_name, raw_value in scope["headers"]:
             name = raw_name.decode("latin-1")
             value = raw_value.decode("latin-1")
             request.headers[name] = value
             if name == "content-type":
                 content_type = value
+            elif name == REQUEST_TIMEOUT_HEADER:
+                timeout_s = _parse_timeout(value)
         if content_type and is_form(content_type):
             for field_name, data, field_type in parse_form(content_type, body):
                 request.inputs[field_name] = data
@@ -94,7 +112,17 @@ class InferenceApp:
         else:
             request.inputs["body"] = body
             request.content_types["body"] = content_type
-        result = await submit(model, request)
+        # A client that hangs up while its request waits is dropped from the queue: the
+        # ASGI server answers a pending receive() with http.disconnect when it goes.
+        disconnected = asyncio.ensure_future(receive())
+        try:
+            result = await submit(model, request, timeout_s, abandoned=disconnected)
+        except asyncio.CancelledError:
+            if disconnected.done():
+                return  # nobody is listening for an answer
+            raise
+        finally:
+            disconnected.cancel()
         if isinstance(result, ResponseStream):
             await self.respond_in_parts(result, request_id, send)
         else:

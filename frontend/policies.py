@@ -1,0 +1,534 @@
+"""Batch policies: when a free worker should stop collecting jobs and dispatch its batch.
+
+The Batcher (frontend/batching.py) tells a policy what happened (a job arrived, a batch left the
+queue, a worker answered a batch) and, whenever a worker is free and jobs are queued, asks it how
+much longer to wait. A policy never reads a clock and never touches the queue: every hook gets
+the Batcher's ``now``, so tests drive it with a fake clock and ``simulate`` replays whole
+workloads in milliseconds.
+
+* ``FixedPolicy`` is TorchServe's rule: dispatch when ``max_batch_size`` jobs are queued, else
+  ``max_delay_s`` after the worker found the first one.
+* ``AdaptivePolicy`` (the default) waits only while the jobs it expects are close enough to pay
+  for the wait, and never past ``max_delay_s``. docs/batching.md derives its rule.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import heapq
+import math
+import random
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, TypedDict
+
+
+class BatchPolicy(Protocol):
+    """Decides when the batch a free worker is collecting leaves the queue.
+
+    All hooks run on the Batcher's event loop; ``now`` is the Batcher's monotonic clock, in
+    seconds, the same clock for every hook.
+    """
+
+    def on_arrival(self, now: float) -> None:
+        """A job entered the queue (once per job, before the ``wait_s`` that counts it)."""
+        ...
+
+    def on_dispatch(self, size: int, now: float) -> None:
+        """A batch of ``size`` jobs left the queue for a worker."""
+        ...
+
+    def on_completed(self, size: int, service_s: float, now: float) -> None:
+        """A worker answered a batch of ``size`` jobs ``service_s`` seconds after it was sent.
+
+        Called only for batches that came back with results: a crashed worker's timing says
+        nothing about the model.
+        """
+        ...
+
+    def wait_s(self, queued: int, waited_s: float, idle_workers: int, now: float) -> float:
+        """Seconds to keep collecting; 0 or less means dispatch now.
+
+        ``queued`` is the number of live jobs in the queue (>= 1), ``waited_s`` how long the
+        asking worker has been collecting since it found the first one, ``idle_workers`` the
+        number of free workers, the asking one included. The answer is a deadline for asking
+        again: the Batcher asks again on every arrival and when the wait runs out. Must not
+        change the policy's state.
+        """
+        ...
+
+
+class PolicyName(str, enum.Enum):
+    """Values of the per-model ``batch_policy`` setting."""
+
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"
+
+
+DEFAULT_POLICY = PolicyName.ADAPTIVE
+
+
+def _check_limits(max_batch_size: int, max_delay_s: float) -> None:
+    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) \
+            or max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
+    if not math.isfinite(max_delay_s) or max_delay_s < 0:
+        raise ValueError(f"max_delay_s must be a finite number >= 0, got {max_delay_s!r}")
+
+
+class FixedPolicy:
+    """TorchServe's rule: wait until the batch is full or ``max_delay_s`` has passed."""
+
+    __slots__ = ("max_batch_size", "max_delay_s")
+
+    def __init__(self, max_batch_size: int, max_delay_s: float) -> None:
+        _check_limits(max_batch_size, max_delay_s)
+        self.max_batch_size = max_batch_size
+        self.max_delay_s = max_delay_s
+
+    def on_arrival(self, now: float) -> None:
+        pass
+
+    def on_dispatch(self, size: int, now: float) -> None:
+        pass
+
+    def on_completed(self, size: int, service_s: float, now: float) -> None:
+        pass
+
+    def wait_s(self, queued: int, waited_s: float, idle_workers: int, now: float) -> float:
+        if queued >= self.max_batch_size:
+            return 0.0
+        return self.max_delay_s - waited_s
+
+
+#: Arrivals the rate estimate looks back over. A window of arrivals (not of time) adapts as fast
+#: at 2 req/s as at 2000, and forgets a long silence once that many jobs have come after it.
+ARRIVAL_WINDOW = 16
+#: Fewer arrivals than this and the rate is unknown, so a job is dispatched at once.
+MIN_ARRIVALS = 4
+#: A silence this many mean gaps long means the stream has paused (Poisson odds: e^-4 < 2 %).
+STALE_GAPS = 4.0
+#: EWMA weight of one completed batch in the service-time fit (a memory of ~10 batches).
+SERVICE_ALPHA = 0.1
+#: Batch sizes must vary at least this much (variance, items^2) to fit a slope.
+MIN_SIZE_VARIANCE = 0.1
+#: EWMA weight of one answered job in the echo ratio.
+ECHO_ALPHA = 0.1
+#: Gains and margin of the echo delay estimate (RFC 6298's smoothed RTT: 1/8, 1/4, 4).
+ECHO_DELAY_GAIN = 0.125
+ECHO_DEVIATION_GAIN = 0.25
+ECHO_MARGIN = 4.0
+
+
+class _ServiceFit:
+    """s(n) = a + b*n fitted to completed batches by least squares with exponential forgetting.
+
+    Until batch sizes have varied, the slope is unknown and is taken as s/n (a = 0): a model
+    with no fixed cost per batch gains nothing from waiting, which keeps the policy greedy
+    until the data say otherwise. Greedy dispatch under load produces varied sizes by itself.
+    """
+
+    __slots__ = (
+        "_mean_n",
+        "_mean_nn",
+        "_mean_ns",
+        "_mean_s",
+        "_slope",
+        "count",
+        "overhead_s",
+        "per_item_s",
+    )
+
+    def __init__(self) -> None:
+        self._mean_n = self._mean_s = self._mean_nn = self._mean_ns = 0.0
+        #: Last slope fitted from varied sizes; kept while sizes stay the same (a full queue).
+        self._slope: float | None = None
+        self.count = 0
+        self.overhead_s = 0.0
+        self.per_item_s = 0.0
+
+    def add(self, size: int, service_s: float) -> None:
+        if size < 1 or not math.isfinite(service_s) or service_s < 0:
+            return
+        n, s = float(size), service_s
+        if self.count == 0:
+            self._mean_n, self._mean_s, self._mean_nn, self._mean_ns = n, s, n * n, n * s
+        else:
+            alpha = SERVICE_ALPHA
+            self._mean_n += alpha * (n - self._mean_n)
+            self._mean_s += alpha * (s - self._mean_s)
+            self._mean_nn += alpha * (n * n - self._mean_nn)
+            self._mean_ns += alpha * (n * s - self._mean_ns)
+        self.count += 1
+        variance = self._mean_nn - self._mean_n * self._mean_n
+        steepest = self._mean_s / self._mean_n  # the line through the origin: a = 0
+        if variance >= MIN_SIZE_VARIANCE:
+            slope = (self._mean_ns - self._mean_n * self._mean_s) / variance
+            self._slope = min(max(slope, 0.0), steepest)
+        slope = steepest if self._slope is None else min(self._slope, steepest)
+        self.per_item_s = slope
+        self.overhead_s = self._mean_s - slope * self._mean_n
+
+
+class AdaptivePolicy:
+    """Dispatches at once unless the jobs it expects will come soon enough to pay for the wait.
+
+    Two predictions of the jobs still to come, each O(1) to keep and to read:
+
+    * the arrival rate: the mean gap g over the last ``ARRIVAL_WINDOW`` arrivals. Waiting for
+      the j = min(missing, budget / g) jobs expected within the budget pays when
+      ``(queued + j) * g < a - b * queued``; it stops as soon as no job has come for
+      ``STALE_GAPS * g`` (the stream has paused).
+    * echoes: clients that send their next request when answered (closed loop, every load
+      generator) come back a short delay after each completed batch. The policy learns which
+      share of answered jobs comes back within ``max_delay_s`` and how fast, and waits for the
+      expected echoes of the last answers when ``(queued + j) * T < j * (a - b * queued)``,
+      T being their mean delay from now.
+
+    ``a + b * n`` is the batch service time fitted from completed batches. Until it is known,
+    while another worker is idle, and when the queue holds ``max_batch_size``, it dispatches.
+    """
+
+    __slots__ = (
+        "_arrivals",
+        "_count",
+        "_echo_at",
+        "_echo_delay_s",
+        "_echo_deviation_s",
+        "_echo_outstanding",
+        "_echo_ratio",
+        "_echo_samples",
+        "_fit",
+        "_next",
+        "max_batch_size",
+        "max_delay_s",
+    )
+
+    def __init__(self, max_batch_size: int, max_delay_s: float) -> None:
+        _check_limits(max_batch_size, max_delay_s)
+        self.max_batch_size = max_batch_size
+        self.max_delay_s = max_delay_s
+        # A ring of the last arrival times: O(1) per arrival, allocated once.
+        self._arrivals = [0.0] * ARRIVAL_WINDOW
+        self._next = 0
+        self._count = 0
+        self._fit = _ServiceFit()
+        self._echo_at = -math.inf
+        self._echo_outstanding = 0
+        self._echo_ratio = 0.0
+        self._echo_delay_s = 0.0
+        self._echo_deviation_s = 0.0
+        self._echo_samples = 0
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    def on_arrival(self, now: float) -> None:
+        self._expire_echoes(now)
+        if self._echo_outstanding > 0:
+            self._echo_outstanding -= 1
+            self._echo_ratio += ECHO_ALPHA * (1.0 - self._echo_ratio)
+            self._add_echo_delay(now - self._echo_at)
+        self._arrivals[self._next] = now
+        self._next = (self._next + 1) % ARRIVAL_WINDOW
+        self._count = min(self._count + 1, ARRIVAL_WINDOW)
+
+    def on_dispatch(self, size: int, now: float) -> None:
+        pass  # the Batcher reports queued and idle workers with every question
+
+    def on_completed(self, size: int, service_s: float, now: float) -> None:
+        self._fit.add(size, service_s)
+        self._expire_echoes(now)
+        self._echo_outstanding += max(size, 0)
+        self._echo_at = now
+
+    # -- the decision -----------------------------------------------------------------------
+
+    def wait_s(self, queued: int, waited_s: float, idle_workers: int, now: float) -> float:
+        budget = self.max_delay_s - waited_s
+        missing = self.max_batch_size - queued
+        if missing <= 0 or budget <= 0 or queued < 1 or idle_workers > 1:
+            return 0.0
+        if self._fit.count == 0:
+            return 0.0  # the cost of a batch is unknown: nothing says waiting pays
+        # What splitting costs: the late jobs pay a second batch's fixed cost a, while
+        # joining this batch costs each queued job b per newcomer.
+        saving_s = self._fit.overhead_s - self._fit.per_item_s * queued
+        if saving_s <= 0:
+            return 0.0
+        wait = 0.0
+        gap = self.mean_gap_s()
+        if gap is not None and gap > 0:
+            paused_at = self._last_arrival() + STALE_GAPS * gap
+            expected = min(float(missing), budget / gap)
+            if now < paused_at and expected >= 1 and (queued + expected) * gap < saving_s:
+                wait = paused_at - now
+        if self._echo_outstanding > 0 and self._echo_samples > 0:
+            expected = min(float(missing), self._echo_ratio * self._echo_outstanding)
+            due = max(0.0, self._echo_at + self._echo_delay_s - now)
+            give_up = self._echo_at + self._echo_delay_s + ECHO_MARGIN * self._echo_deviation_s
+            if (now < give_up and due <= budget and expected > 0
+                    and (queued + expected) * due < expected * saving_s):
+                wait = max(wait, give_up - now)
+        return min(wait, budget)
+
+    # -- estimates (read-only, also for tests and metrics) ----------------------------------
+
+    def mean_gap_s(self) -> float | None:
+        """Mean time between the last ``ARRIVAL_WINDOW`` arrivals; None while too few."""
+        if self._count < MIN_ARRIVALS:
+            return None
+        oldest = self._arrivals[self._next] if self._count == ARRIVAL_WINDOW else self._arrivals[0]
+        return max(0.0, self._last_arrival() - oldest) / (self._count - 1)
+
+    @property
+    def service_model(self) -> tuple[float, float] | None:
+        """The fitted (a, b) of s(n) = a + b*n in seconds; None before the first batch."""
+        if self._fit.count == 0:
+            return None
+        return self._fit.overhead_s, self._fit.per_item_s
+
+    @property
+    def echo_ratio(self) -> float:
+        """Share of answered jobs whose client sent another within ``max_delay_s``."""
+        return self._echo_ratio
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _last_arrival(self) -> float:
+        return self._arrivals[self._next - 1]  # index -1 wraps to the end of the ring
+
+    def _expire_echoes(self, now: float) -> None:
+        if self._echo_outstanding > 0 and now - self._echo_at > self.max_delay_s:
+            # Echoes later than the longest wait are no use: count them as not coming.
+            self._echo_ratio *= (1.0 - ECHO_ALPHA) ** self._echo_outstanding
+            self._echo_outstanding = 0
+
+    def _add_echo_delay(self, delay_s: float) -> None:
+        if self._echo_samples == 0:
+            self._echo_delay_s, self._echo_deviation_s = delay_s, delay_s / 2
+        else:
+            error = delay_s - self._echo_delay_s
+            self._echo_deviation_s += ECHO_DEVIATION_GAIN * (abs(error) - self._echo_deviation_s)
+            self._echo_delay_s += ECHO_DELAY_GAIN * error
+        self._echo_samples += 1
+
+
+def make_policy(name: str, max_batch_size: int, max_delay_s: float) -> BatchPolicy:
+    """Build the policy a model's ``batch_policy`` setting names ("fixed" or "adaptive")."""
+    try:
+        kind = PolicyName(name.strip().lower() if isinstance(name, str) else name)
+    except ValueError:
+        choices = ", ".join(repr(p.value) for p in PolicyName)
+        raise ValueError(f"unknown batch_policy {name!r}; choose one of {choices}") from None
+    if kind is PolicyName.FIXED:
+        return FixedPolicy(max_batch_size, max_delay_s)
+    return AdaptivePolicy(max_batch_size, max_delay_s)
+
+
+class BatchSettings(TypedDict, total=False):
+    """TorchServe's names for the batch settings, as ``ModelSettings`` holds them."""
+
+    batch_size: int
+    max_batch_delay_ms: int
+
+
+def _integer(key: str, value: object, minimum: int) -> int:
+    number: object = value
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, int | float) \
+            or not math.isfinite(number) or number != int(number) or number < minimum:
+        raise ValueError(f"{key} must be an integer >= {minimum}, got {value!r}")
+    return int(number)
+
+
+def _duration_ms(key: str, value: object, unit_ms: float) -> int:
+    number: object = value
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, int | float) \
+            or not math.isfinite(number) or number < 0:
+        unit = "seconds" if unit_ms == 1000 else "milliseconds"
+        raise ValueError(f"{key} must be a number of {unit} >= 0, got {value!r}")
+    ms = round(number * unit_ms)
+    # NOTE: a positive delay never rounds down to 0, which would turn batching off.
+    return max(ms, 1) if number > 0 else 0
+
+
+def batch_settings_from_aliases(mapping: Mapping[str, object]) -> BatchSettings:
+    """Map MLServer's and KServe's batch settings to ``batch_size`` / ``max_batch_delay_ms``.
+
+    * MLServer (model-settings.json): ``max_batch_size`` (0 or 1: no batching) and
+      ``max_batch_time`` in seconds.
+    * KServe (the ``batcher`` section): ``maxBatchSize`` (>= 1) and ``maxLatency`` in
+      milliseconds.
+
+    Only the settings present are returned; other keys are ignored. Delays are rounded to the
+    millisecond, a positive one to at least 1 ms. Two aliases that disagree, or a value that
+    is not a count or a duration, raise ValueError naming the key.
+    """
+    sizes: list[tuple[str, int]] = []
+    delays: list[tuple[str, int]] = []
+    if "max_batch_size" in mapping:
+        sizes.append(("max_batch_size", max(1, _integer("max_batch_size",
+                                                        mapping["max_batch_size"], 0))))
+    if "maxBatchSize" in mapping:
+        sizes.append(("maxBatchSize", _integer("maxBatchSize", mapping["maxBatchSize"], 1)))
+    if "max_batch_time" in mapping:
+        delays.append(("max_batch_time",
+                       _duration_ms("max_batch_time", mapping["max_batch_time"], 1000.0)))
+    if "maxLatency" in mapping:
+        delays.append(("maxLatency", _duration_ms("maxLatency", mapping["maxLatency"], 1.0)))
+    settings: BatchSettings = {}
+    size = _agreed("batch_size", sizes)
+    if size is not None:
+        settings["batch_size"] = size
+    delay_ms = _agreed("max_batch_delay_ms", delays)
+    if delay_ms is not None:
+        settings["max_batch_delay_ms"] = delay_ms
+    return settings
+
+
+def _agreed(field_name: str, given: list[tuple[str, int]]) -> int | None:
+    if len({value for _, value in given}) > 1:
+        listed = ", ".join(f"{key}={value}" for key, value in given)
+        raise ValueError(f"conflicting batch settings: {listed} (both set {field_name})")
+    return given[0][1] if given else None
+
+
+# -- simulation -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationResult:
+    """What ``simulate`` measured: latencies in seconds, throughput in jobs per second."""
+
+    jobs: int
+    batches: int
+    mean_latency_s: float
+    p50_latency_s: float
+    p99_latency_s: float
+    throughput_per_s: float
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.jobs / self.batches if self.batches else 0.0
+
+
+def linear_service(overhead_s: float, per_item_s: float) -> Callable[[int], float]:
+    """A handler whose batch of n takes ``overhead_s + per_item_s * n``."""
+    return lambda size: overhead_s + per_item_s * size
+
+
+def simulate(
+    policy: BatchPolicy,
+    *,
+    max_batch_size: int,
+    service_s: Callable[[int], float],
+    rate_per_s: float | None = None,
+    clients: int | None = None,
+    think_s: float = 0.001,
+    workers: int = 1,
+    duration_s: float = 10.0,
+    seed: int = 0,
+) -> SimulationResult:
+    """Replay a workload through ``policy`` as the Batcher drives it (discrete events, no I/O).
+
+    Load is open (Poisson arrivals at ``rate_per_s``) or closed (``clients`` that each send their
+    next request ``think_s`` (0.5-1.5x, uniform) after their answer). Requests are sent for
+    ``duration_s``; the run ends when all are answered. As in the Batcher, one free worker at
+    a time collects, from the moment it finds a job, and asks again on every arrival and when
+    its wait runs out.
+    """
+    if (rate_per_s is None) == (clients is None):
+        raise ValueError("give exactly one of rate_per_s (open loop) or clients (closed loop)")
+    rng = random.Random(seed)
+    arrive, complete, wake = 0, 1, 2
+    events: list[tuple[float, int, int, object]] = []
+    sequence = 0
+
+    def schedule(at: float, kind: int, data: object) -> None:
+        nonlocal sequence
+        heapq.heappush(events, (at, sequence, kind, data))
+        sequence += 1
+
+    if rate_per_s is not None:
+        if rate_per_s <= 0:
+            raise ValueError("rate_per_s must be > 0")
+        schedule(rng.expovariate(rate_per_s), arrive, None)
+    else:
+        assert clients is not None
+        for _ in range(clients):
+            schedule(think_s * rng.uniform(0.5, 1.5), arrive, None)
+
+    queue: collections.deque[float] = collections.deque()
+    idle = workers
+    collecting_since: float | None = None
+    wake_token = 0
+    latencies: list[float] = []
+    batches = 0
+    end = 0.0
+
+    def release(now: float) -> None:
+        nonlocal idle, collecting_since, wake_token, batches
+        while idle > 0 and queue:
+            if collecting_since is None:
+                collecting_since = now
+            wait = policy.wait_s(len(queue), now - collecting_since, idle, now)
+            if wait > 0:
+                wake_token += 1
+                schedule(now + wait, wake, wake_token)
+                return
+            size = min(max_batch_size, len(queue))
+            batch = [queue.popleft() for _ in range(size)]
+            policy.on_dispatch(size, now)
+            idle -= 1
+            collecting_since = None
+            wake_token += 1  # a pending wake-up belongs to the collection that just ended
+            batches += 1
+            took = service_s(size)
+            schedule(now + took, complete, (batch, took))
+
+    while events:
+        now, _, kind, data = heapq.heappop(events)
+        if kind == arrive:
+            queue.append(now)
+            policy.on_arrival(now)
+            if rate_per_s is not None:
+                following = now + rng.expovariate(rate_per_s)
+                if following < duration_s:
+                    schedule(following, arrive, None)
+        elif kind == complete:
+            batch, took = data  # type: ignore[misc]
+            latencies.extend(now - arrived for arrived in batch)
+            end = now
+            idle += 1
+            policy.on_completed(len(batch), took, now)
+            if clients is not None:
+                for _ in batch:
+                    following = now + think_s * rng.uniform(0.5, 1.5)
+                    if following < duration_s:
+                        schedule(following, arrive, None)
+        elif data != wake_token:
+            continue  # an earlier wait, overtaken by an arrival or a dispatch
+        release(now)
+
+    if not latencies:
+        return SimulationResult(0, 0, 0.0, 0.0, 0.0, 0.0)
+    ordered = sorted(latencies)
+    return SimulationResult(
+        jobs=len(ordered),
+        batches=batches,
+        mean_latency_s=statistics.fmean(ordered),
+        p50_latency_s=ordered[len(ordered) // 2],
+        p99_latency_s=ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        throughput_per_s=len(ordered) / end,
+    )
