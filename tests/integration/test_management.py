@@ -295,8 +295,10 @@ def test_unregister_drains_in_flight_requests(build_mar, start_server, tmp_path:
         server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
                         "the request to reach the worker")
         deleting = pool.submit(requests.delete, f"{_models(server)}/gate", timeout=60)
-        server.wait_for(lambda: server.predict("gate", b"late").status_code == 404,
-                        "the model to leave the registry")
+        server.wait_for(
+            lambda: requests.get(_models(server), timeout=10).json() == {"models": []},
+            "the model to leave the registry")
+        assert server.predict("gate", b"late").status_code == 404
         assert not deleting.done()
         gate.touch()
         assert held.result(timeout=30).status_code == 200
