@@ -14,9 +14,9 @@ import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from frontend.errors import GatewayTimeout, ServeError, ServiceUnavailable
+from frontend.policies import BatchPolicy
 from frontend.streams import ResponseStream
 from protos import worker_pb2
 
@@ -63,31 +63,6 @@ class Job:
         return not self.future.done()
 
 
-class BatchPolicy(Protocol):
-    """Decides, for a worker that is free, how much longer to wait before dispatching."""
-
-    def wait_s(self, queued: int, waited_s: float) -> float:
-        """Seconds to keep waiting for more jobs; 0 or less means dispatch now.
-
-        ``queued`` is the number of live jobs in the queue, ``waited_s`` how long this worker
-        has been collecting since it found the first one.
-        """
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class FixedDelayPolicy:
-    """TorchServe's behaviour: wait until the batch is full or ``max_delay_s`` has passed."""
-
-    max_batch_size: int
-    max_delay_s: float
-
-    def wait_s(self, queued: int, waited_s: float) -> float:
-        if queued >= self.max_batch_size:
-            return 0.0
-        return self.max_delay_s - waited_s
-
-
 class Batcher:
     """Groups the queued jobs of one model (version) into batches of up to ``max_batch_size``."""
 
@@ -116,6 +91,8 @@ class Batcher:
         # worker cancelled while it collects loses nothing.
         self._assembling = asyncio.Lock()
         self._closed: ServeError | None = None
+        #: Workers inside next_batch (waiting their turn or collecting): the free ones.
+        self._idle_workers = 0
 
     @property
     def depth(self) -> int:
@@ -139,7 +116,8 @@ class Batcher:
                     f"job queue is full ({self.capacity} requests waiting); retry later",
                     headers={"Retry-After": "1"},
                 )
-        job.enqueued_at = self._clock()
+        job.enqueued_at = now = self._clock()
+        self.policy.on_arrival(now)
         self._queue.append(job)
         self._emptied.clear()
         self._arrived.set()
@@ -160,6 +138,17 @@ class Batcher:
 
     async def next_batch(self) -> list[Job]:
         """Wait for jobs and return the next batch (1..max_batch_size live jobs)."""
+        self._idle_workers += 1
+        try:
+            return await self._collect()
+        finally:
+            self._idle_workers -= 1
+
+    def completed(self, size: int, service_s: float) -> None:
+        """A worker answered a batch of ``size`` in ``service_s`` (feeds the policy)."""
+        self.policy.on_completed(size, service_s, self._clock())
+
+    async def _collect(self) -> list[Job]:
         async with self._assembling:
             while True:
                 await self._wait_for_jobs()
@@ -169,7 +158,8 @@ class Batcher:
                     self._expire(now)
                     if not self._queue:
                         break  # everything expired or was abandoned: wait afresh
-                    wait = self.policy.wait_s(len(self._queue), now - started)
+                    wait = self.policy.wait_s(len(self._queue), now - started,
+                                              self._idle_workers, now)
                     if wait <= 0:
                         return self._take(now)
                     self._arrived.clear()
@@ -193,6 +183,7 @@ class Batcher:
             job.dispatched = True
         if not self._queue:
             self._emptied.set()
+        self.policy.on_dispatch(count, now)
         return batch
 
     async def wait_empty(self, timeout_s: float | None) -> bool:

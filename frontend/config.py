@@ -61,6 +61,7 @@ class ModelDefaults:
     response_timeout_s: int | None = None
     startup_timeout_s: int | None = None
     is_default_version: bool = False
+    batch_policy: str | None = None
 
 
 _MODEL_KEYS: dict[str, tuple[str, Callable[[Any], object]]] = {
@@ -72,6 +73,7 @@ _MODEL_KEYS: dict[str, tuple[str, Callable[[Any], object]]] = {
     "responseTimeout": ("response_timeout_s", int),
     "startupTimeout": ("startup_timeout_s", int),
     "defaultVersion": ("is_default_version", bool),
+    "batchPolicy": ("batch_policy", str),
 }
 
 
@@ -135,6 +137,13 @@ def _parse_port(text: str) -> int:
     return value
 
 
+def _parse_policy(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("adaptive", "fixed"):
+        raise ValueError(f"expected adaptive or fixed, got {text!r}")
+    return value
+
+
 def _parse_json_object(text: str) -> dict[str, Any]:
     value = json.loads(text)
     if not isinstance(value, dict):
@@ -182,6 +191,8 @@ class ServerConfig:
     number_of_gpu: int | None = None
     default_batch_size: int = 1
     default_max_batch_delay_ms: int = 100
+    #: Server-wide default for models that name none: "adaptive" or "fixed".
+    default_batch_policy: str = "adaptive"
     enable_model_api: bool = False
     disable_token_authorization: bool = False
     token_expiration_min: int = 60
@@ -228,6 +239,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "number_of_gpu": ("number_of_gpu", _parse_non_negative_int),
     "batch_size": ("default_batch_size", _parse_positive_int),
     "max_batch_delay": ("default_max_batch_delay_ms", _parse_non_negative_int),
+    "batch_policy": ("default_batch_policy", _parse_policy),
     "enable_model_api": ("enable_model_api", _parse_bool),
     "disable_token_authorization": ("disable_token_authorization", _parse_bool),
     "token_expiration_min": ("token_expiration_min", _parse_positive_int),

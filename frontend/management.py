@@ -79,6 +79,7 @@ class ManagementOps:
             initial_workers=int_param(params, "initial_workers"),
             response_timeout_s=int_param(params, "response_timeout"),
             startup_timeout_s=int_param(params, "startup_timeout"),
+            batch_policy=params.get("batch_policy") or None,
             # TorchServe's code defaults synchronous to true for REST (its docs say false).
             synchronous=bool_param(params, "synchronous", True),
         )

@@ -175,20 +175,23 @@ class _ServiceFit:
 class AdaptivePolicy:
     """Dispatches at once unless the jobs it expects will come soon enough to pay for the wait.
 
-    Two predictions of the jobs still to come, each O(1) to keep and to read:
+    With s(n) = a + b*n the batch service time fitted from completed batches, waiting for j
+    more jobs over T seconds instead of serving the q queued ones now (and the j in a batch of
+    their own) pays when ``(q + j) * T < j * (a - b * q)``. Two predictions of j and T, each
+    O(1) to keep and to read:
 
-    * the arrival rate: the mean gap g over the last ``ARRIVAL_WINDOW`` arrivals. Waiting for
-      the j = min(missing, budget / g) jobs expected within the budget pays when
-      ``(queued + j) * g < a - b * queued``; it stops as soon as no job has come for
+    * the arrival rate: the mean gap g over the last ``ARRIVAL_WINDOW`` arrivals, j the jobs
+      expected within the budget, T = j * g. It lets go as soon as no job has come for
       ``STALE_GAPS * g`` (the stream has paused).
-    * echoes: clients that send their next request when answered (closed loop, every load
+    * echoes: clients that send their next request when answered (closed loop, as every load
       generator) come back a short delay after each completed batch. The policy learns which
-      share of answered jobs comes back within ``max_delay_s`` and how fast, and waits for the
-      expected echoes of the last answers when ``(queued + j) * T < j * (a - b * queued)``,
-      T being their mean delay from now.
+      share of the answered jobs comes back within ``max_delay_s`` and how fast (T = the
+      delay's mean + ``ECHO_MARGIN`` deviations), and counts one more cost of splitting: the
+      queued jobs' own echoes find the worker busy with the second batch.
 
-    ``a + b * n`` is the batch service time fitted from completed batches. Until it is known,
-    while another worker is idle, and when the queue holds ``max_batch_size``, it dispatches.
+    It dispatches at once when the queue holds ``max_batch_size``, while another worker is
+    idle, before the first batch has completed, and never waits past ``max_delay_s``.
+    docs/batching.md has the derivation and simulated numbers.
     """
 
     __slots__ = (
@@ -255,22 +258,28 @@ class AdaptivePolicy:
         # What splitting costs: the late jobs pay a second batch's fixed cost a, while
         # joining this batch costs each queued job b per newcomer.
         saving_s = self._fit.overhead_s - self._fit.per_item_s * queued
-        if saving_s <= 0:
-            return 0.0
         wait = 0.0
         gap = self.mean_gap_s()
         if gap is not None and gap > 0:
-            paused_at = self._last_arrival() + STALE_GAPS * gap
+            last = self._last_arrival()
             expected = min(float(missing), budget / gap)
-            if now < paused_at and expected >= 1 and (queued + expected) * gap < saving_s:
-                wait = paused_at - now
+            if (now < last + STALE_GAPS * gap and expected >= 1
+                    and (queued + expected) * gap < saving_s):
+                # Until the batch should be full; asked again on every arrival, it lets go
+                # once no job has come for STALE_GAPS gaps (the stream has paused).
+                wait = last + max(float(missing), STALE_GAPS) * gap - now
         if self._echo_outstanding > 0 and self._echo_samples > 0:
+            # Echoes come within H = mean delay + ECHO_MARGIN deviations of the answers. The
+            # decision charges all of H, not what is left of it: late in the horizon the wait
+            # looks short, but then the echoes are unlikely to come at all.
+            horizon_s = self._echo_delay_s + ECHO_MARGIN * self._echo_deviation_s
             expected = min(float(missing), self._echo_ratio * self._echo_outstanding)
-            due = max(0.0, self._echo_at + self._echo_delay_s - now)
-            give_up = self._echo_at + self._echo_delay_s + ECHO_MARGIN * self._echo_deviation_s
-            if (now < give_up and due <= budget and expected > 0
-                    and (queued + expected) * due < expected * saving_s):
-                wait = max(wait, give_up - now)
+            # Splitting also keeps the worker busy a - H longer, right when the queued jobs'
+            # own echoes come back: they pay that too.
+            behind_s = self._echo_ratio * queued * max(0.0, self._fit.overhead_s - horizon_s)
+            if (now < self._echo_at + horizon_s and expected > 0
+                    and (queued + expected) * horizon_s < expected * saving_s + behind_s):
+                wait = max(wait, self._echo_at + horizon_s - now)
         return min(wait, budget)
 
     # -- estimates (read-only, also for tests and metrics) ----------------------------------
@@ -450,24 +459,28 @@ def simulate(
     """
     if (rate_per_s is None) == (clients is None):
         raise ValueError("give exactly one of rate_per_s (open loop) or clients (closed loop)")
+    if max_batch_size < 1 or workers < 1:
+        raise ValueError("max_batch_size and workers must be >= 1")
     rng = random.Random(seed)
     arrive, complete, wake = 0, 1, 2
-    events: list[tuple[float, int, int, object]] = []
+    # (time, tie-break, kind, wake token, batch's arrival times, its service time)
+    events: list[tuple[float, int, int, int, list[float], float]] = []
     sequence = 0
 
-    def schedule(at: float, kind: int, data: object) -> None:
+    def schedule(at: float, kind: int, token: int = 0, batch: list[float] | None = None,
+                 took: float = 0.0) -> None:
         nonlocal sequence
-        heapq.heappush(events, (at, sequence, kind, data))
+        heapq.heappush(events, (at, sequence, kind, token, batch or [], took))
         sequence += 1
 
     if rate_per_s is not None:
         if rate_per_s <= 0:
             raise ValueError("rate_per_s must be > 0")
-        schedule(rng.expovariate(rate_per_s), arrive, None)
+        schedule(rng.expovariate(rate_per_s), arrive)
     else:
         assert clients is not None
         for _ in range(clients):
-            schedule(think_s * rng.uniform(0.5, 1.5), arrive, None)
+            schedule(think_s * rng.uniform(0.5, 1.5), arrive)
 
     queue: collections.deque[float] = collections.deque()
     idle = workers
@@ -483,7 +496,9 @@ def simulate(
             if collecting_since is None:
                 collecting_since = now
             wait = policy.wait_s(len(queue), now - collecting_since, idle, now)
-            if wait > 0:
+            # NOTE: "D - waited" computed from float times can be a few ulps above 0 at the
+            # very wake-up it asked for; a real clock moves on, a simulated one would not.
+            if wait > 1e-9:
                 wake_token += 1
                 schedule(now + wait, wake, wake_token)
                 return
@@ -495,19 +510,18 @@ def simulate(
             wake_token += 1  # a pending wake-up belongs to the collection that just ended
             batches += 1
             took = service_s(size)
-            schedule(now + took, complete, (batch, took))
+            schedule(now + took, complete, batch=batch, took=took)
 
     while events:
-        now, _, kind, data = heapq.heappop(events)
+        now, _, kind, token, batch, took = heapq.heappop(events)
         if kind == arrive:
             queue.append(now)
             policy.on_arrival(now)
             if rate_per_s is not None:
                 following = now + rng.expovariate(rate_per_s)
                 if following < duration_s:
-                    schedule(following, arrive, None)
+                    schedule(following, arrive)
         elif kind == complete:
-            batch, took = data  # type: ignore[misc]
             latencies.extend(now - arrived for arrived in batch)
             end = now
             idle += 1
@@ -516,8 +530,8 @@ def simulate(
                 for _ in batch:
                     following = now + think_s * rng.uniform(0.5, 1.5)
                     if following < duration_s:
-                        schedule(following, arrive, None)
-        elif data != wake_token:
+                        schedule(following, arrive)
+        elif token != wake_token:
             continue  # an earlier wait, overtaken by an arrival or a dispatch
         release(now)
 

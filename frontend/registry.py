@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from frontend import archive as archives
-from frontend.batching import Batcher, FixedDelayPolicy, Job
+from frontend.batching import Batcher, Job
 from frontend.config import ModelDefaults, ServerConfig
 from frontend.download import download_archive
 from frontend.errors import (
@@ -28,6 +28,7 @@ from frontend.errors import (
 )
 from frontend.gpus import GpuAssigner
 from frontend.metrics import ServerMetrics
+from frontend.policies import PolicyName, make_policy
 from frontend.workers import Worker, WorkerLaunch, WorkerStartError, WorkerState
 from protos import worker_pb2
 
@@ -50,6 +51,8 @@ class ModelSettings:
     job_queue_size: int
     #: GPUs this model's workers may use (model-config.yaml ``deviceIds``); empty: any.
     device_ids: tuple[int, ...] = ()
+    #: "adaptive" (default) or "fixed" (TorchServe's behaviour).
+    batch_policy: str = PolicyName.ADAPTIVE.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,7 @@ class RegisterRequest:
     startup_timeout_s: int | None = None
     synchronous: bool = True
     loaded_at_startup: bool = False
+    batch_policy: str | None = None
 
 
 def _first(*values: Any) -> Any:
@@ -119,7 +123,8 @@ class Model:
         self.batcher = Batcher(
             max_batch_size=settings.batch_size,
             capacity=settings.job_queue_size,
-            policy=FixedDelayPolicy(settings.batch_size, settings.max_batch_delay_ms / 1000),
+            policy=make_policy(settings.batch_policy, settings.batch_size,
+                               settings.max_batch_delay_ms / 1000),
         )
         self.launch = WorkerLaunch(
             load=worker_pb2.LoadModel(
@@ -211,7 +216,7 @@ class Model:
                 "pendingRequests": self.batcher.depth,
             },
             "batching": {
-                "policy": "fixed",
+                "policy": s.batch_policy,
                 "queueDepth": self.batcher.depth,
                 "inFlightBatches": sum(1 for w in self.workers if w.state is WorkerState.BUSY),
                 "batchesTotal": self.batches_total,
@@ -294,7 +299,13 @@ class ModelRegistry:
                                      config.default_startup_timeout_s),
             job_queue_size=_first(_yaml_int(model_config, "jobQueueSize"), config.job_queue_size),
             device_ids=_device_ids(model_config),
+            batch_policy=_first(request.batch_policy, model_config.get("batchPolicy"),
+                                from_props.batch_policy, config.default_batch_policy),
         )
+        if settings.batch_policy not in {p.value for p in PolicyName}:
+            raise BadRequest(f"batch_policy must be one of "
+                             f"{', '.join(p.value for p in PolicyName)}, "
+                             f"got {settings.batch_policy!r}")
         if settings.batch_size < 1:
             raise BadRequest(f"batch_size must be >= 1, got {settings.batch_size}")
         if settings.max_batch_delay_ms < 0:

@@ -42,6 +42,7 @@ def snapshot_document(registry: ModelRegistry) -> dict[str, Any]:
             "responseTimeout": s.response_timeout_s,
             "startupTimeout": s.startup_timeout_s,
             "handler": model.handler,
+            "batchPolicy": s.batch_policy,
         }
     count = sum(len(versions) for versions in models.values())
     return {"name": "snapshot", "modelCount": count, "created": int(time.time() * 1000),
@@ -100,6 +101,7 @@ def restore_requests(document: dict[str, Any]) -> tuple[list[RegisterRequest], d
                 initial_workers=settings.get("minWorkers"),
                 response_timeout_s=settings.get("responseTimeout"),
                 startup_timeout_s=settings.get("startupTimeout"),
+                batch_policy=settings.get("batchPolicy"),
                 synchronous=False,
                 loaded_at_startup=True,
             ))

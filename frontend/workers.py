@@ -430,9 +430,11 @@ class Worker:
             connection.on_partial = None
             if self.state is WorkerState.BUSY:
                 self.state = WorkerState.READY
+        elapsed_s = time.monotonic() - started
         if self._on_batch is not None:
-            self._on_batch(jobs, time.monotonic() - started)
+            self._on_batch(jobs, elapsed_s)
         if reply.kind is Kind.PREDICTED:
+            self._batcher.completed(len(jobs), elapsed_s)
             result = worker_pb2.PredictResult.FromString(reply.payload)
             if len(result.responses) != len(jobs):
                 fail_jobs(jobs, BatchSizeMismatch(

@@ -249,6 +249,7 @@ def test_http_and_grpc_requests_share_one_batch(stubs, build_mar, start_server) 
 
     requests.post(f"{server.management}/models",
                   params={"url": "batch_len.mar", "batch_size": 2, "max_batch_delay": 10000,
+                          "batch_policy": "fixed",
                           "initial_workers": 1, "synchronous": "true"},
                   timeout=60).raise_for_status()
     client = _inference(stubs, server)

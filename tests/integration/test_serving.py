@@ -46,6 +46,7 @@ def test_batches_are_formed_and_never_exceed_batch_size(build_mar, start_server)
     registered = requests.post(
         f"{server.management}/models",
         params={"url": "batch_len.mar", "batch_size": 8, "max_batch_delay": 2000,
+                "batch_policy": "fixed",
                 "initial_workers": 1, "synchronous": "true"}, timeout=60)
     assert registered.status_code == 200, registered.text
 
@@ -300,3 +301,21 @@ def test_intermediate_responses_stream_as_http_chunks(build_mar, start_server) -
             chunks = [c for c in answer.iter_content(chunk_size=None) if c]
         assert b"".join(chunks) == b"hi part 1\nhi part 2\nhi part 3\n", model
         assert len(chunks) >= 2, model
+
+
+def test_adaptive_policy_batches_under_concurrent_load(build_mar, start_server) -> None:
+    build_mar("sleepy", "sleep")
+    server = start_server()
+    registered = requests.post(
+        f"{server.management}/models",
+        params={"url": "sleepy.mar", "batch_size": 8, "max_batch_delay": 50,
+                "initial_workers": 1, "synchronous": "true"}, timeout=60)
+    assert registered.status_code == 200, registered.text
+    assert server.describe("sleepy")["batching"]["policy"] == "adaptive"  # type: ignore[index]
+
+    with ThreadPoolExecutor(32) as pool:  # each batch sleeps 20 ms: the queue fills meanwhile
+        answers = list(pool.map(lambda _: server.predict("sleepy", b"0.02"), range(64)))
+
+    assert all(a.status_code == 200 for a in answers)
+    sizes = server.describe("sleepy")["batching"]["recentBatchSizes"]  # type: ignore[index]
+    assert sum(sizes) == 64 and max(sizes) > 1 and max(sizes) <= 8, sizes

@@ -41,6 +41,7 @@ def test_one_corrupt_image_in_a_batch_fails_alone(model_store: Path, start_serve
     server = start_server()
     requests.post(f"{server.management}/models",
                   params={"url": "tiny.mar", "batch_size": 8, "max_batch_delay": 5000,
+                          "batch_policy": "fixed",
                           "initial_workers": 1, "synchronous": "true"},
                   timeout=120).raise_for_status()
     bodies = [jpeg(i) for i in range(7)] + [b"\xff\xd8\xff\xe0 truncated jpeg"]

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from frontend.batching import Batcher, FixedDelayPolicy, Job
+from frontend.batching import Batcher, Job
 from frontend.errors import GatewayTimeout, ServiceUnavailable
+from frontend.policies import FixedPolicy
 from protos import worker_pb2
 
 
@@ -18,15 +19,7 @@ def _job(loop: asyncio.AbstractEventLoop, rid: str = "r", deadline: float = floa
 
 def _batcher(size: int, delay_s: float, capacity: int = 100) -> Batcher:
     return Batcher(max_batch_size=size, capacity=capacity,
-                   policy=FixedDelayPolicy(size, delay_s))
-
-
-def test_fixed_policy_is_pure() -> None:
-    policy = FixedDelayPolicy(max_batch_size=8, max_delay_s=0.05)
-    assert policy.wait_s(queued=8, waited_s=0.0) == 0.0
-    assert policy.wait_s(queued=3, waited_s=0.0) == pytest.approx(0.05)
-    assert policy.wait_s(queued=3, waited_s=0.03) == pytest.approx(0.02)
-    assert policy.wait_s(queued=1, waited_s=0.06) < 0
+                   policy=FixedPolicy(size, delay_s))
 
 
 def test_a_full_batch_is_released_at_once() -> None:
@@ -113,7 +106,7 @@ def test_a_cancelled_collector_loses_no_job() -> None:
         with pytest.raises(asyncio.CancelledError):
             await collecting
         assert batcher.depth == 1
-        batcher.policy = FixedDelayPolicy(4, 0.0)
+        batcher.policy = FixedPolicy(4, 0.0)
         return len(await asyncio.wait_for(batcher.next_batch(), 1.0))
 
     assert asyncio.run(scenario()) == 1
