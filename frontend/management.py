@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from frontend.errors import BadRequest, InternalError, MethodNotAllowed
 from frontend.params import bool_param, int_param
+from frontend.policies import batch_settings_from_aliases
 from frontend.predict import submit
 from frontend.registry import Model, RegisterRequest
 from frontend.services import Services
@@ -70,12 +71,17 @@ class ManagementOps:
         runtime = params.get("runtime", "python")
         if runtime not in ("python", "python3"):
             raise BadRequest(f"unsupported runtime {runtime!r}: only python is supported")
+        try:  # MLServer's and KServe's names for the batch settings are accepted too
+            aliases = batch_settings_from_aliases(params)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
         request = RegisterRequest(
             url=params["url"],
             model_name=params.get("model_name") or None,
             handler=params.get("handler") or None,
-            batch_size=int_param(params, "batch_size"),
-            max_batch_delay_ms=int_param(params, "max_batch_delay"),
+            batch_size=int_param(params, "batch_size", aliases.get("batch_size")),
+            max_batch_delay_ms=int_param(params, "max_batch_delay",
+                                         aliases.get("max_batch_delay_ms")),
             initial_workers=int_param(params, "initial_workers"),
             response_timeout_s=int_param(params, "response_timeout"),
             startup_timeout_s=int_param(params, "startup_timeout"),

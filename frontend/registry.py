@@ -28,7 +28,7 @@ from frontend.errors import (
 )
 from frontend.gpus import GpuAssigner
 from frontend.metrics import ServerMetrics
-from frontend.policies import PolicyName, make_policy
+from frontend.policies import PolicyName, batch_settings_from_aliases, make_policy
 from frontend.workers import Worker, WorkerLaunch, WorkerStartError, WorkerState
 from protos import worker_pb2
 
@@ -277,14 +277,20 @@ class ModelRegistry:
                   model_config: dict[str, Any]) -> ModelSettings:
         config = self.config
         from_props = config.models.get(name, {}).get(version) or ModelDefaults()
+        try:  # MLServer's / KServe's names in model-config.yaml, below TorchServe's own
+            aliases = batch_settings_from_aliases(model_config)
+        except ValueError as exc:
+            raise BadRequest(f"model-config.yaml: {exc}") from None
         workers = _first(request.initial_workers, _yaml_int(model_config, "minWorkers"),
                          from_props.min_workers, self._default_workers())
         max_workers = _first(_yaml_int(model_config, "maxWorkers"), from_props.max_workers, workers)
         settings = ModelSettings(
             batch_size=_first(request.batch_size, _yaml_int(model_config, "batchSize"),
-                              from_props.batch_size, config.default_batch_size),
+                              aliases.get("batch_size"), from_props.batch_size,
+                              config.default_batch_size),
             max_batch_delay_ms=_first(request.max_batch_delay_ms,
                                       _yaml_int(model_config, "maxBatchDelay"),
+                                      aliases.get("max_batch_delay_ms"),
                                       from_props.max_batch_delay_ms,
                                       config.default_max_batch_delay_ms),
             min_workers=workers,

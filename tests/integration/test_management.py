@@ -315,3 +315,23 @@ def test_asynchronous_registration_answers_202_then_comes_up(build_mar, start_se
     server.wait_for(lambda: server.describe("echo")["workers"][0]["status"] == "READY",  # type: ignore[index]
                     "the worker to load the model")
     assert server.predict("echo", b"up").content == b"up"
+
+
+def test_mlserver_and_kserve_batch_setting_names(build_mar, start_server,
+                                                 tmp_path: Path) -> None:
+    config_file = tmp_path / "model-config.yaml"
+    config_file.write_text("maxBatchSize: 6\nmaxLatency: 40\n")  # KServe's batcher names
+    build_mar("kserve_named", "echo", config_file=config_file)
+    build_mar("echo", "echo")
+    server = start_server()
+    assert _register(server, url="kserve_named.mar", initial_workers=0).status_code == 200
+    described = server.describe("kserve_named")
+    assert (described["batchSize"], described["maxBatchDelay"]) == (6, 40)
+    # MLServer's names as register parameters: max_batch_time is in seconds.
+    assert _register(server, url="echo.mar", max_batch_size=5, max_batch_time=0.02,
+                     initial_workers=0).status_code == 200
+    described = server.describe("echo")
+    assert (described["batchSize"], described["maxBatchDelay"]) == (5, 20)
+    clash = _register(server, url="echo.mar", model_name="clash", max_batch_size=5,
+                      maxBatchSize=6)
+    assert clash.status_code == 400
