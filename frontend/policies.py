@@ -368,7 +368,7 @@ def _duration_ms(key: str, value: object, unit_ms: float) -> int:
         unit = "seconds" if unit_ms == 1000 else "milliseconds"
         raise ValueError(f"{key} must be a number of {unit} >= 0, got {value!r}")
     ms = round(number * unit_ms)
-    # NOTE: a positive delay never rounds down to 0, which would turn batching off.
+    # NOTE: a positive delay never rounds down to 0, which would mean "never wait".
     return max(ms, 1) if number > 0 else 0
 
 

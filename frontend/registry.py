@@ -189,9 +189,18 @@ class Model:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         await asyncio.gather(*(worker.stop(remaining) for worker in workers))
 
+    def health(self) -> str:
+        """TorchServe's words: Healthy, Partial Healthy (some workers keep dying) or Unhealthy
+        (fewer live workers than min_workers and some keep dying)."""
+        failing = sum(1 for w in self.workers if w.is_unhealthy)
+        if not failing:
+            return "Healthy"
+        live = sum(1 for w in self.workers
+                   if w.state in (WorkerState.READY, WorkerState.BUSY) and not w.is_unhealthy)
+        return "Partial Healthy" if live >= max(1, self.settings.min_workers) else "Unhealthy"
+
     def is_healthy(self) -> bool:
-        ready = sum(1 for w in self.workers if w.describe()["status"] == "READY")
-        return ready >= self.settings.min_workers
+        return self.health() != "Unhealthy"
 
     def describe(self) -> dict[str, object]:
         s = self.settings
@@ -208,6 +217,7 @@ class Model:
             "responseTimeout": s.response_timeout_s,
             "startupTimeout": s.startup_timeout_s,
             "loadedAtStartup": self.loaded_at_startup,
+            "status": self.health(),
             **({"deviceIds": list(s.device_ids)} if s.device_ids else {}),
             "handler": self.handler,
             "workers": [worker.describe() for worker in self.workers],

@@ -44,6 +44,8 @@ BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 #: A worker that stayed up this long has its restart backoff reset.
 STABLE_AFTER_S = 60.0
+#: Consecutive deaths (or failed starts) after which a worker counts as unhealthy.
+UNHEALTHY_AFTER_FAILURES = 3
 
 WORKER_ERRORS: dict[int, type[ServeError]] = {
     worker_pb2.INVALID_INPUT: InvalidInput,
@@ -220,6 +222,8 @@ class Worker:
         self.pid: int | None = None
         self.start_time = time.time()
         self.restarts = 0
+        #: Deaths and failed starts since the worker last served a batch; backoff grows with it.
+        self.failures = 0
         self.last_error = ""
         self._launch = launch
         self._batcher = batcher
@@ -238,7 +242,6 @@ class Worker:
         return self._stop_requested.done()
 
     async def _run(self) -> None:
-        failures = 0
         while not self.is_stopping:
             self.state = WorkerState.STARTING
             try:
@@ -248,8 +251,8 @@ class Worker:
                 logger.error("%s failed to start: %s", self.name, exc)
                 if not self.first_start.done():
                     self.first_start.set_result(exc)
-                failures += 1
-                await self._wait_backoff(failures)
+                self.failures += 1
+                await self._wait_backoff(self.failures)
                 continue
             self.state = WorkerState.READY
             self.last_error = ""
@@ -267,8 +270,9 @@ class Worker:
                 self.pid = None
             if self.is_stopping:
                 break
-            failures = 1 if time.monotonic() - up_since > STABLE_AFTER_S else failures + 1
-            await self._wait_backoff(failures)
+            stable = time.monotonic() - up_since > STABLE_AFTER_S
+            self.failures = 1 if stable else self.failures + 1
+            await self._wait_backoff(self.failures)
         self.state = WorkerState.STOPPED
 
     async def _wait_backoff(self, failures: int) -> None:
@@ -434,6 +438,7 @@ class Worker:
         if self._on_batch is not None:
             self._on_batch(jobs, elapsed_s)
         if reply.kind is Kind.PREDICTED:
+            self.failures = 0
             self._batcher.completed(len(jobs), elapsed_s)
             result = worker_pb2.PredictResult.FromString(reply.payload)
             if len(result.responses) != len(jobs):
@@ -466,6 +471,11 @@ class Worker:
                     os.kill(self.pid, signal.SIGKILL)
             await self._task
 
+    @property
+    def is_unhealthy(self) -> bool:
+        """Keeps dying or failing to start (TorchServe reports such a model unhealthy)."""
+        return self.failures >= UNHEALTHY_AFTER_FAILURES
+
     def describe(self) -> dict[str, object]:
         return {
             "id": self.id,
@@ -476,6 +486,8 @@ class Worker:
             "memoryUsage": _memory_usage(self.pid),
             "pid": self.pid if self.pid is not None else -1,
             "gpu": self.gpu_id is not None,
+            **({"gpuId": self.gpu_id} if self.gpu_id is not None else {}),
+            "restarts": self.restarts,
             **({"lastError": self.last_error} if self.last_error else {}),
         }
 

@@ -258,7 +258,7 @@ def test_closed_loop_clients_get_full_batches_without_the_delay(clients: int) ->
                                             duration_s=5.0)
     assert batch_size >= clients - 0.1
     assert adaptive <= min(greedy, fixed) + 0.001
-    assert throughput >= 0.99 * max(greedy_throughput, fixed_throughput)
+    assert throughput >= 0.97 * max(greedy_throughput, fixed_throughput)
 
 
 def test_simulate_needs_exactly_one_kind_of_load() -> None:

@@ -1,0 +1,105 @@
+"""Faults: every request gets exactly one answer, workers come back, the server stays up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import requests
+
+from tests.conftest import RunningServer
+
+
+def _worker(server: RunningServer, model: str) -> dict[str, object]:
+    return server.describe(model)["workers"][0]  # type: ignore[index, no-any-return]
+
+
+def _ready_with_new_pid(server: RunningServer, model: str, old_pid: int) -> bool:
+    worker = _worker(server, model)
+    return worker["status"] == "READY" and worker["pid"] not in (old_pid, -1)
+
+
+def test_kill_9_fails_the_batch_in_flight_fast_and_the_worker_comes_back(
+        build_mar, start_server, tmp_path: Path) -> None:
+    build_mar("gate", "gate")
+    server = start_server("gate.mar")
+    pid = int(_worker(server, "gate")["pid"])  # type: ignore[call-overload]
+    gate = tmp_path / "open"
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(server.predict, "gate", str(gate).encode())
+        server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
+                        "the request to reach the worker")
+        queued = pool.submit(server.predict, "gate", str(gate).encode())
+        server.wait_for(
+            lambda: server.describe("gate")["jobQueueStatus"]["pendingRequests"] == 1,  # type: ignore[index]
+            "the second request to queue")
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        answer = held.result(timeout=10)
+        assert time.monotonic() - killed_at < 1.0
+        assert answer.status_code == 500
+        message = answer.json()["message"]
+        assert "Worker died" in message and str(pid) in message
+        gate.touch()  # the queued request is served by the restarted worker
+        assert queued.result(timeout=60).status_code == 200
+    server.wait_for(lambda: _ready_with_new_pid(server, "gate", pid), "a new worker")
+    assert _worker(server, "gate")["restarts"] == 1
+    assert requests.get(f"{server.inference}/ping", timeout=10).status_code == 200
+
+
+def test_a_hung_handler_answers_504_and_its_worker_is_replaced(build_mar, start_server) -> None:
+    build_mar("sleepy", "sleep")
+    server = start_server()
+    requests.post(f"{server.management}/models",
+                  params={"url": "sleepy.mar", "response_timeout": 1, "initial_workers": 1,
+                          "synchronous": "true"}, timeout=60).raise_for_status()
+    pid = int(_worker(server, "sleepy")["pid"])  # type: ignore[call-overload]
+    started = time.monotonic()
+    hung = server.predict("sleepy", b"30")
+    assert hung.status_code == 504
+    assert time.monotonic() - started < 10
+    server.wait_for(lambda: not psutil.pid_exists(pid)
+                    or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, "the hung worker")
+    server.wait_for(lambda: _ready_with_new_pid(server, "sleepy", pid), "a new worker")
+    assert server.predict("sleepy", b"0").status_code == 200
+
+
+def test_a_worker_that_keeps_dying_backs_off_and_is_reported_unhealthy(
+        build_mar, start_server) -> None:
+    build_mar("crash", "crash")
+    server = start_server("crash.mar")
+    deaths = []
+    for _ in range(3):
+        server.wait_for(lambda: _worker(server, "crash")["status"] == "READY", "the worker")
+        answer = server.predict("crash", b"crash")
+        assert answer.status_code == 500 and "Worker died" in answer.json()["message"]
+        deaths.append(time.monotonic())
+    # Restarts back off: 0.5 s, then 1 s, then 2 s before the next start.
+    assert deaths[2] - deaths[1] > deaths[1] - deaths[0]
+    assert server.describe("crash")["status"] == "Unhealthy"
+    ping = requests.get(f"{server.inference}/ping", timeout=10)
+    assert ping.status_code == 500 and ping.json() == {"status": "Unhealthy"}
+    server.wait_for(lambda: _worker(server, "crash")["status"] == "READY", "the worker")
+    assert server.predict("crash", b"fine").content == b"fine"
+    assert server.describe("crash")["status"] == "Healthy"
+
+
+def test_a_handler_that_fails_to_load_reports_why_without_a_restart_storm(
+        build_mar, start_server) -> None:
+    build_mar("bad", "echo:missing_function")
+    server = start_server()
+    failed = requests.post(f"{server.management}/models",
+                           params={"url": "bad.mar", "synchronous": "false"}, timeout=30)
+    assert failed.status_code == 202
+    server.wait_for(lambda: "missing_function" in str(_worker(server, "bad").get("lastError")),
+                    "the load error in describe")
+    started = time.monotonic()
+    server.wait_for(lambda: server.describe("bad")["status"] == "Unhealthy",
+                    "the model to be reported unhealthy")
+    # Three failed starts with backoff between them (0.5 s + 1 s), not a tight loop.
+    assert time.monotonic() - started > 1.0
+    assert int(_worker(server, "bad")["restarts"]) <= 4  # type: ignore[call-overload]
