@@ -25,6 +25,7 @@ from typing import Any
 
 # NOTE: every module the worker needs is imported here, before a model directory joins
 # sys.path (STYLE trap 22), so nothing in an archive can shadow them.
+from backend.compat import install_torchserve_shim
 from backend.errors import classify, describe
 from backend.service import ModelService, encode_result, load_service
 from protos import worker_pb2
@@ -192,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
     start_parent_watchdog(parent_pid)
+    # Unmodified TorchServe handlers `import ts`: without a real TorchServe they get our shim.
+    if install_torchserve_shim():
+        logger.info("`import ts` resolves to batchserve's TorchServe shim")
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

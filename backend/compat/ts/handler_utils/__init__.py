@@ -1,0 +1,1 @@
+"""``ts.handler_utils``: intermediate responses (``utils``) and handler timing (``timer``)."""

@@ -1,0 +1,1 @@
+"""``ts.metrics``: the two small types handlers pass to ``context.metrics``."""

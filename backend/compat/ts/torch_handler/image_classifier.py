@@ -1,0 +1,37 @@
+"""``ts.torch_handler.image_classifier``: TorchServe's ImageClassifier.
+
+ImageNet preprocessing (resize 256, centre crop 224, normalise), then per image the ``topk``
+(5) most probable classes as ``{label: probability}``, labels from ``index_to_name.json``.
+Unlike TorchServe's, a model with fewer than ``topk`` classes returns all of them instead of
+failing in ``torch.topk``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from backend.handlers.vision import IMAGENET_TRANSFORM
+
+from ..utils.util import map_class_to_label
+from .vision_handler import VisionHandler
+
+
+class ImageClassifier(VisionHandler):
+    """The model returns logits ``[N, classes]`` for a ``[N, 3, 224, 224]`` batch."""
+
+    topk = 5
+    image_processing = IMAGENET_TRANSFORM
+
+    def set_max_result_classes(self, topk: int) -> None:
+        self.topk = topk
+
+    def get_max_result_classes(self) -> int:
+        return self.topk
+
+    def postprocess(self, data: torch.Tensor) -> list[dict[str, Any]]:
+        probabilities = torch.softmax(data, dim=1)
+        k = min(self.topk, probabilities.shape[1])
+        probs, classes = torch.topk(probabilities, k, dim=1)
+        return map_class_to_label(probs.tolist(), self.mapping, classes.tolist())

@@ -1,0 +1,66 @@
+"""``ts.torch_handler.vision_handler``: TorchServe's VisionHandler.
+
+``preprocess`` takes each request's image from its ``data`` or ``body`` input (bytes, base64
+text, or a JSON array of pixel values), applies the class's ``image_processing`` to the PIL
+image and stacks the results. As in TorchServe the image keeps its own mode (a grayscale PNG
+stays single-channel) and one bad image fails the whole batch, here with ``InvalidInput``
+(400). Reading the bytes and the pixel limit come from ``backend.handlers.vision``. No Captum:
+``get_insights`` is not provided.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from backend.context import Context
+from backend.errors import InvalidInput, describe
+from backend.handlers.vision import check_pixel_limit, image_bytes
+
+from ..handler_utils.timer import timed
+from .base_handler import BaseHandler
+
+
+class VisionHandler(BaseHandler):
+    """Base of image handlers; subclasses set ``image_processing`` (PIL image -> tensor)."""
+
+    image_processing: Callable[[Any], torch.Tensor]
+
+    def initialize(self, context: Context) -> None:
+        super().initialize(context)
+        if not context.system_properties.get("limit_max_image_pixels", True):
+            # As TorchServe does: the limit is Pillow's process-wide setting.
+            Image.MAX_IMAGE_PIXELS = None
+
+    @timed
+    def preprocess(self, data: list[Any]) -> torch.Tensor:
+        processing = getattr(self, "image_processing", None)
+        if processing is None:
+            raise TypeError(f"{type(self).__name__} must set image_processing (a transform)")
+        images: list[torch.Tensor] = []
+        for row in data:
+            value = (row.get("data") or row.get("body")) if isinstance(row, Mapping) else row
+            if isinstance(value, list):  # a JSON array: the pixels themselves
+                images.append(torch.as_tensor(value, dtype=torch.float32))
+            else:
+                images.append(processing(open_image(image_bytes(row))))
+        return torch.stack(images).to(self.device)
+
+
+def open_image(data: bytes) -> Image.Image:
+    """Decode an image in its own mode (no RGB conversion). Raises InvalidInput."""
+    try:
+        image = Image.open(io.BytesIO(data))
+        check_pixel_limit(image)
+        image.load()  # decode it all now, so that truncated data fails here
+    except InvalidInput:
+        raise
+    except UnidentifiedImageError:
+        raise InvalidInput(f"not an image: {len(data)} bytes Pillow cannot read") from None
+    except Exception as exc:  # a decompression bomb, truncated or corrupt data
+        raise InvalidInput(f"corrupt or unreadable image: {describe(exc)}") from None
+    return image

@@ -1,0 +1,1 @@
+"""``ts.utils``: only ``ts.utils.util`` is provided."""
