@@ -74,9 +74,20 @@ class MetricRecord:
     value: float
     unit: str
     metric_type: str
-    dimensions: tuple[str, ...] = ()
+    dimensions: tuple[tuple[str, str], ...] = ()
     request_id: str | None = None
     timestamp_s: float = field(default_factory=time.time)
+
+
+def _dimension(value: Any) -> tuple[str, str]:
+    """A metric dimension as (name, value): TorchServe's Dimension objects, pairs, or text."""
+    if hasattr(value, "name") and hasattr(value, "value"):
+        return str(value.name), str(value.value)
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return str(value[0]), str(value[1])
+    text = str(value)
+    name, sep, rest = text.partition(":")
+    return (name, rest) if sep else ("Dimension", text)
 
 
 class Metrics:
@@ -109,7 +120,7 @@ class Metrics:
                 value=float(value),
                 unit=str(unit),
                 metric_type=str(getattr(metric_type, "value", metric_type)).lower(),
-                dimensions=tuple(str(d) for d in dimensions or ()),
+                dimensions=tuple(_dimension(d) for d in dimensions or ()),
                 request_id=request_id,
             )
         )

@@ -86,7 +86,12 @@ class ModelService:
             for idx, (request, item) in enumerate(zip(requests, results, strict=True))
         ]
         return worker_pb2.PredictResult(
-            batch_id=batch.batch_id, responses=responses, handler_time_ms=handler_time_ms
+            batch_id=batch.batch_id, responses=responses, handler_time_ms=handler_time_ms,
+            metrics=[
+                worker_pb2.Metric(name=record.name, unit=record.unit, type=record.metric_type,
+                                  value=record.value, dimensions=dict(record.dimensions))
+                for record in self.context.metrics.drain()
+            ],
         )
 
     def _describe(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:

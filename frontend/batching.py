@@ -37,6 +37,8 @@ class Job:
     stream: ResponseStream | None = None
     #: True once the job left the queue for a worker.
     dispatched: bool = False
+    #: Size of the batch the job rode in (0 until dispatched).
+    batch_size: int = 0
 
     def add_part(self, part: worker_pb2.Response) -> None:
         """An intermediate response: the first one turns the answer into a stream."""
@@ -181,6 +183,7 @@ class Batcher:
         for job in batch:
             job.queue_wait_s = now - job.enqueued_at
             job.dispatched = True
+            job.batch_size = count
         if not self._queue:
             self._emptied.set()
         self.policy.on_dispatch(count, now)

@@ -209,6 +209,8 @@ class ServerConfig:
     enable_metrics_api: bool = True
     metrics_mode: str = "prometheus"
     log_location: Path = Path("logs")
+    #: One line per request in {log_location}/access_log.log, written off the hot path.
+    enable_access_log: bool = True
     #: Private directory for worker sockets and extracted archives; None: a fresh temp dir.
     run_dir: Path | None = None
     snapshot_disabled: bool = False
@@ -253,6 +255,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "enable_metrics_api": ("enable_metrics_api", _parse_bool),
     "metrics_mode": ("metrics_mode", str),
     "log_location": ("log_location", Path),
+    "enable_access_log": ("enable_access_log", _parse_bool),
     "run_dir": ("run_dir", Path),
     "snapshot_disabled": ("snapshot_disabled", _parse_bool),
     "model_snapshot": ("model_snapshot", _parse_json_object),

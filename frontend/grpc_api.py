@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -23,7 +24,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from frontend.auth import KeyKind
+from frontend.batching import Job
 from frontend.errors import ServeError
+from frontend.logs import log_access
 from frontend.management import ManagementOps
 from frontend.predict import submit
 from frontend.services import Services
@@ -103,17 +106,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
         return inference_pb2.TorchServeHealthResponse(health=status)
 
     async def _start(self, request: Any, context: grpc.aio.ServicerContext,
-                     headers: list[tuple[bytes, bytes]]
+                     headers: list[tuple[bytes, bytes]], job: Job | None = None
                      ) -> worker_pb2.Response | ResponseStream:
         model = self.registry.get(request.model_name, request.model_version or None)
         message = worker_pb2.Request(request_id=str(uuid.uuid4()))
+        if job is not None:
+            job.request = message
         for key, value in headers:
             message.headers[key.decode("latin-1")] = value.decode("latin-1")
         for name, value in request.input.items():
             message.inputs[name] = value
         if request.HasField("sequence_id"):
             message.headers["ts_request_sequence_id"] = request.sequence_id
-        return await submit(model, message, context.time_remaining())
+        return await submit(model, message, context.time_remaining(), job=job)
 
     def _check(self, headers: list[tuple[bytes, bytes]]) -> None:
         if self.auth is not None:
@@ -121,10 +126,36 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
 
     async def _predict_whole(self, request: Any, context: grpc.aio.ServicerContext,
                              headers: list[tuple[bytes, bytes]]) -> bytes:
-        result = await self._start(request, context, headers)
-        if isinstance(result, ResponseStream):
-            return b"".join([_body_of(part) async for part in result])
-        return _body_of(result)
+        started = time.perf_counter()
+        job = Job(worker_pb2.Request(), asyncio.get_running_loop().create_future())
+        status = 500
+        try:
+            result = await self._start(request, context, headers, job)
+            if isinstance(result, ResponseStream):
+                body = b"".join([_body_of(part) async for part in result])
+            else:
+                body = _body_of(result)
+            status = 200
+            return body
+        except ServeError as error:
+            status = error.http_status
+            raise
+        except _RequestFailed as error:
+            status = error.status
+            raise
+        finally:
+            self._observe(request, context, status, time.perf_counter() - started, job)
+
+    def _observe(self, request: Any, context: grpc.aio.ServicerContext, status: int,
+                 latency_s: float, job: Job) -> None:
+        try:
+            model = self.registry.get(request.model_name, request.model_version or None)
+        except ServeError:
+            model = None
+        self.registry.metrics.record_request(model, status, latency_s)
+        log_access(context.peer(), "gRPC", f"/{request.model_name}", "HTTP/2.0", status,
+                   latency_s, request.model_name, request.model_version or "-",
+                   job.queue_wait_s, job.batch_size)
 
     async def Predictions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         headers = _metadata_headers(context)

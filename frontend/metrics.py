@@ -1,58 +1,244 @@
-"""Prometheus metrics, TorchServe's names first, then what TorchServe lacks (batch sizes)."""
+"""Prometheus metrics: TorchServe's names first, then what TorchServe lacks.
+
+TorchServe's dashboards read ``ts_inference_requests_total``,
+``ts_inference_latency_microseconds`` and ``ts_queue_latency_microseconds`` (counters of
+summed microseconds, labels ``model_name``, ``model_version``, ``hostname``), the
+``Requests2XX/4XX/5XX`` counters and the host gauges (``CPUUtilization``, ``MemoryUsed``, …);
+those keep their exact names. Ours are ``batchserve_*``: per-model histograms of batch size,
+queue wait, end-to-end latency and handler time, the queue depth, worker restarts, and
+rejected (503) and expired (504) requests. Custom metrics that handlers report through
+``context.metrics`` arrive with each batch's results and are exported under their own names.
+"""
 
 from __future__ import annotations
 
+import re
+import shutil
 import socket
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from protos import worker_pb2
 
 if TYPE_CHECKING:
     from frontend.batching import Job
     from frontend.registry import Model
 
 HOSTNAME = socket.gethostname()
+MODEL_LABELS = ("model_name", "model_version")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                 5.0, 10.0, 30.0, 120.0)
+_INVALID = re.compile(r"[^a-zA-Z0-9_:]")
+#: The only metrics exported in ``metrics_mode=legacy`` (TorchServe's rule).
+LEGACY = ("ts_inference_requests_total", "ts_inference_latency_microseconds",
+          "ts_queue_latency_microseconds")
 
 
-class _QueueCollector(Collector):
+def _metric_name(name: str) -> str:
+    cleaned = _INVALID.sub("_", name)
+    return cleaned if cleaned[:1].isalpha() or cleaned[:1] in "_:" else f"_{cleaned}"
+
+
+class _TorchServeCounters(Collector):
+    """TorchServe's counters, exposed under their exact names (no ``_total`` added)."""
+
+    def __init__(self) -> None:
+        # (model, version) -> [requests, latency µs, queue µs]
+        self.per_model: dict[tuple[str, str], list[float]] = {}
+        self.by_status = {"Requests2XX": 0, "Requests4XX": 0, "Requests5XX": 0}
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model_name", "model_version", "hostname"]
+        families = [
+            Metric("ts_inference_requests_total",
+                   "Torchserve prometheus counter metric with unit: Count", "counter"),
+            Metric("ts_inference_latency_microseconds",
+                   "Torchserve prometheus counter metric with unit: Microseconds", "counter"),
+            Metric("ts_queue_latency_microseconds",
+                   "Torchserve prometheus counter metric with unit: Microseconds", "counter"),
+        ]
+        for (model, version), values in self.per_model.items():
+            label_values = dict(zip(labels, (model, version, HOSTNAME), strict=True))
+            for family, value in zip(families, values, strict=True):
+                family.add_sample(family.name, label_values, value)
+        yield from families
+        for name, count in self.by_status.items():
+            family = Metric(name, "Torchserve prometheus counter metric with unit: Count",
+                            "counter")
+            family.add_sample(name, {"Level": "Host", "Hostname": HOSTNAME}, count)
+            yield family
+
+
+class _ModelGauges(Collector):
+    """Read at scrape time from the registry: queue depth, workers, restarts."""
+
     def __init__(self, models: Iterable[Model]) -> None:
         self._models = models
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily("batchserve_queue_depth", "Requests waiting in a model's queue",
-                                  labels=["model_name", "model_version"])
+                                  labels=MODEL_LABELS)
         workers = GaugeMetricFamily("batchserve_workers", "Worker processes of a model",
-                                    labels=["model_name", "model_version"])
+                                    labels=MODEL_LABELS)
+        restarts = CounterMetricFamily("batchserve_worker_restarts",
+                                       "Worker restarts (crashes, hangs, failed loads)",
+                                       labels=MODEL_LABELS)
         for model in self._models:
-            depth.add_metric([model.name, model.version], model.batcher.depth)
-            workers.add_metric([model.name, model.version], len(model.workers))
-        yield depth
-        yield workers
+            key = [model.name, model.version]
+            depth.add_metric(key, model.batcher.depth)
+            workers.add_metric(key, len(model.workers))
+            restarts.add_metric(key, model.restarts_total())
+        yield from (depth, workers, restarts)
+
+
+class _HostGauges(Collector):
+    """TorchServe's system metrics, measured when scraped (psutil; GPUs via nvidia-ml-py)."""
+
+    def __init__(self, disk_path: str) -> None:
+        self._disk_path = disk_path
+        psutil.cpu_percent(interval=None)  # the first call only starts the measurement
+
+    def collect(self) -> Iterator[Metric]:
+        memory = psutil.virtual_memory()
+        disk = shutil.disk_usage(self._disk_path)
+        values = {
+            "CPUUtilization": ("Percent", psutil.cpu_percent(interval=None)),
+            "MemoryUsed": ("Megabytes", memory.used / 2**20),
+            "MemoryAvailable": ("Megabytes", memory.available / 2**20),
+            "MemoryUtilization": ("Percent", memory.percent),
+            "DiskUsage": ("Gigabytes", disk.used / 2**30),
+            "DiskAvailable": ("Gigabytes", disk.free / 2**30),
+            "DiskUtilization": ("Percent", 100.0 * disk.used / disk.total if disk.total else 0),
+        }
+        for name, (unit, value) in values.items():
+            family = GaugeMetricFamily(
+                name, f"Torchserve prometheus gauge metric with unit: {unit}",
+                labels=["Level", "Hostname"])
+            family.add_metric(["Host", HOSTNAME], value)
+            yield family
+        yield from _gpu_gauges()
+
+
+def _gpu_gauges() -> Iterator[Metric]:
+    try:
+        import pynvml  # nvidia-ml-py, optional: present where GPUs are
+    except ImportError:
+        return
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return
+    try:
+        utilisation = GaugeMetricFamily(
+            "GPUUtilization", "Torchserve prometheus gauge metric with unit: Percent",
+            labels=["Level", "DeviceId", "Hostname"])
+        memory_pct = GaugeMetricFamily(
+            "GPUMemoryUtilization", "Torchserve prometheus gauge metric with unit: Percent",
+            labels=["Level", "DeviceId", "Hostname"])
+        memory_mb = GaugeMetricFamily(
+            "GPUMemoryUsed", "Torchserve prometheus gauge metric with unit: Megabytes",
+            labels=["Level", "DeviceId", "Hostname"])
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            labels = ["Host", str(index), HOSTNAME]
+            utilisation.add_metric(labels, rates.gpu)
+            memory_pct.add_metric(labels, 100.0 * memory.used / memory.total)
+            memory_mb.add_metric(labels, memory.used / 2**20)
+        yield from (utilisation, memory_pct, memory_mb)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+class _CustomMetrics(Collector):
+    """Metrics handlers report through ``context.metrics``: counters add up, gauges keep the
+    last value. Labels: the model, plus the metric's own dimensions."""
+
+    def __init__(self) -> None:
+        # (name, type) -> {label tuple: value}
+        self.values: dict[tuple[str, str], dict[tuple[tuple[str, str], ...], float]] = {}
+        self.units: dict[tuple[str, str], str] = {}
+
+    def record(self, model: Model, metric: worker_pb2.Metric) -> None:
+        kind = "counter" if metric.type == "counter" else "gauge"
+        key = (_metric_name(metric.name), kind)
+        labels = tuple(sorted({"model_name": model.name, "model_version": model.version,
+                               **{_metric_name(k): v for k, v in metric.dimensions.items()}}
+                              .items()))
+        series = self.values.setdefault(key, {})
+        self.units[key] = metric.unit
+        series[labels] = series.get(labels, 0.0) + metric.value if kind == "counter" \
+            else metric.value
+
+    def collect(self) -> Iterator[Metric]:
+        for (name, kind), series in list(self.values.items()):
+            family = Metric(name, f"Handler metric with unit: {self.units[(name, kind)]}", kind)
+            sample_name = f"{name}_total" if kind == "counter" else name
+            for labels, value in series.items():
+                family.add_sample(sample_name, dict(labels), value)
+            yield family
 
 
 class ServerMetrics:
     """One registry per server, so tests with several servers in a process stay apart."""
 
-    def __init__(self, models: Iterable[Model]) -> None:
+    def __init__(self, models: Iterable[Model], disk_path: str = ".") -> None:
         self.registry = CollectorRegistry()
-        labels = ["model_name", "model_version", "hostname"]
-        self.requests = Counter("ts_inference_requests", "Torchserve prometheus counter metric "
-                                "with unit: Count", labels, registry=self.registry)
-        self.queue_latency = Counter(
-            "ts_queue_latency_microseconds",
-            "Torchserve prometheus counter metric with unit: Microseconds", labels,
-            registry=self.registry)
+        self._ts = _TorchServeCounters()
+        self._custom = _CustomMetrics()
+        for collector in (self._ts, _ModelGauges(models), _HostGauges(disk_path),
+                          self._custom):
+            self.registry.register(collector)
         self.batch_size = Histogram("batchserve_batch_size", "Requests per dispatched batch",
-                                    ["model_name", "model_version"], buckets=_BATCH_BUCKETS,
-                                    registry=self.registry)
-        self.registry.register(_QueueCollector(models))
+                                    MODEL_LABELS, buckets=_BATCH_BUCKETS, registry=self.registry)
+        self.queue_wait = Histogram("batchserve_queue_wait_seconds",
+                                    "Time a request waited in its model's queue", MODEL_LABELS,
+                                    buckets=_TIME_BUCKETS, registry=self.registry)
+        self.latency = Histogram("batchserve_request_latency_seconds",
+                                 "End-to-end latency of a prediction request, in the server",
+                                 MODEL_LABELS, buckets=_TIME_BUCKETS, registry=self.registry)
+        self.handler_time = Histogram("batchserve_handler_seconds",
+                                      "Time a worker's handler spent on one batch", MODEL_LABELS,
+                                      buckets=_TIME_BUCKETS, registry=self.registry)
+        self.refused = Counter("batchserve_refused_requests",
+                               "Requests answered without running: queue full (503) or past "
+                               "their deadline (504)", [*MODEL_LABELS, "reason"],
+                               registry=self.registry)
 
-    def record_batch(self, model: Model, jobs: list[Job]) -> None:
-        key = (model.name, model.version, HOSTNAME)
-        self.requests.labels(*key).inc(len(jobs))
-        self.queue_latency.labels(*key).inc(sum(job.queue_wait_s for job in jobs) * 1e6)
-        self.batch_size.labels(model.name, model.version).observe(len(jobs))
+    def record_batch(self, model: Model, jobs: list[Job], result: worker_pb2.PredictResult |
+                     None) -> None:
+        """A batch came back from a worker (``result`` is None when it failed as a whole)."""
+        key = (model.name, model.version)
+        self.batch_size.labels(*key).observe(len(jobs))
+        queue_wait = self.queue_wait.labels(*key)
+        for job in jobs:
+            queue_wait.observe(job.queue_wait_s)
+        sums = self._ts.per_model.setdefault(key, [0.0, 0.0, 0.0])
+        sums[2] += sum(job.queue_wait_s for job in jobs) * 1e6
+        if result is not None:
+            self.handler_time.labels(*key).observe(result.handler_time_ms / 1000)
+            for metric in result.metrics:
+                self._custom.record(model, metric)
+
+    def record_request(self, model: Model | None, status: int, latency_s: float) -> None:
+        """One prediction request answered (``model`` None when it named no known model)."""
+        bucket = "Requests2XX" if status < 300 else "Requests4XX" if status < 500 \
+            else "Requests5XX"
+        self._ts.by_status[bucket] += 1
+        if model is None:
+            return
+        key = (model.name, model.version)
+        sums = self._ts.per_model.setdefault(key, [0.0, 0.0, 0.0])
+        sums[0] += 1
+        sums[1] += latency_s * 1e6
+        self.latency.labels(*key).observe(latency_s)
+        if status in (503, 504):
+            reason = "queue_full" if status == 503 else "deadline"
+            self.refused.labels(*key, reason).inc()

@@ -13,20 +13,23 @@ from protos import worker_pb2
 
 
 async def submit(model: Model, request: worker_pb2.Request, timeout_s: float | None = None,
-                 abandoned: asyncio.Future[object] | None = None
+                 abandoned: asyncio.Future[object] | None = None, job: Job | None = None
                  ) -> worker_pb2.Response | ResponseStream:
     """Queue ``request`` on ``model`` and wait for the worker's answer.
 
     The request's deadline is the model's ``response_timeout``, or the client's own deadline
     (``timeout_s``) when that is sooner; a request still queued at its deadline is answered
     504 and never reaches a worker. When ``abandoned`` completes (the client went away) the
-    request is cancelled, and the queue forgets it.
+    request is cancelled, and the queue forgets it. Pass ``job`` to read its queue wait and
+    batch size afterwards (its future must be fresh).
     """
     budget_s = float(model.settings.response_timeout_s)
     if timeout_s is not None:
         budget_s = min(budget_s, timeout_s)
     loop = asyncio.get_running_loop()
-    job = Job(request, loop.create_future(), deadline=time.monotonic() + budget_s)
+    if job is None:
+        job = Job(request, loop.create_future())
+    job.deadline = time.monotonic() + budget_s
     model.submit(job)
     if abandoned is not None:
         abandoned.add_done_callback(lambda _: job.future.cancel())

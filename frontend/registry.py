@@ -148,11 +148,14 @@ class Model:
         self.batches_total = 0
         self.requests_total = 0
 
-    def _record_batch(self, jobs: list[Job], _elapsed_s: float) -> None:
+    def restarts_total(self) -> int:
+        return sum(worker.restarts for worker in self.workers)
+
+    def _record_batch(self, jobs: list[Job], result: worker_pb2.PredictResult | None) -> None:
         self.recent_batch_sizes.append(len(jobs))
         self.batches_total += 1
         self.requests_total += len(jobs)
-        self._metrics.record_batch(self, jobs)
+        self._metrics.record_batch(self, jobs, result)
 
     def submit(self, job: Job) -> None:
         if not self.workers:
@@ -248,7 +251,7 @@ class ModelRegistry:
         self._gpus = gpus
         self._models: dict[str, dict[str, Model]] = {}
         self._defaults: dict[str, str] = {}
-        self.metrics = ServerMetrics(self)
+        self.metrics = ServerMetrics(self, str(config.model_store or "."))
 
     # ---- lookup -------------------------------------------------------------------------
 

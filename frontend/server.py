@@ -23,6 +23,7 @@ from frontend.errors import ConfigError, ServeError
 from frontend.gpus import GpuAssigner
 from frontend.grpc_api import GrpcServers
 from frontend.http.app import serve_http
+from frontend.logs import ServerLogs
 from frontend.registry import ModelRegistry, RegisterRequest
 from frontend.services import Services
 from frontend.snapshot import Snapshots, restore_requests
@@ -98,44 +99,53 @@ class Server:
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
         self.services = Services(config, registry, auth, snapshots)
         grpc_servers = GrpcServers(self.services) if config.enable_grpc else None
-        try:
-            async with serve_http(self.services) as http:
-                bound = http.bound
-                await self._load_startup_models(registry, snapshots)
-                grpc_ports: dict[str, int] = {}
+        with ServerLogs(config.log_location, config.enable_access_log):
+            try:
+                await self._serve(http_services=self.services, registry=registry,
+                                  snapshots=snapshots, auth=auth, grpc_servers=grpc_servers)
+            finally:
                 if grpc_servers is not None:
-                    await grpc_servers.start()
-                    grpc_ports = grpc_servers.ports
-                self.bound = BoundAddresses(bound["inference"], bound["management"],
-                                            bound.get("metrics"), grpc_ports.get("inference"),
-                                            grpc_ports.get("management"))
+                    await grpc_servers.stop(grace_s=0)
+                await registry.close(drain_timeout_s=config.unregister_model_timeout_s)
                 if auth is not None:
-                    auth.start()
-                    logger.info("token authorization is on: keys in %s", auth.path.resolve())
+                    auth.remove()
+                if owns_run_dir:
+                    shutil.rmtree(run_dir, ignore_errors=True)
                 else:
-                    logger.warning("token authorization is disabled: anyone who can reach the "
-                                   "ports can use every API")
-                await http.start()
-                logger.info("inference API on %s, management API on %s, metrics on %s, gRPC "
-                            "inference/management ports %s/%s", bound["inference"],
-                            bound["management"], bound.get("metrics"),
-                            grpc_ports.get("inference"), grpc_ports.get("management"))
-                self.started.set()
-                await self._stop.wait()
-                logger.info("stopping: no new connections; finishing open requests")
-                if grpc_servers is not None:
-                    await grpc_servers.stop(grace_s=30)
-        finally:
+                    shutil.rmtree(registry.archive_dir, ignore_errors=True)
+                logger.info("stopped")
+
+    async def _serve(self, http_services: Services, registry: ModelRegistry,
+                     snapshots: Snapshots, auth: TokenAuthority | None,
+                     grpc_servers: GrpcServers | None) -> None:
+        """Bind, load the startup models, serve until asked to stop, stop accepting."""
+        assert self._stop is not None
+        async with serve_http(http_services) as http:
+            bound = http.bound
+            await self._load_startup_models(registry, snapshots)
+            grpc_ports: dict[str, int] = {}
             if grpc_servers is not None:
-                await grpc_servers.stop(grace_s=0)
-            await registry.close(drain_timeout_s=config.unregister_model_timeout_s)
+                await grpc_servers.start()
+                grpc_ports = grpc_servers.ports
+            self.bound = BoundAddresses(bound["inference"], bound["management"],
+                                        bound.get("metrics"), grpc_ports.get("inference"),
+                                        grpc_ports.get("management"))
             if auth is not None:
-                auth.remove()
-            if owns_run_dir:
-                shutil.rmtree(run_dir, ignore_errors=True)
+                auth.start()
+                logger.info("token authorization is on: keys in %s", auth.path.resolve())
             else:
-                shutil.rmtree(registry.archive_dir, ignore_errors=True)
-            logger.info("stopped")
+                logger.warning("token authorization is disabled: anyone who can reach the "
+                               "ports can use every API")
+            await http.start()
+            logger.info("inference API on %s, management API on %s, metrics on %s, gRPC "
+                        "inference/management ports %s/%s", bound["inference"],
+                        bound["management"], bound.get("metrics"),
+                        grpc_ports.get("inference"), grpc_ports.get("management"))
+            self.started.set()
+            await self._stop.wait()
+            logger.info("stopping: no new connections; finishing open requests")
+            if grpc_servers is not None:
+                await grpc_servers.stop(grace_s=30)
 
     async def _load_startup_models(self, registry: ModelRegistry, snapshots: Snapshots) -> None:
         """Load ``load_models`` / ``--models``; without them, restore the latest snapshot."""

@@ -32,12 +32,12 @@ from frontend.errors import (
     ServeError,
     WorkerDied,
 )
+from frontend.logs import model_logger
 from frontend.wire import read_frame, write_frame
 from protos import worker_pb2
 from protos.framing import Frame, Kind, ProtocolError
 
 logger = logging.getLogger(__name__)
-model_logger = logging.getLogger("batchserve.model")
 
 _worker_ids = itertools.count(9000)  # TorchServe numbers its workers from port 9000 up
 BACKOFF_FIRST_S = 0.5
@@ -212,7 +212,7 @@ class Worker:
         launch: WorkerLaunch,
         batcher: Batcher,
         gpu_id: int | None,
-        on_batch: Callable[[list[Job], float], None] | None = None,
+        on_batch: Callable[[list[Job], worker_pb2.PredictResult | None], None] | None = None,
     ) -> None:
         number = next(_worker_ids)
         self.id = str(number)
@@ -435,12 +435,13 @@ class Worker:
             if self.state is WorkerState.BUSY:
                 self.state = WorkerState.READY
         elapsed_s = time.monotonic() - started
+        result = (worker_pb2.PredictResult.FromString(reply.payload)
+                  if reply.kind is Kind.PREDICTED else None)
         if self._on_batch is not None:
-            self._on_batch(jobs, elapsed_s)
-        if reply.kind is Kind.PREDICTED:
+            self._on_batch(jobs, result)
+        if result is not None:
             self.failures = 0
             self._batcher.completed(len(jobs), elapsed_s)
-            result = worker_pb2.PredictResult.FromString(reply.payload)
             if len(result.responses) != len(jobs):
                 fail_jobs(jobs, BatchSizeMismatch(
                     f"{self.name} returned {len(result.responses)} responses for a batch of "

@@ -134,15 +134,38 @@ class Response(_message.Message):
     error_type: str
     def __init__(self, request_id: _Optional[str] = ..., status: _Optional[int] = ..., reason: _Optional[str] = ..., content_type: _Optional[str] = ..., body: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., error: _Optional[str] = ..., error_type: _Optional[str] = ...) -> None: ...
 
+class Metric(_message.Message):
+    __slots__ = ("name", "unit", "type", "value", "dimensions")
+    class DimensionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    unit: str
+    type: str
+    value: float
+    dimensions: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., unit: _Optional[str] = ..., type: _Optional[str] = ..., value: _Optional[float] = ..., dimensions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class PredictResult(_message.Message):
-    __slots__ = ("batch_id", "responses", "handler_time_ms")
+    __slots__ = ("batch_id", "responses", "handler_time_ms", "metrics")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
     HANDLER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     responses: _containers.RepeatedCompositeFieldContainer[Response]
     handler_time_ms: float
-    def __init__(self, batch_id: _Optional[int] = ..., responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ..., handler_time_ms: _Optional[float] = ...) -> None: ...
+    metrics: _containers.RepeatedCompositeFieldContainer[Metric]
+    def __init__(self, batch_id: _Optional[int] = ..., responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ..., handler_time_ms: _Optional[float] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message", "batch_id")

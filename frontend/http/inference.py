@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 
 from frontend.auth import KeyKind
+from frontend.batching import Job
 from frontend.errors import BadRequest, InternalError, ServeError
 from frontend.http import common
 from frontend.http.forms import is_form, parse_form
 from frontend.http.openapi import inference_description
+from frontend.logs import log_access
 from frontend.predict import submit
 from frontend.registry import Model
 from frontend.services import Services
@@ -27,6 +30,7 @@ _INFERENCE_METHODS = ("POST", "PUT")
 
 
 REQUEST_TIMEOUT_HEADER = "x-request-timeout"
+_NO_REQUEST = worker_pb2.Request()
 
 
 def _parse_timeout(value: str) -> float:
@@ -48,6 +52,7 @@ class InferenceApp:
         self.registry = services.registry
         self.auth = services.auth
         self.snapshots = services.snapshots
+        self.metrics = services.registry.metrics
 
     async def __call__(self, scope: common.Scope, receive: common.Receive,
                        send: common.Send) -> None:
@@ -69,11 +74,7 @@ class InferenceApp:
                 raise common.method_not_allowed()
             if self.auth is not None:
                 self.auth.check(KeyKind.INFERENCE, scope["headers"])
-            parts = common.path_parts(scope)
-            if len(parts) not in (2, 3):
-                raise common.not_found()
-            model = self.registry.get(parts[1], parts[2] if len(parts) == 3 else None)
-            await self.predict(model, scope, receive, send)
+            await self.observed_predict(scope, receive, send)
             return True
         if path == "/ping":
             await self.ping(send)
@@ -88,13 +89,39 @@ class InferenceApp:
         status = "Healthy" if healthy else "Unhealthy"
         await common.send_json(send, 200 if healthy else 500, {"status": status})
 
+    async def observed_predict(self, scope: common.Scope, receive: common.Receive,
+                               send: common.Send) -> None:
+        """A prediction, with its metrics and access-log line, whatever its outcome."""
+        started = time.perf_counter()
+        model: Model | None = None
+        job = Job(_NO_REQUEST, asyncio.get_running_loop().create_future())
+        status = 500
+        try:
+            parts = common.path_parts(scope)
+            if len(parts) not in (2, 3):
+                raise common.not_found()
+            model = self.registry.get(parts[1], parts[2] if len(parts) == 3 else None)
+            status = await self.predict(model, scope, receive, send, job)
+        except ServeError as error:
+            status = error.http_status
+            raise
+        finally:
+            latency_s = time.perf_counter() - started
+            self.metrics.record_request(model, status, latency_s)
+            client = scope.get("client") or ("-", 0)
+            log_access(f"/{client[0]}:{client[1]}", scope["method"], scope["path"],
+                       f"HTTP/{scope.get('http_version', '1.1')}", status, latency_s,
+                       model.name if model else "-", model.version if model else "-",
+                       job.queue_wait_s, job.batch_size)
+
     async def predict(self, model: Model, scope: common.Scope, receive: common.Receive,
-                      send: common.Send) -> None:
+                      send: common.Send, job: Job) -> int:
+        """Run one prediction and answer it; returns the HTTP status sent (0: client gone)."""
         limit = self.config.max_request_size_bytes
         common.check_content_length(scope, limit)
         body = await common.read_body(receive, limit)
         request_id = str(uuid.uuid4())
-        request = worker_pb2.Request(request_id=request_id)
+        request = job.request = worker_pb2.Request(request_id=request_id)
         content_type = ""
         timeout_s: float | None = None
         for raw_name, raw_value in scope["headers"]:
@@ -116,27 +143,28 @@ class InferenceApp:
         # ASGI server answers a pending receive() with http.disconnect when it goes.
         disconnected = asyncio.ensure_future(receive())
         try:
-            result = await submit(model, request, timeout_s, abandoned=disconnected)
+            result = await submit(model, request, timeout_s, abandoned=disconnected, job=job)
         except asyncio.CancelledError:
             if disconnected.done():
-                return  # nobody is listening for an answer
+                return 0  # nobody is listening for an answer
             raise
         finally:
             disconnected.cancel()
         if isinstance(result, ResponseStream):
-            await self.respond_in_parts(result, request_id, send)
-        else:
-            await self.respond(result, request_id, send)
+            return await self.respond_in_parts(result, request_id, send)
+        return await self.respond(result, request_id, send)
 
     async def respond_in_parts(self, stream: ResponseStream, request_id: str,
-                               send: common.Send) -> None:
+                               send: common.Send) -> int:
         """Intermediate responses as they come: HTTP/1.1 chunked transfer encoding."""
         started = False
+        status = 200
         try:
             async for part in stream:
                 if not started:
                     content_type = (part.content_type or "application/json").encode("latin-1")
-                    await send({"type": "http.response.start", "status": part.status or 200,
+                    status = part.status or 200
+                    await send({"type": "http.response.start", "status": status,
                                 "headers": [(b"content-type", content_type),
                                             (b"x-request-id", request_id.encode())]})
                     started = True
@@ -152,9 +180,10 @@ class InferenceApp:
             await send({"type": "http.response.body", "body": common.pretty_json(
                 error.to_body()), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return status
 
     async def respond(self, response: worker_pb2.Response, request_id: str,
-                      send: common.Send) -> None:
+                      send: common.Send) -> int:
         headers: common.Headers = [(b"x-request-id", request_id.encode())]
         headers.extend((key.lower().encode("latin-1"), value.encode("latin-1"))
                        for key, value in response.headers.items())
@@ -163,7 +192,7 @@ class InferenceApp:
                     "type": response.error_type or InternalError.type_name,
                     "message": response.error}
             await common.send_json(send, response.status or 500, body, headers)
-            return
+            return response.status or 500
         if len(response.body) > self.config.max_response_size_bytes:
             raise InternalError(
                 f"response of {len(response.body)} bytes exceeds max_response_size "
@@ -171,3 +200,4 @@ class InferenceApp:
         content_type = (response.content_type or "application/json").encode("latin-1")
         await common.send_bytes(send, response.status or 200, response.body, content_type,
                                 headers)
+        return response.status or 200

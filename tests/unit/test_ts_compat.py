@@ -173,9 +173,10 @@ def test_base_handler_subclass_with_an_eager_model(tmp_path: Path) -> None:
     assert handler.model_pt_path == str(model_dir / "model.pt")
     assert handler.mapping is None  # no index_to_name.json in this archive
     assert not handler.model.training
-    metrics = {record.name: record for record in service.context.metrics.records}
+    metrics = {metric.name: metric for metric in result.metrics}  # they travel with the batch
     assert "HandlerTime" in metrics
-    assert metrics["RowsScored"].value == 2 and metrics["RowsScored"].dimensions == ("model:m",)
+    assert metrics["RowsScored"].value == 2
+    assert dict(metrics["RowsScored"].dimensions) == {"model": "m"}
 
 
 # --- ImageClassifier subclass -------------------------------------------------------------------
