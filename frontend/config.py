@@ -189,6 +189,9 @@ class ServerConfig:
     max_response_size_bytes: int = 6553500
     #: None means every visible GPU.
     number_of_gpu: int | None = None
+    #: Pin each worker to its own CPU cores (CPU inference), cpu_cores_per_worker each.
+    cpu_affinity: bool = False
+    cpu_cores_per_worker: int = 1
     default_batch_size: int = 1
     default_max_batch_delay_ms: int = 100
     #: Server-wide default for models that name none: "adaptive" or "fixed".
@@ -239,6 +242,8 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "max_request_size": ("max_request_size_bytes", _parse_positive_int),
     "max_response_size": ("max_response_size_bytes", _parse_positive_int),
     "number_of_gpu": ("number_of_gpu", _parse_non_negative_int),
+    "cpu_affinity": ("cpu_affinity", _parse_bool),
+    "cpu_cores_per_worker": ("cpu_cores_per_worker", _parse_positive_int),
     "batch_size": ("default_batch_size", _parse_positive_int),
     "max_batch_delay": ("default_max_batch_delay_ms", _parse_non_negative_int),
     "batch_policy": ("default_batch_policy", _parse_policy),

@@ -1,16 +1,40 @@
-"""GPU discovery (without initialising CUDA in the frontend) and round-robin assignment."""
+"""Where workers run: GPU discovery (without initialising CUDA in the frontend) and
+round-robin GPU assignment, and optional CPU-core pinning for CPU inference."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 _DEVICE = re.compile(r"^nvidia\d+$")
 
 
-def visible_gpu_count(dev: Path = Path("/dev")) -> int:
-    """Count NVIDIA GPU device nodes; reading /dev never initialises CUDA."""
+#: Test hook: pretend this many GPUs are visible (GPU code paths tested without a GPU).
+SIMULATED_GPUS_ENV = "BATCHSERVE_SIMULATED_GPUS"
+
+
+def visible_gpu_count(dev: Path = Path("/dev"), environ: Mapping[str, str] | None = None) -> int:
+    """Count GPUs without initialising CUDA: nvidia-ml-py when installed, else the NVIDIA
+    device nodes in /dev."""
+    environ = os.environ if environ is None else environ
+    if environ.get(SIMULATED_GPUS_ENV):
+        return int(environ[SIMULATED_GPUS_ENV])
+    try:
+        import pynvml  # nvidia-ml-py: optional
+    except ImportError:
+        pass
+    else:
+        try:
+            pynvml.nvmlInit()
+            try:
+                return int(pynvml.nvmlDeviceGetCount())
+            finally:
+                pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
     try:
         return sum(1 for entry in dev.iterdir() if _DEVICE.match(entry.name))
     except OSError:
@@ -42,3 +66,23 @@ class GpuAssigner:
                                  f"(there are {self.count})")
             return usable[turn % len(usable)]
         return turn % self.count
+
+
+class CpuAssigner:
+    """Gives each new worker its own ``per_worker`` cores, round robin over the cores this
+    process may use; workers stay disjoint while workers x per_worker <= cores."""
+
+    def __init__(self, cores: list[int], per_worker: int) -> None:
+        if not cores:
+            raise ValueError("no CPU cores to assign")
+        self.cores = sorted(cores)
+        self.per_worker = max(1, min(per_worker, len(self.cores)))
+        self._next = itertools.count()
+
+    @classmethod
+    def detect(cls, per_worker: int) -> CpuAssigner:
+        return cls(sorted(os.sched_getaffinity(0)), per_worker)
+
+    def next(self) -> tuple[int, ...]:
+        start = next(self._next) * self.per_worker
+        return tuple(self.cores[(start + i) % len(self.cores)] for i in range(self.per_worker))

@@ -39,6 +39,7 @@ class ServerLogs:
         model_file = logging.FileHandler(self.log_location / MODEL_LOG, encoding="utf-8")
         model_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         model_logger.addHandler(model_file)
+        model_logger.setLevel(logging.INFO)  # worker output is the model log's content
         self._handlers.append((model_logger, model_file))
         access_logger.propagate = False  # never to the terminal: it is per request
         if self.access_log:

@@ -26,7 +26,7 @@ from frontend.errors import (
     ModelVersionNotFound,
     ServiceUnavailable,
 )
-from frontend.gpus import GpuAssigner
+from frontend.gpus import CpuAssigner, GpuAssigner
 from frontend.metrics import ServerMetrics
 from frontend.policies import PolicyName, batch_settings_from_aliases, make_policy
 from frontend.workers import Worker, WorkerLaunch, WorkerStartError, WorkerState
@@ -108,6 +108,7 @@ class Model:
         config: ServerConfig,
         run_dir: Path,
         gpus: GpuAssigner,
+        cpus: CpuAssigner | None,
         metrics: ServerMetrics,
         loaded_at_startup: bool,
     ) -> None:
@@ -119,6 +120,7 @@ class Model:
         self.loaded_at_startup = loaded_at_startup
         self.registered_at = time.time()
         self._gpus = gpus
+        self._cpus = cpus
         self._metrics = metrics
         self.batcher = Batcher(
             max_batch_size=settings.batch_size,
@@ -168,7 +170,8 @@ class Model:
         started = []
         for _ in range(count):
             gpu = self._gpus.next(self.settings.device_ids)
-            worker = Worker(self.launch, self.batcher, gpu, self._record_batch)
+            cpus = self._cpus.next() if self._cpus is not None else None
+            worker = Worker(self.launch, self.batcher, gpu, cpus, self._record_batch)
             self.workers.append(worker)
             started.append(worker)
         return started
@@ -249,6 +252,8 @@ class ModelRegistry:
         self.archive_dir = run_dir / "models"
         self.archive_dir.mkdir(mode=0o700, exist_ok=True)
         self._gpus = gpus
+        self._cpus = CpuAssigner.detect(config.cpu_cores_per_worker) if config.cpu_affinity \
+            else None
         self._models: dict[str, dict[str, Model]] = {}
         self._defaults: dict[str, str] = {}
         self.metrics = ServerMetrics(self, str(config.model_store or "."))
@@ -385,7 +390,7 @@ class ModelRegistry:
             raise BadRequest(f"model {name!r} names no handler: pass handler=")
         settings = self._settings(name, version, request, unpacked.model_config)
         model = Model(name, version, unpacked, handler, settings, self.config, self.run_dir,
-                      self._gpus, self.metrics, request.loaded_at_startup)
+                      self._gpus, self._cpus, self.metrics, request.loaded_at_startup)
         versions = self._models.setdefault(name, {})
         versions[version] = model
         is_default = self.config.models.get(name, {}).get(version, ModelDefaults())

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from frontend.batching import Batcher, Job, fail_jobs
 from frontend.errors import (
     BatchSizeMismatch,
@@ -212,12 +214,14 @@ class Worker:
         launch: WorkerLaunch,
         batcher: Batcher,
         gpu_id: int | None,
+        cpus: tuple[int, ...] | None = None,
         on_batch: Callable[[list[Job], worker_pb2.PredictResult | None], None] | None = None,
     ) -> None:
         number = next(_worker_ids)
         self.id = str(number)
         self.name = f"W-{number}-{launch.load.model_name}_{launch.load.model_version}"
         self.gpu_id = gpu_id
+        self.cpus = cpus
         self.state = WorkerState.STARTING
         self.pid: int | None = None
         self.start_time = time.time()
@@ -312,9 +316,11 @@ class Worker:
                 # Own session: a Ctrl-C in the terminal reaches the frontend only, which then
                 # drains and stops its workers in order.
                 start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=self._environment(),
             )
             self.pid = process.pid
+            if self.cpus:
+                psutil.Process(process.pid).cpu_affinity(list(self.cpus))
             self.start_time = time.time()
             # Keep hard references: the loop holds tasks only weakly.
             self._log_tasks = [
@@ -368,6 +374,14 @@ class Worker:
                 f"{self._tail_text()}")
         raise WorkerStartError(
             f"{self.name} did not connect within {self._launch.startup_timeout_s:g} s")
+
+    def _environment(self) -> dict[str, str]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.cpus:
+            # The worker's math libraries size their thread pools to its own cores.
+            threads = str(len(self.cpus))
+            env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        return env
 
     def _tail_text(self) -> str:
         return (": " + " | ".join(list(self._stderr_tail)[-5:])) if self._stderr_tail else ""
@@ -489,6 +503,7 @@ class Worker:
             "gpu": self.gpu_id is not None,
             **({"gpuId": self.gpu_id} if self.gpu_id is not None else {}),
             "restarts": self.restarts,
+            **({"cpus": list(self.cpus)} if self.cpus else {}),
             **({"lastError": self.last_error} if self.last_error else {}),
         }
 
@@ -496,8 +511,6 @@ class Worker:
 def _memory_usage(pid: int | None) -> int:
     if pid is None:
         return 0
-    import psutil
-
     try:
         return int(psutil.Process(pid).memory_info().rss)
     except psutil.Error:

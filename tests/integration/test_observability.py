@@ -1,0 +1,156 @@
+"""Metrics, logs, and where workers run (GPUs simulated, CPU cores pinned)."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import RunningServer
+
+
+def _samples(server: RunningServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = requests.get(f"{server.metrics}/metrics", timeout=10).text
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    matches = [v for (n, l), v in samples.items()
+               if n == name and all((k, val) in l for k, val in labels.items())]
+    assert matches, f"no sample {name} {labels}"
+    return sum(matches)
+
+
+def test_metrics_count_what_happened(build_mar, start_server) -> None:
+    build_mar("metered", "metered")
+    server = start_server()
+    requests.post(f"{server.management}/models",
+                  params={"url": "metered.mar", "batch_size": 4, "max_batch_delay": 20,
+                          "initial_workers": 1, "synchronous": "true"},
+                  timeout=60).raise_for_status()
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: server.predict("metered", b"x" * i), range(40)))
+    assert all(a.status_code == 200 for a in answers)
+    assert server.predict("nope", b"x").status_code == 404
+
+    samples = _samples(server)
+    model = {"model_name": "metered", "model_version": "1.0"}
+    assert _value(samples, "ts_inference_requests_total", **model) == 40
+    assert _value(samples, "ts_inference_latency_microseconds", **model) > 0
+    assert _value(samples, "ts_queue_latency_microseconds", **model) >= 0
+    assert _value(samples, "Requests2XX") == 40
+    assert _value(samples, "Requests4XX") == 1
+    batching = server.describe("metered")["batching"]
+    assert _value(samples, "batchserve_batch_size_count", **model) == batching["batchesTotal"]  # type: ignore[index]
+    assert _value(samples, "batchserve_batch_size_sum", **model) == 40
+    assert _value(samples, "batchserve_request_latency_seconds_count", **model) == 40
+    assert _value(samples, "batchserve_queue_wait_seconds_count", **model) == 40
+    assert _value(samples, "batchserve_handler_seconds_count", **model) == batching["batchesTotal"]  # type: ignore[index]
+    assert _value(samples, "batchserve_queue_depth", **model) == 0
+    assert _value(samples, "batchserve_workers", **model) == 1
+    assert _value(samples, "ItemsSeen_total", shape="any", **model) == 40
+    assert _value(samples, "LastBatchBytes", **model) >= 0
+    assert _value(samples, "CPUUtilization", Level="Host") >= 0
+    assert _value(samples, "MemoryUsed", Level="Host") > 0
+
+
+def test_refused_requests_are_counted(build_mar, start_server, tmp_path: Path) -> None:
+    build_mar("gate", "gate")
+    server = start_server("gate.mar", job_queue_size=1)
+    gate = tmp_path / "open"
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(server.predict, "gate", str(gate).encode())
+        server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
+                        "the first request to reach the worker")
+        expired = server.predict("gate", b"/x", headers={"X-Request-Timeout": "0.1"})
+        assert expired.status_code == 504
+        queued = pool.submit(server.predict, "gate", str(gate).encode())
+        server.wait_for(
+            lambda: server.describe("gate")["jobQueueStatus"]["pendingRequests"] >= 1,  # type: ignore[index]
+            "a queued request")
+        assert server.predict("gate", b"/y").status_code == 503
+        gate.touch()
+        assert held.result(timeout=30).status_code == 200
+        assert queued.result(timeout=30).status_code == 200
+    samples = _samples(server)
+    assert _value(samples, "batchserve_refused_requests_total", reason="deadline") == 1
+    assert _value(samples, "batchserve_refused_requests_total", reason="queue_full") == 1
+
+
+def test_access_log_and_model_log(build_mar, start_server, model_store: Path) -> None:
+    build_mar("echo", "echo")
+    logs = model_store.parent / "logs"
+    server = start_server("echo.mar")
+    for i in range(5):
+        server.predict("echo", f"{i}".encode())
+    access = logs / "access_log.log"
+
+    def lines() -> list[str]:
+        return access.read_text().splitlines() if access.exists() else []
+
+    server.wait_for(lambda: len(lines()) == 5, "five access-log lines")
+    assert all('"POST /predictions/echo HTTP/1.1" 200' in line and "model=echo" in line
+               and "batch=1" in line for line in lines())
+    model_log = (logs / "model_log.log").read_text()
+    assert "[W-" in model_log and "echo_1.0]" in model_log
+
+
+def test_access_log_can_be_turned_off(build_mar, start_server, model_store: Path) -> None:
+    build_mar("echo", "echo")
+    server = start_server("echo.mar", enable_access_log=False)
+    assert server.predict("echo", b"quiet").status_code == 200
+    assert not (model_store.parent / "logs" / "access_log.log").exists()
+
+
+def test_workers_round_robin_over_simulated_gpus(build_mar, start_server, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSERVE_SIMULATED_GPUS", "3")
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    monkeypatch.setenv("BATCHSERVE_TEST_PROBE_DIR", str(probes))
+    build_mar("probe", "gpu_probe")
+    config_file = tmp_path / "model-config.yaml"
+    config_file.write_text("deviceIds: [1, 2]\n")
+    build_mar("pinned", "gpu_probe", config_file=config_file)
+    server = start_server()
+
+    def register(url: str, workers: int) -> list[dict[str, object]]:
+        requests.post(f"{server.management}/models",
+                      params={"url": url, "initial_workers": workers, "synchronous": "true"},
+                      timeout=120).raise_for_status()
+        return server.describe(url.removesuffix(".mar"))["workers"]  # type: ignore[return-value]
+
+    workers = register("probe.mar", 7)
+    assert [w["gpuId"] for w in workers] == [0, 1, 2, 0, 1, 2, 0]
+    for worker in workers:  # each handler saw the gpu_id its worker was given
+        assert (probes / str(worker["pid"])).read_text() == repr(worker["gpuId"])
+    pinned = register("pinned.mar", 4)
+    assert sorted(w["gpuId"] for w in pinned) == [1, 1, 2, 2]
+
+
+def test_without_gpus_workers_run_on_cpu(build_mar, start_server, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSERVE_SIMULATED_GPUS", "0")
+    monkeypatch.setenv("BATCHSERVE_TEST_PROBE_DIR", str(tmp_path))
+    build_mar("probe", "gpu_probe")
+    server = start_server("probe.mar")
+    worker = server.describe("probe")["workers"][0]  # type: ignore[index]
+    assert worker["gpu"] is False and "gpuId" not in worker
+    assert server.predict("probe", b"x").text == "None"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
+def test_cpu_affinity_gives_workers_disjoint_cores(build_mar, start_server) -> None:
+    build_mar("echo", "echo")
+    server = start_server("echo.mar", cpu_affinity=True, default_workers_per_model=2)
+    workers = server.describe("echo")["workers"]
+    affinities = [set(psutil.Process(w["pid"]).cpu_affinity()) for w in workers]  # type: ignore[index]
+    assert all(len(cores) == 1 for cores in affinities)
+    assert affinities[0].isdisjoint(affinities[1])
+    assert [set(w["cpus"]) for w in workers] == affinities  # type: ignore[index]
