@@ -9,6 +9,7 @@ import sys
 import tempfile
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
@@ -17,9 +18,11 @@ BIN = Path(sys.executable).parent
 class Batchserve:
     """A background server on free loopback ports, with its own state dir and logs."""
 
-    def __init__(self, model_store: Path, extra_properties: str = "") -> None:
+    def __init__(self, model_store: Path, extra_properties: str = "",
+                 env: Mapping[str, str] | None = None) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="bench-"))
-        self.env = {**os.environ, "BATCHSERVE_STATE_DIR": str(self.work / "state")}
+        self.env = {**os.environ, **(env or {}),
+                    "BATCHSERVE_STATE_DIR": str(self.work / "state")}
         (self.work / "config.properties").write_text(
             "inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
             "metrics_address=http://127.0.0.1:0\ngrpc_inference_port=0\n"
@@ -27,6 +30,7 @@ class Batchserve:
         self.model_store = model_store
         self.inference = ""
         self.management = ""
+        self.metrics = ""
 
     def __enter__(self) -> Batchserve:
         subprocess.run([str(BIN / "torchserve"), "--start", "--model-store",
@@ -37,6 +41,7 @@ class Batchserve:
         state = json.loads((self.work / "state" / "server.json").read_text())
         self.state: dict[str, object] = state
         self.inference, self.management = state["inference"], state["management"]
+        self.metrics = state.get("metrics") or ""
         return self
 
     def __exit__(self, *_: object) -> None:

@@ -21,8 +21,8 @@ def _samples(server: RunningServer) -> dict[tuple[str, tuple[tuple[str, str], ..
 
 
 def _value(samples: dict, name: str, **labels: str) -> float:
-    matches = [v for (n, l), v in samples.items()
-               if n == name and all((k, val) in l for k, val in labels.items())]
+    matches = [value for (sample, sample_labels), value in samples.items()
+               if sample == name and all(item in sample_labels for item in labels.items())]
     assert matches, f"no sample {name} {labels}"
     return sum(matches)
 
