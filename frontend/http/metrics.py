@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from collections.abc import Iterator
+from urllib.parse import parse_qsl
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
 
 from frontend.errors import ServeError
 from frontend.http import common
-from frontend.metrics import ServerMetrics
+from frontend.metrics import LEGACY, ServerMetrics
 from frontend.services import Services
 
 
 class MetricsApp:
     def __init__(self, services: Services) -> None:
         self.metrics: ServerMetrics = services.registry.metrics
+        #: metrics_mode=legacy: only TorchServe's three ts_* counters, as TorchServe.
+        self.legacy = services.config.metrics_mode == "legacy"
 
     async def __call__(self, scope: common.Scope, receive: common.Receive,
                        send: common.Send) -> None:
@@ -29,6 +35,25 @@ class MetricsApp:
             raise common.not_found()
         if scope["method"] != "GET":
             raise common.method_not_allowed()
-        body = generate_latest(self.metrics.registry)
+        names = [value for key, value in parse_qsl(scope.get("query_string", b"").decode())
+                 if key in ("name[]", "name")]
+        if self.legacy:
+            names = [n for n in names if n in LEGACY] if names else list(LEGACY)
+        registry = self.metrics.registry
+        body = generate_latest(_Only(registry, set(names)) if names else registry)
         await common.send_bytes(send, 200, body, CONTENT_TYPE_LATEST.encode())
         return True
+
+
+class _Only:
+    """The families of ``registry`` that TorchServe's ``?name[]=`` filter names (matched on a
+    family's or one of its samples' names)."""
+
+    def __init__(self, registry: CollectorRegistry, names: set[str]) -> None:
+        self._registry = registry
+        self._names = names
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            if family.name in self._names or any(s.name in self._names for s in family.samples):
+                yield family

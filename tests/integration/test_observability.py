@@ -154,3 +154,14 @@ def test_cpu_affinity_gives_workers_disjoint_cores(build_mar, start_server) -> N
     assert all(len(cores) == 1 for cores in affinities)
     assert affinities[0].isdisjoint(affinities[1])
     assert [set(w["cpus"]) for w in workers] == affinities  # type: ignore[index]
+
+
+def test_metrics_can_be_filtered_by_name(build_mar, start_server) -> None:
+    build_mar("echo", "echo")
+    server = start_server("echo.mar")
+    server.predict("echo", b"x")
+    text = requests.get(f"{server.metrics}/metrics",
+                        params=[("name[]", "ts_inference_requests_total"),
+                                ("name[]", "Requests2XX")], timeout=10).text
+    names = {family.name for family in text_string_to_metric_families(text)}
+    assert names == {"ts_inference_requests_total", "Requests2XX"}
