@@ -39,6 +39,11 @@ class Job:
     dispatched: bool = False
     #: Size of the batch the job rode in (0 until dispatched).
     batch_size: int = 0
+    #: Items this job adds to a batch: 1 for a request, its instance count for KServe
+    #: instance-level batching (a batch holds up to max_batch_size items).
+    weight: int = 1
+    #: Which batch the job rode in (KServe's batchId), set by the worker.
+    batch_id: str = ""
 
     def add_part(self, part: worker_pb2.Response) -> None:
         """An intermediate response: the first one turns the answer into a stream."""
@@ -95,6 +100,8 @@ class Batcher:
         self._closed: ServeError | None = None
         #: Workers inside next_batch (waiting their turn or collecting): the free ones.
         self._idle_workers = 0
+        #: Sum of the queued jobs' weights (items, not requests).
+        self._queued_weight = 0
 
     @property
     def depth(self) -> int:
@@ -121,6 +128,7 @@ class Batcher:
         job.enqueued_at = now = self._clock()
         self.policy.on_arrival(now)
         self._queue.append(job)
+        self._queued_weight += job.weight
         self._emptied.clear()
         self._arrived.set()
 
@@ -128,6 +136,7 @@ class Batcher:
         """Forget jobs whose future is already done (client gone, or expired)."""
         if any(not job.is_live() for job in self._queue):
             self._queue = collections.deque(job for job in self._queue if job.is_live())
+            self._queued_weight = sum(job.weight for job in self._queue)
             if not self._queue:
                 self._emptied.set()
 
@@ -160,7 +169,7 @@ class Batcher:
                     self._expire(now)
                     if not self._queue:
                         break  # everything expired or was abandoned: wait afresh
-                    wait = self.policy.wait_s(len(self._queue), now - started,
+                    wait = self.policy.wait_s(self._queued_weight, now - started,
                                               self._idle_workers, now)
                     if wait <= 0:
                         return self._take(now)
@@ -178,8 +187,16 @@ class Batcher:
             await self._arrived.wait()
 
     def _take(self, now: float) -> list[Job]:
-        count = min(self.max_batch_size, len(self._queue))
-        batch = [self._queue.popleft() for _ in range(count)]
+        # Up to max_batch_size items; the first job always goes, so a request with more
+        # instances than that is processed whole rather than rejected (KServe's rule).
+        batch = [self._queue.popleft()]
+        items = batch[0].weight
+        while self._queue and items + self._queue[0].weight <= self.max_batch_size:
+            job = self._queue.popleft()
+            items += job.weight
+            batch.append(job)
+        self._queued_weight -= items
+        count = items
         for job in batch:
             job.queue_wait_s = now - job.enqueued_at
             job.dispatched = True
@@ -204,6 +221,7 @@ class Batcher:
             job = self._queue.popleft()
             if job.is_live():
                 job.future.set_exception(error)
+        self._queued_weight = 0
         self._emptied.set()
         self._arrived.set()  # wake a waiting worker so it sees the close
 

@@ -431,6 +431,9 @@ class Worker:
     async def _run_batch(self, connection: WorkerConnection, jobs: list[Job]) -> None:
         batch = worker_pb2.PredictBatch(batch_id=next(self._batch_ids))
         batch.requests.extend(job.request for job in jobs)
+        batch_name = f"{self.id}-{batch.batch_id}"
+        for job in jobs:
+            job.batch_id = batch_name
         self.state = WorkerState.BUSY
         started = time.monotonic()
         connection.on_partial = _partial_router(jobs)
@@ -455,7 +458,7 @@ class Worker:
             self._on_batch(jobs, result)
         if result is not None:
             self.failures = 0
-            self._batcher.completed(len(jobs), elapsed_s)
+            self._batcher.completed(sum(job.weight for job in jobs), elapsed_s)
             if len(result.responses) != len(jobs):
                 fail_jobs(jobs, BatchSizeMismatch(
                     f"{self.name} returned {len(result.responses)} responses for a batch of "

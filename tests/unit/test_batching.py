@@ -125,3 +125,21 @@ def test_close_fails_queued_jobs_and_wakes_collectors() -> None:
             batcher.submit(_job(loop))
 
     asyncio.run(scenario())
+
+
+def test_weighted_jobs_fill_batches_by_items_and_an_oversized_job_goes_whole() -> None:
+    async def scenario() -> list[list[int]]:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(8, delay_s=0.0)
+        for weight in (3, 4, 2, 12, 1):
+            job = _job(loop)
+            job.weight = weight
+            batcher.submit(job)
+        batches = []
+        while batcher.depth:
+            batch = await asyncio.wait_for(batcher.next_batch(), 1.0)
+            batches.append([job.weight for job in batch])
+            assert all(job.batch_size == sum(batches[-1]) for job in batch)
+        return batches
+
+    assert asyncio.run(scenario()) == [[3, 4], [2], [12], [1]]
