@@ -78,20 +78,24 @@ def main() -> None:
     args = parser.parse_args()
     store = Path(tempfile.mkdtemp(prefix="bench-echo-"))
     build_echo(store)
-    with Batchserve(store) as server:
-        for batch_size in (1, 8):
-            server.register("echo.mar", model_name=f"echo_b{batch_size}", batch_size=batch_size,
-                            max_batch_delay=5, initial_workers=1)
-        grpc_port = int(server.state["grpc_inference_port"])  # type: ignore[call-overload]
-        print(f"| transport | batch_size | req/s at {args.concurrency} concurrent | notes |\n"
-              "|---|---|---|---|")
-        for batch_size in (1, 8):
-            model = f"echo_b{batch_size}"
-            rate, note = http_throughput(f"{server.inference}/predictions/{model}",
-                                         args.concurrency, args.duration)
-            print(f"| HTTP (hey) | {batch_size} | {rate:,.0f} | {note} |", flush=True)
-            rate = grpc_throughput(grpc_port, model, args.concurrency, args.duration)
-            print(f"| gRPC (grpc.aio client) | {batch_size} | {rate:,.0f} | |", flush=True)
+    print(f"| access log | transport | batch_size | req/s at {args.concurrency} concurrent | "
+          "notes |\n|---|---|---|---|---|")
+    for access_log in ("on", "off"):
+        enabled = "true" if access_log == "on" else "false"
+        with Batchserve(store, f"enable_access_log={enabled}\n") as server:
+            for batch_size in (1, 8):
+                server.register("echo.mar", model_name=f"echo_b{batch_size}",
+                                batch_size=batch_size, max_batch_delay=5, initial_workers=1)
+            grpc_port = int(server.state["grpc_inference_port"])  # type: ignore[call-overload]
+            for batch_size in (1, 8):
+                model = f"echo_b{batch_size}"
+                rate, note = http_throughput(f"{server.inference}/predictions/{model}",
+                                             args.concurrency, args.duration)
+                print(f"| {access_log} | HTTP (hey) | {batch_size} | {rate:,.0f} | {note} |",
+                      flush=True)
+                rate = grpc_throughput(grpc_port, model, args.concurrency, args.duration)
+                print(f"| {access_log} | gRPC (grpc.aio client) | {batch_size} | {rate:,.0f} | |",
+                      flush=True)
 
 
 if __name__ == "__main__":
