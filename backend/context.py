@@ -207,6 +207,15 @@ class Context:
         self.model_yaml_config: dict[str, Any] = model_yaml_config or {}
         self.request_ids: dict[int, str] = {}
         self.request_processor: list[RequestProcessor] = []
+        #: Open Inference Protocol (v2) batches: each input's parameters, merged over the
+        #: batch's v2 requests as MLServer does (a parameter -> the list of its values, in
+        #: request order; ``content_type`` and ``headers`` keep their first value).
+        self.input_parameters: dict[str, dict[str, Any]] = {}
+        #: The v2 requests' own ``parameters``, merged the same way.
+        self.request_parameters: dict[str, Any] = {}
+        #: Set by a handler: each output's parameters, split back per v2 request (item i of a
+        #: list goes to request i; any other value to every request).
+        self.output_parameters: dict[str, dict[str, Any]] = {}
         # TorchServe's continuous-batching handlers look for it; unused here.
         self.stopping_criteria: Any = None
 
@@ -229,6 +238,9 @@ class Context:
         self.request_ids = dict(enumerate(request_ids))
         self.request_processor = [RequestProcessor(h) for h in headers]
         self.metrics.request_ids = self.request_ids
+        self.input_parameters = {}
+        self.request_parameters = {}
+        self.output_parameters = {}
 
     # --- requests -------------------------------------------------------------------------
 

@@ -14,14 +14,17 @@ import logging
 import sys
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backend import open_inference
 from backend.context import CONTENT_TYPE, Context, read_manifest, read_model_yaml_config
 from backend.errors import (
     BatchSizeMismatch,
     HandlerLoadError,
     InvalidHandlerOutput,
+    InvalidInput,
     describe,
     is_prediction_exception,
     request_message,
@@ -42,22 +45,36 @@ class ModelService:
     """Runs batches through one initialised handler entry point."""
 
     def __init__(
-        self, entry_point: EntryPoint, context: Context, *, decode_input_request: bool = True
+        self, entry_point: EntryPoint, context: Context, *, decode_input_request: bool = True,
+        model_version: str = "",
     ) -> None:
         self.entry_point = entry_point
         self.context = context
         self.decode_input_request = decode_input_request
+        self.model_version = model_version
+        #: v2 output datatypes declared in model-config.yaml (``outputs``).
+        self.declared_outputs = open_inference.declared_datatypes(context.model_yaml_config)
 
     def predict(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
         """Run one batch. Raises when the whole batch failed (see ``errors.classify``)."""
         if any(r.describe for r in batch.requests):
             return self._describe(batch)
         requests = list(batch.requests)
+        if any(r.instances or r.tensor_format for r in requests):
+            return self._predict_rows(batch)
         self.context.begin_batch(
             [r.request_id for r in requests], [dict(r.headers) for r in requests]
         )
         data = [decode_request(r, decode=self.decode_input_request) for r in requests]
+        results, handler_time_ms = self._handle(data, "requests")
+        responses = [
+            self._encode(idx, request, item)
+            for idx, (request, item) in enumerate(zip(requests, results, strict=True))
+        ]
+        return self._result(batch, responses, handler_time_ms)
 
+    def _handle(self, data: list[Any], unit: str) -> tuple[list[Any], float]:
+        """Call the handler once on ``data``; one result per item, and the time it took."""
         start = time.perf_counter()
         try:
             results = self.entry_point.handle(data, self.context)
@@ -67,24 +84,24 @@ class ModelService:
             # TorchServe's PredictionException(message, error_code) fails every request of the
             # batch with the handler's own HTTP status, so keep it per request.
             logger.warning("%s raised %s", self.entry_point.name, describe(exc))
-            results = [exc] * len(requests)
+            results = [exc] * len(data)
         handler_time_ms = (time.perf_counter() - start) * 1000.0
         self.context.metrics.add_time("PredictionTime", handler_time_ms)
 
         if not isinstance(results, (list, tuple)):
             raise InvalidHandlerOutput(
                 f"{self.entry_point.name} returned {type(results).__name__}, expected a list "
-                f"of {len(requests)} results"
+                f"of {len(data)} results"
             )
-        if len(results) != len(requests):
+        if len(results) != len(data):
             raise BatchSizeMismatch(
                 f"{self.entry_point.name} returned {len(results)} results for a batch of "
-                f"{len(requests)} requests"
+                f"{len(data)} {unit}"
             )
-        responses = [
-            self._encode(idx, request, item)
-            for idx, (request, item) in enumerate(zip(requests, results, strict=True))
-        ]
+        return list(results), handler_time_ms
+
+    def _result(self, batch: worker_pb2.PredictBatch, responses: list[worker_pb2.Response],
+                handler_time_ms: float) -> worker_pb2.PredictResult:
         return worker_pb2.PredictResult(
             batch_id=batch.batch_id, responses=responses, handler_time_ms=handler_time_ms,
             metrics=[
@@ -93,6 +110,109 @@ class ModelService:
                 for record in self.context.metrics.drain()
             ],
         )
+
+    def _predict_rows(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
+        """A batch with KServe v1 instances or v2 tensors: every request's rows go to the handler
+        in one call (a TorchServe request is one row), and the results are split back."""
+        segments: list[_Segment] = []
+        data: list[Any] = []
+        ids: list[str] = []
+        headers: list[Mapping[str, str]] = []
+        for request in batch.requests:
+            segment = _Segment(request, start=len(data))
+            try:
+                if request.instances:
+                    rows = instance_rows(request)
+                elif request.tensor_format:
+                    segment.tensors = open_inference.decode(
+                        request, _header(request.headers, open_inference.HEADER_LENGTH))
+                    rows = open_inference.rows(segment.tensors)
+                else:
+                    rows = [decode_request(request, decode=self.decode_input_request)]
+            except InvalidInput as exc:
+                segment.error, rows = exc, []
+            segment.count = len(rows)
+            segments.append(segment)
+            data.extend(rows)
+            ids.extend([request.request_id] * len(rows))
+            headers.extend([dict(request.headers)] * len(rows))
+        self.context.begin_batch(ids, headers)
+        tensors = [s.tensors for s in segments if s.tensors is not None and s.error is None]
+        self.context.request_parameters = open_inference.merge_parameters(
+            [t.parameters for t in tensors])
+        by_input: dict[str, list[dict[str, Any]]] = {}
+        for request_tensors in tensors:
+            for tensor in request_tensors.inputs:
+                by_input.setdefault(tensor.name, []).append(tensor.parameters)
+        self.context.input_parameters = {
+            name: open_inference.merge_parameters(values) for name, values in by_input.items()}
+        results, handler_time_ms = self._handle(data, "rows") if data else ([], 0.0)
+        output_parameters = {
+            name: open_inference.split_parameters(values, len(tensors))
+            for name, values in self.context.output_parameters.items()}
+        responses = []
+        position = 0  # among the v2 requests
+        for segment in segments:
+            items = results[segment.start:segment.start + segment.count]
+            if segment.error is not None:
+                response = _fail(worker_pb2.Response(request_id=segment.request.request_id),
+                                 segment.error, self.entry_point.name)
+            elif segment.request.instances:
+                response = self._encode_instances(segment, items)
+            elif segment.tensors is not None:
+                response = self._encode_tensors(segment, items, {
+                    name: parts[position] for name, parts in output_parameters.items()})
+                position += 1
+            else:
+                response = self._encode(segment.start, segment.request, items[0])
+            responses.append(response)
+        return self._result(batch, responses, handler_time_ms)
+
+    def _row_response(self, segment: _Segment) -> worker_pb2.Response:
+        """The status and headers the handler set on the first row of a request."""
+        processor = self.context.request_processor[segment.start]
+        headers = dict(processor.get_response_headers())
+        _pop_content_type(headers)
+        return worker_pb2.Response(
+            request_id=segment.request.request_id,
+            status=processor.get_response_status_code(),
+            reason=processor.get_response_status_phrase(),
+            headers=headers,
+        )
+
+    def _encode_instances(self, segment: _Segment, items: list[Any]) -> worker_pb2.Response:
+        """KServe v1: the JSON array of the request's predictions, in order."""
+        response = self._row_response(segment)
+        failure = next((item for item in items if isinstance(item, BaseException)), None)
+        if failure is not None:
+            return _fail(response, failure, self.entry_point.name)
+        try:
+            response.body = json.dumps(items, default=_json_default).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            return _fail(response, exc, self.entry_point.name)
+        response.content_type = APPLICATION_JSON
+        return response
+
+    def _encode_tensors(self, segment: _Segment, items: list[Any],
+                        output_parameters: dict[str, dict[str, Any]]) -> worker_pb2.Response:
+        """Open Inference Protocol: the request's rows stacked back into output tensors."""
+        response = self._row_response(segment)
+        failure = next((item for item in items if isinstance(item, BaseException)), None)
+        if failure is not None:
+            return _fail(response, failure, self.entry_point.name)
+        assert segment.tensors is not None
+        try:
+            outputs = open_inference.build_outputs(items, self.declared_outputs)
+            for tensor in outputs:
+                tensor.parameters = output_parameters.get(tensor.name, {})
+            body, headers, content_type = open_inference.encode(
+                segment.tensors, outputs, self.context.model_name, self.model_version)
+        except (InvalidInput, InvalidHandlerOutput) as exc:
+            return _fail(response, exc, self.entry_point.name)
+        response.body = body
+        response.headers.update(headers)
+        response.content_type = content_type
+        return response
 
     def _describe(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
         """Answer describe requests with the handler's ``describe_handle()`` (TorchServe's
@@ -163,7 +283,43 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
         model_yaml_config=read_model_yaml_config(model_dir, manifest),
     )
     entry_point = load_entry_point(message.handler, model_dir, context)
-    return ModelService(entry_point, context, decode_input_request=message.decode_input_request)
+    return ModelService(entry_point, context, decode_input_request=message.decode_input_request,
+                        model_version=message.model_version)
+
+
+@dataclass(slots=True)
+class _Segment:
+    """One request of a row batch: where its rows lie among the handler's data."""
+
+    request: worker_pb2.Request
+    start: int
+    count: int = 0
+    #: The decoded v2 request (Open Inference Protocol requests only).
+    tensors: open_inference.InferRequest | None = None
+    #: Why the request could not be turned into rows (it is answered with this error).
+    error: BaseException | None = None
+
+
+def instance_rows(request: worker_pb2.Request) -> list[Any]:
+    """KServe v1: one row per instance, the instance itself when it is an object, else
+    ``{"data": instance}``."""
+    try:
+        instances = json.loads(request.inputs.get(BODY, b""))
+    except ValueError as exc:
+        raise InvalidInput(f"instances are not valid JSON: {exc}") from None
+    if not isinstance(instances, list):
+        raise InvalidInput("instances must be a JSON array")
+    return [item if isinstance(item, dict) else {"data": item} for item in instances]
+
+
+def _json_default(value: Any) -> Any:
+    """JSON for what handlers commonly return: tensors and arrays as lists, bytes as text."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8")
+    raise TypeError(f"a {type(value).__name__} cannot be a KServe prediction (not JSON)")
 
 
 def decode_request(request: worker_pb2.Request, *, decode: bool) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 ``org.pytorch.serve.grpc.inference.InferenceAPIsService`` on ``grpc_inference_port`` and
 ``org.pytorch.serve.grpc.management.ManagementAPIsService`` on ``grpc_management_port``, so
-TorchServe's own stubs work unchanged. Predictions go through the same queues and batches as
+TorchServe's own stubs work unchanged; KServe's ``inference.GRPCInferenceService`` (Open
+Inference Protocol) shares the inference port. Predictions go through the same queues and batches as
 HTTP requests; management RPCs run the same operations as REST and answer the same JSON.
 Health checking and reflection are on, for grpcurl and Kubernetes gRPC probes.
 """
@@ -23,12 +24,14 @@ from google.rpc import status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from frontend import kserve
 from frontend.auth import KeyKind
 from frontend.batching import Job
-from frontend.errors import ServeError
+from frontend.errors import InternalError, ServeError
 from frontend.logs import log_access
 from frontend.management import ManagementOps
 from frontend.predict import submit
+from frontend.registry import SERVER_VERSION, Model
 from frontend.services import Services
 from frontend.streams import ResponseStream
 from protos import (
@@ -36,6 +39,8 @@ from protos import (
     inference_pb2_grpc,
     management_pb2,
     management_pb2_grpc,
+    open_inference_pb2,
+    open_inference_pb2_grpc,
     worker_pb2,
 )
 
@@ -222,6 +227,98 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
                 await reader
 
 
+class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer):
+    """KServe's ``inference.GRPCInferenceService`` (Open Inference Protocol, v2).
+
+    ModelInfer batches by the rows of the tensors' first dimension, with the REST requests of
+    the same model; the worker decodes the request and encodes the response (raw contents
+    when the request came raw).
+    """
+
+    def __init__(self, services: Services) -> None:
+        self.registry = services.registry
+        self.auth = services.auth
+
+    def _check(self, context: grpc.aio.ServicerContext) -> list[tuple[bytes, bytes]]:
+        headers = _metadata_headers(context)
+        if self.auth is not None:
+            self.auth.check(KeyKind.INFERENCE, headers)
+        return headers
+
+    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return open_inference_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return open_inference_pb2.ServerReadyResponse(
+            ready=kserve.is_server_ready(self.registry))
+
+    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run() -> Any:
+            self._check(context)
+            model = self.registry.get(request.name, request.version or None)
+            return open_inference_pb2.ModelReadyResponse(ready=kserve.is_model_ready(model))
+
+        return await _answer(context, run())
+
+    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run() -> Any:
+            self._check(context)
+            return open_inference_pb2.ServerMetadataResponse(
+                **kserve.server_metadata(SERVER_VERSION))
+
+        return await _answer(context, run())
+
+    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run() -> Any:
+            self._check(context)
+            model = self.registry.get(request.name, request.version or None)
+            versions = [m.version for m in self.registry.versions(request.name)]
+            return open_inference_pb2.ModelMetadataResponse(
+                **kserve.model_metadata(model, versions))
+
+        return await _answer(context, run())
+
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        started = time.perf_counter()
+        job = Job(worker_pb2.Request(), asyncio.get_running_loop().create_future())
+        status = 500
+        model: Model | None = None
+
+        async def run() -> Any:
+            nonlocal model
+            headers = self._check(context)
+            model = self.registry.get(request.model_name, request.model_version or None)
+            job.weight = kserve.v2_grpc_rows([list(tensor.shape) for tensor in request.inputs])
+            message = job.request = worker_pb2.Request(
+                request_id=str(uuid.uuid4()), tensor_format=worker_pb2.TENSOR_FORMAT_GRPC)
+            for key, value in headers:
+                message.headers[key.decode("latin-1")] = value.decode("latin-1")
+            message.inputs["body"] = request.SerializeToString()
+            result = await submit(model, message, context.time_remaining(), job=job)
+            if isinstance(result, ResponseStream):
+                raise InternalError("the handler sent intermediate responses, which ModelInfer "
+                                    "cannot carry")
+            return open_inference_pb2.ModelInferResponse.FromString(_body_of(result))
+
+        try:
+            answer = await run()
+            status = 200
+            return answer
+        except ServeError as error:
+            status = error.http_status
+            await context.abort(grpc_code(error.http_status), error.message)
+        except _RequestFailed as error:
+            status = error.status
+            await context.abort(grpc_code(error.status), str(error))
+        finally:
+            latency_s = time.perf_counter() - started
+            self.registry.metrics.record_request(model, status, latency_s)
+            log_access(context.peer(), "gRPC", f"/v2/models/{request.model_name}/infer",
+                       "HTTP/2.0", status, latency_s, request.model_name,
+                       request.model_version or "-", job.queue_wait_s, job.batch_size)
+        raise AssertionError("unreachable: abort raises")
+
+
 async def _async(function: Callable[[], None]) -> None:
     function()
 
@@ -321,6 +418,8 @@ async def _async_value(value: T) -> T:
 
 
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"].full_name
+OPEN_INFERENCE_SERVICE = (
+    open_inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name)
 MANAGEMENT_SERVICE = (
     management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"].full_name)
 
@@ -335,17 +434,21 @@ class GrpcServers:
 
     async def start(self) -> None:
         config = self.services.config
+        def add_inference(server: grpc.aio.Server) -> None:
+            inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(
+                InferenceServicer(self.services), server)
+            open_inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+                OpenInferenceServicer(self.services), server)
+
         plan = [
             ("inference", config.grpc_inference_address, config.grpc_inference_port,
-             INFERENCE_SERVICE, lambda server: inference_pb2_grpc
-             .add_InferenceAPIsServiceServicer_to_server(
-                 InferenceServicer(self.services), server)),
+             (INFERENCE_SERVICE, OPEN_INFERENCE_SERVICE), add_inference),
             ("management", config.grpc_management_address, config.grpc_management_port,
-             MANAGEMENT_SERVICE, lambda server: management_pb2_grpc
+             (MANAGEMENT_SERVICE,), lambda server: management_pb2_grpc
              .add_ManagementAPIsServiceServicer_to_server(
                  ManagementServicer(self.services), server)),
         ]
-        for name, host, port, service_name, add in plan:
+        for name, host, port, service_names, add in plan:
             server = grpc.aio.server(options=[
                 ("grpc.max_receive_message_length", config.max_request_size_bytes),
                 ("grpc.max_send_message_length", config.max_response_size_bytes),
@@ -355,7 +458,7 @@ class GrpcServers:
             health_servicer = health.aio.HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
             reflection.enable_server_reflection(
-                (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+                (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
             target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             try:
                 bound = server.add_insecure_port(target)
@@ -364,7 +467,7 @@ class GrpcServers:
             if bound == 0:
                 raise OSError(f"cannot bind gRPC {name} port {target}")
             await server.start()
-            for service in ("", service_name):
+            for service in ("", *service_names):
                 await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
             self._servers.append(server)
             self.ports[name] = bound

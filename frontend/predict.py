@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from frontend.batching import Job
 from frontend.errors import GatewayTimeout
@@ -13,7 +14,7 @@ from protos import worker_pb2
 
 
 async def submit(model: Model, request: worker_pb2.Request, timeout_s: float | None = None,
-                 abandoned: asyncio.Future[object] | None = None, job: Job | None = None
+                 abandoned: asyncio.Future[Any] | None = None, job: Job | None = None
                  ) -> worker_pb2.Response | ResponseStream:
     """Queue ``request`` on ``model`` and wait for the worker's answer.
 

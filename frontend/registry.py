@@ -27,6 +27,7 @@ from frontend.errors import (
     ServiceUnavailable,
 )
 from frontend.gpus import CpuAssigner, GpuAssigner
+from frontend.kserve import tensor_metadata
 from frontend.metrics import ServerMetrics
 from frontend.policies import PolicyName, batch_settings_from_aliases, make_policy
 from frontend.workers import Worker, WorkerLaunch, WorkerStartError, WorkerState
@@ -389,6 +390,8 @@ class ModelRegistry:
         if not handler:
             raise BadRequest(f"model {name!r} names no handler: pass handler=")
         settings = self._settings(name, version, request, unpacked.model_config)
+        for key in ("inputs", "outputs"):  # Open Inference Protocol metadata; fail early
+            tensor_metadata(unpacked.model_config, key)
         model = Model(name, version, unpacked, handler, settings, self.config, self.run_dir,
                       self._gpus, self._cpus, self.metrics, request.loaded_at_startup)
         versions = self._models.setdefault(name, {})

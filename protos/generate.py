@@ -23,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PACKAGE = "protos"
 PROTOS = ("worker.proto",)  # messages only
-GRPC_PROTOS = ("inference.proto", "management.proto")  # messages and services
+GRPC_PROTOS = ("inference.proto", "management.proto", "open_inference.proto")  # + services
 ALL_PROTOS = PROTOS + GRPC_PROTOS
 
 

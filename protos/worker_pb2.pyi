@@ -7,6 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class TensorFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TENSOR_FORMAT_NONE: _ClassVar[TensorFormat]
+    TENSOR_FORMAT_REST: _ClassVar[TensorFormat]
+    TENSOR_FORMAT_GRPC: _ClassVar[TensorFormat]
+
 class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
@@ -16,6 +22,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LOAD_FAILED: _ClassVar[ErrorCode]
     BATCH_SIZE_MISMATCH: _ClassVar[ErrorCode]
     PROTOCOL: _ClassVar[ErrorCode]
+TENSOR_FORMAT_NONE: TensorFormat
+TENSOR_FORMAT_REST: TensorFormat
+TENSOR_FORMAT_GRPC: TensorFormat
 ERROR_CODE_UNSPECIFIED: ErrorCode
 INTERNAL: ErrorCode
 INVALID_INPUT: ErrorCode
@@ -65,7 +74,7 @@ class Loaded(_message.Message):
     def __init__(self, load_time_ms: _Optional[float] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "headers", "inputs", "content_types", "describe")
+    __slots__ = ("request_id", "headers", "inputs", "content_types", "describe", "instances", "tensor_format")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,12 +101,16 @@ class Request(_message.Message):
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     CONTENT_TYPES_FIELD_NUMBER: _ClassVar[int]
     DESCRIBE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FORMAT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     headers: _containers.ScalarMap[str, str]
     inputs: _containers.ScalarMap[str, bytes]
     content_types: _containers.ScalarMap[str, str]
     describe: bool
-    def __init__(self, request_id: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., inputs: _Optional[_Mapping[str, bytes]] = ..., content_types: _Optional[_Mapping[str, str]] = ..., describe: _Optional[bool] = ...) -> None: ...
+    instances: bool
+    tensor_format: TensorFormat
+    def __init__(self, request_id: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., inputs: _Optional[_Mapping[str, bytes]] = ..., content_types: _Optional[_Mapping[str, str]] = ..., describe: _Optional[bool] = ..., instances: _Optional[bool] = ..., tensor_format: _Optional[_Union[TensorFormat, str]] = ...) -> None: ...
 
 class PredictBatch(_message.Message):
     __slots__ = ("batch_id", "requests")

@@ -1,4 +1,5 @@
-"""The inference API (port 8080): /ping and /predictions/{model}[/{version}].
+"""The inference API (port 8080): /ping, /predictions/{model}[/{version}], and KServe's
+v1/v2 protocols (frontend/http/kserve.py).
 
 This is the hot path: a request is read, turned into one worker_pb2.Request, queued on its
 model's batcher, and answered with the worker's bytes. No payload is decoded here.
@@ -13,9 +14,11 @@ import uuid
 
 from frontend.auth import KeyKind
 from frontend.batching import Job
-from frontend.errors import BadRequest, InternalError, ServeError
+from frontend.errors import InternalError, ServeError
 from frontend.http import common
+from frontend.http.common import REQUEST_TIMEOUT_HEADER
 from frontend.http.forms import is_form, parse_form
+from frontend.http.kserve import KServeRoutes
 from frontend.http.openapi import inference_description
 from frontend.logs import log_access
 from frontend.predict import submit
@@ -29,19 +32,7 @@ logger = logging.getLogger(__name__)
 _INFERENCE_METHODS = ("POST", "PUT")
 
 
-REQUEST_TIMEOUT_HEADER = "x-request-timeout"
 _NO_REQUEST = worker_pb2.Request()
-
-
-def _parse_timeout(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a number of seconds, got {value!r}")\
-            from None
-    if not seconds > 0:
-        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be > 0, got {value!r}")
-    return seconds
 
 
 class InferenceApp:
@@ -53,6 +44,7 @@ class InferenceApp:
         self.auth = services.auth
         self.snapshots = services.snapshots
         self.metrics = services.registry.metrics
+        self.kserve = KServeRoutes(services)
 
     async def __call__(self, scope: common.Scope, receive: common.Receive,
                        send: common.Send) -> None:
@@ -78,6 +70,8 @@ class InferenceApp:
             return True
         if path == "/ping":
             await self.ping(send)
+            return True
+        if await self.kserve.route(scope, receive, send):
             return True
         if common.is_api_description(scope):
             await common.send_json(send, 200, inference_description())
@@ -131,7 +125,7 @@ class InferenceApp:
             if name == "content-type":
                 content_type = value
             elif name == REQUEST_TIMEOUT_HEADER:
-                timeout_s = _parse_timeout(value)
+                timeout_s = common.parse_timeout(value)
         if content_type and is_form(content_type):
             for field_name, data, field_type in parse_form(content_type, body):
                 request.inputs[field_name] = data

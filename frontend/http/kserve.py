@@ -1,0 +1,264 @@
+"""KServe's REST protocols on the inference port: v1 (``/v1/models/...``) and the Open
+Inference Protocol, v2 (``/v2/...``).
+
+v1 predictions batch by instance, as KServe's batcher does: a request is one job that weighs
+as many batch items as it has instances, so the instances of several requests fill one batch up
+to the model's batch_size (KServe's maxBatchSize), and each request gets back exactly its own
+predictions plus the id of the batch it rode in. v2 requests batch by the rows of their tensors'
+first dimension. Errors answer KServe's ``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from frontend import kserve
+from frontend.auth import KeyKind
+from frontend.batching import Job
+from frontend.errors import InternalError, ServeError
+from frontend.http import common
+from frontend.logs import log_access
+from frontend.predict import submit
+from frontend.registry import SERVER_VERSION, Model
+from frontend.services import Services
+from frontend.streams import ResponseStream
+from protos import worker_pb2
+
+V1_MODELS = "/v1/models"
+
+
+async def send_kserve_error(send: common.Send, status: int, message: str,
+                            headers: common.Headers | None = None) -> None:
+    await common.send_bytes(send, status, json.dumps({"error": message}).encode(), common.JSON,
+                            headers)
+
+
+def _compact(value: object) -> bytes:
+    return json.dumps(value).encode()
+
+
+class KServeRoutes:
+    """The /v1 and /v2 routes of the inference app."""
+
+    def __init__(self, services: Services) -> None:
+        self.config = services.config
+        self.registry = services.registry
+        self.auth = services.auth
+        self.metrics = services.registry.metrics
+
+    async def route(self, scope: common.Scope, receive: common.Receive,
+                    send: common.Send) -> bool:
+        """Serve a /v1 or /v2 request; False when the path is not one of ours."""
+        path: str = scope["path"]
+        if path.startswith("/v1/"):
+            serve = self.v1
+        elif path == "/v2" or path.startswith("/v2/"):
+            serve = self.v2
+        else:
+            return False
+        try:
+            await serve(scope, receive, send)
+        except ServeError as error:
+            extra = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                     for k, v in error.headers.items()]
+            await send_kserve_error(send, error.http_status, error.message, extra)
+        return True
+
+    def _check_auth(self, scope: common.Scope) -> None:
+        if self.auth is not None:
+            self.auth.check(KeyKind.INFERENCE, scope["headers"])
+
+    @staticmethod
+    def _expect(scope: common.Scope, method: str) -> None:
+        if scope["method"] != method:
+            raise common.method_not_allowed()
+
+    # ---- v1 ---------------------------------------------------------------------------------
+
+    async def v1(self, scope: common.Scope, receive: common.Receive, send: common.Send) -> None:
+        path: str = scope["path"]
+        self._check_auth(scope)
+        if path == V1_MODELS:
+            self._expect(scope, "GET")
+            await common.send_json(send, 200, {"models": self.registry.names()})
+            return
+        if not path.startswith(V1_MODELS + "/"):
+            raise common.not_found()
+        name, _, verb = path[len(V1_MODELS) + 1:].partition(":")
+        if not verb:
+            self._expect(scope, "GET")
+            model = self.registry.get(name)
+            await common.send_json(send, 200, {"name": name,
+                                               "ready": kserve.is_model_ready(model)})
+            return
+        if verb not in ("predict", "explain"):
+            raise common.not_found()
+        self._expect(scope, "POST")
+        model = self.registry.get(name)
+        await self._observed(scope, model, lambda job: self._v1_predict(
+            model, scope, receive, send, job, verb == "explain"))
+
+    async def _v1_predict(self, model: Model, scope: common.Scope, receive: common.Receive,
+                          send: common.Send, job: Job, explain: bool) -> int:
+        body = await self._read(scope, receive)
+        instances = kserve.v1_instances(body)
+        request = worker_pb2.Request(request_id=str(uuid.uuid4()), instances=True)
+        request.inputs["body"] = _compact(instances)
+        request.content_types["body"] = "application/json"
+        job.request = request
+        job.weight = len(instances)
+        timeout_s = self._copy_headers(scope, request)
+        if explain:
+            request.headers[kserve.EXPLAIN_HEADER] = "True"
+        response = await self._submit(model, request, timeout_s, receive, job)
+        if response is None:
+            return 0
+        headers = self._response_headers(request, response)
+        if response.error:
+            status = response.status or 500
+            await send_kserve_error(send, status, response.error, headers)
+            return status
+        key = b"explanations" if explain else b"predictions"
+        answer = b'{"' + key + b'": ' + response.body + b', "batchId": ' + \
+            _compact(job.batch_id) + b"}"
+        await common.send_bytes(send, response.status or 200, answer, common.JSON, headers)
+        return response.status or 200
+
+    # ---- v2 ---------------------------------------------------------------------------------
+
+    async def v2(self, scope: common.Scope, receive: common.Receive, send: common.Send) -> None:
+        parts = common.path_parts(scope)[1:]
+        if parts and parts[0] == "health":
+            self._expect(scope, "GET")
+            if parts == ["health", "live"]:
+                await common.send_json(send, 200, {"live": True})
+                return
+            if parts == ["health", "ready"]:
+                ready = kserve.is_server_ready(self.registry)
+                await common.send_json(send, 200 if ready else 503, {"ready": ready})
+                return
+            raise common.not_found()
+        self._check_auth(scope)
+        if not parts:
+            self._expect(scope, "GET")
+            await common.send_json(send, 200, kserve.server_metadata(SERVER_VERSION))
+            return
+        if parts[0] != "models" or len(parts) < 2:
+            raise common.not_found()
+        name, rest = parts[1], parts[2:]
+        version = None
+        if rest[:1] == ["versions"]:
+            if len(rest) < 2:
+                raise common.not_found()
+            version, rest = rest[1], rest[2:]
+        if not rest:
+            self._expect(scope, "GET")
+            model = self.registry.get(name, version)
+            versions = [m.version for m in self.registry.versions(name)]
+            await common.send_json(send, 200, kserve.model_metadata(model, versions))
+        elif rest == ["ready"]:
+            self._expect(scope, "GET")
+            model = self.registry.get(name, version)
+            ready = kserve.is_model_ready(model)
+            await common.send_json(send, 200 if ready else 503, {"name": name, "ready": ready})
+        elif rest == ["infer"]:
+            self._expect(scope, "POST")
+            model = self.registry.get(name, version)
+            await self._observed(scope, model, lambda job: self._v2_infer(
+                model, scope, receive, send, job))
+        else:
+            raise common.not_found()
+
+    async def _v2_infer(self, model: Model, scope: common.Scope, receive: common.Receive,
+                        send: common.Send, job: Job) -> int:
+        body = await self._read(scope, receive)
+        request = worker_pb2.Request(request_id=str(uuid.uuid4()),
+                                     tensor_format=worker_pb2.TENSOR_FORMAT_REST)
+        job.request = request
+        timeout_s = self._copy_headers(scope, request)
+        header = kserve.split_v2_body(body, request.headers.get(kserve.HEADER_LENGTH))
+        job.weight = kserve.v2_rows(kserve.parse_json(header))
+        request.inputs["body"] = body
+        response = await self._submit(model, request, timeout_s, receive, job)
+        if response is None:
+            return 0
+        headers = self._response_headers(request, response)
+        if response.error:
+            status = response.status or 500
+            await send_kserve_error(send, status, response.error, headers)
+            return status
+        if len(response.body) > self.config.max_response_size_bytes:
+            raise InternalError(
+                f"response of {len(response.body)} bytes exceeds max_response_size "
+                f"({self.config.max_response_size_bytes} bytes)")
+        content_type = (response.content_type or "application/json").encode("latin-1")
+        await common.send_bytes(send, response.status or 200, response.body, content_type,
+                                headers)
+        return response.status or 200
+
+    # ---- shared -----------------------------------------------------------------------------
+
+    async def _read(self, scope: common.Scope, receive: common.Receive) -> bytes:
+        limit = self.config.max_request_size_bytes
+        common.check_content_length(scope, limit)
+        return await common.read_body(receive, limit)
+
+    @staticmethod
+    def _copy_headers(scope: common.Scope, request: worker_pb2.Request) -> float | None:
+        """The HTTP headers into the worker request; returns the client's own deadline."""
+        timeout_s = None
+        for raw_name, raw_value in scope["headers"]:
+            name = raw_name.decode("latin-1")
+            value = raw_value.decode("latin-1")
+            request.headers[name] = value
+            if name == common.REQUEST_TIMEOUT_HEADER:
+                timeout_s = common.parse_timeout(value)
+        return timeout_s
+
+    @staticmethod
+    def _response_headers(request: worker_pb2.Request,
+                          response: worker_pb2.Response) -> common.Headers:
+        headers: common.Headers = [(b"x-request-id", request.request_id.encode())]
+        headers.extend((key.lower().encode("latin-1"), value.encode("latin-1"))
+                       for key, value in response.headers.items())
+        return headers
+
+    async def _submit(self, model: Model, request: worker_pb2.Request, timeout_s: float | None,
+                      receive: common.Receive, job: Job) -> worker_pb2.Response | None:
+        """Queue the job and wait; None when the client went away meanwhile."""
+        disconnected = asyncio.ensure_future(receive())
+        try:
+            result = await submit(model, request, timeout_s, abandoned=disconnected, job=job)
+        except asyncio.CancelledError:
+            if disconnected.done():
+                return None
+            raise
+        finally:
+            disconnected.cancel()
+        if isinstance(result, ResponseStream):
+            raise InternalError("the handler sent intermediate responses, which KServe's "
+                                "protocols cannot carry")
+        return result
+
+    async def _observed(self, scope: common.Scope, model: Model,
+                        run: Callable[[Job], Awaitable[int]]) -> None:
+        """A prediction, with its metrics and access-log line, whatever its outcome."""
+        started = time.perf_counter()
+        job = Job(worker_pb2.Request(), asyncio.get_running_loop().create_future())
+        status = 500
+        try:
+            status = await run(job)
+        except ServeError as error:
+            status = error.http_status
+            raise
+        finally:
+            latency_s = time.perf_counter() - started
+            self.metrics.record_request(model, status, latency_s)
+            client = scope.get("client") or ("-", 0)
+            log_access(f"/{client[0]}:{client[1]}", scope["method"], scope["path"],
+                       f"HTTP/{scope.get('http_version', '1.1')}", status, latency_s,
+                       model.name, model.version, job.queue_wait_s, job.batch_size)

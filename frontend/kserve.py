@@ -1,0 +1,141 @@
+"""KServe v1 and Open Inference Protocol (v2) pieces shared by REST and gRPC.
+
+Readiness and metadata are answered here from the registry and the archive's model-config.yaml;
+predictions go through the model's batcher like any other request. The frontend reads just
+enough of a request to know how many batch items it brings (its ``Job.weight``): the instances
+of a v1 request, the first dimension of a v2 request's tensors. Tensors themselves are decoded
+and encoded in the worker (backend/open_inference.py), so no tensor code runs here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from frontend.errors import BadRequest
+from frontend.workers import WorkerState
+
+if TYPE_CHECKING:
+    from frontend.registry import Model
+
+SERVER_NAME = "batchserve"
+#: Open Inference Protocol extensions we implement.
+EXTENSIONS = ("binary_tensor_data", "parameters")
+PLATFORM = "pytorch"
+DATATYPES = frozenset({"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
+                       "UINT64", "FP16", "FP32", "FP64", "BYTES"})
+HEADER_LENGTH = "inference-header-content-length"
+#: The request header TorchServe's handlers look at to explain instead of predict.
+EXPLAIN_HEADER = "explain"
+
+
+def is_model_ready(model: Model) -> bool:
+    """A model version is ready when one of its workers can take a batch."""
+    return any(worker.state in (WorkerState.READY, WorkerState.BUSY) for worker in model.workers)
+
+
+def is_server_ready(models: Iterable[Model]) -> bool:
+    """Ready when every registered model version is (so, with none registered)."""
+    return all(is_model_ready(model) for model in models)
+
+
+def server_metadata(version: str) -> dict[str, Any]:
+    return {"name": SERVER_NAME, "version": version, "extensions": list(EXTENSIONS)}
+
+
+def model_metadata(model: Model, versions: list[str]) -> dict[str, Any]:
+    """OIP model metadata; the tensors come from the archive's model-config.yaml."""
+    config = model.archive.model_config
+    return {"name": model.name, "versions": versions, "platform": PLATFORM,
+            "inputs": tensor_metadata(config, "inputs"),
+            "outputs": tensor_metadata(config, "outputs")}
+
+
+def tensor_metadata(config: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    """model-config.yaml's ``inputs`` or ``outputs``: a list of {name, datatype, shape} (-1 for
+    a variable dimension); [] when absent. Raises BadRequest when malformed."""
+    entries = config.get(key)
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise BadRequest(f"model-config.yaml: {key} must be a list of tensors")
+    tensors = []
+    for index, entry in enumerate(entries):
+        where = f"model-config.yaml: {key}[{index}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            raise BadRequest(f"{where} must have a name")
+        datatype = entry.get("datatype")
+        if datatype not in DATATYPES:
+            raise BadRequest(f"{where}: datatype must be one of {', '.join(sorted(DATATYPES))}, "
+                             f"got {datatype!r}")
+        shape = entry.get("shape", [-1])
+        if not isinstance(shape, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
+            raise BadRequest(f"{where}: shape must be a list of sizes (-1: variable)")
+        tensors.append({"name": entry["name"], "datatype": datatype, "shape": shape})
+    return tensors
+
+
+def parse_json(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+
+
+def v1_instances(body: bytes) -> list[Any]:
+    """The instances of a KServe v1 request: ``{"instances": [...]}`` or ``{"inputs": [...]}``."""
+    payload = parse_json(body)
+    instances = None
+    if isinstance(payload, dict):
+        instances = payload.get("instances", payload.get("inputs"))
+    if not isinstance(instances, list) or not instances:
+        raise BadRequest('the request must be {"instances": [...]} (or {"inputs": [...]}) with '
+                         "at least one instance")
+    return instances
+
+
+def split_v2_body(body: bytes, header_length: str | None) -> bytes:
+    """The JSON part of a v2 REST request (all of it without the binary tensor extension)."""
+    if header_length is None:
+        return body
+    try:
+        length = int(header_length)
+    except ValueError:
+        raise BadRequest(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+    if not 0 <= length <= len(body):
+        raise BadRequest(f"{HEADER_LENGTH} is {length}, but the body has {len(body)} bytes")
+    return body[:length]
+
+
+def v2_rows(payload: Any) -> int:
+    """How many batch rows a v2 JSON request brings: its tensors' first dimension."""
+    inputs = payload.get("inputs") if isinstance(payload, dict) else None
+    if not isinstance(inputs, list) or not inputs:
+        raise BadRequest("the request must be a JSON object with a non-empty 'inputs' list")
+    shapes = [tensor.get("shape") if isinstance(tensor, dict) else None for tensor in inputs]
+    return _rows(shapes)
+
+
+def _rows(shapes: list[Any]) -> int:
+    firsts = set()
+    for shape in shapes:
+        if (not isinstance(shape, (list, tuple)) or not shape or isinstance(shape[0], bool)
+                or not isinstance(shape[0], int)):
+            raise BadRequest("every input needs a 'shape' whose first dimension is the batch "
+                             "(row) count")
+        firsts.add(shape[0])
+    if len(firsts) != 1:
+        raise BadRequest(f"the inputs differ in their first (batch) dimension: {sorted(firsts)}")
+    rows = firsts.pop()
+    if rows < 1:
+        raise BadRequest("the inputs hold no rows (the first dimension is 0)")
+    return int(rows)
+
+
+def v2_grpc_rows(shapes: list[list[int]]) -> int:
+    """How many batch rows a ModelInferRequest brings (its inputs' shapes)."""
+    if not shapes:
+        raise BadRequest("the request has no inputs")
+    return _rows(shapes)
