@@ -131,3 +131,21 @@ def method_not_allowed() -> ServeError:
     from frontend.errors import MethodNotAllowed
 
     return MethodNotAllowed("Requested method is not allowed, please refer to API document.")
+
+
+class Routes:
+    """Base of our ASGI apps: ``route`` serves a request or raises a ServeError, which is
+    answered here, in TorchServe's error body."""
+
+    async def route(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        raise NotImplementedError
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            await self.route(scope, receive, send)
+        except ClientDisconnected:
+            return
+        except ServeError as error:
+            await send_error(send, error)

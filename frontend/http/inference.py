@@ -35,7 +35,7 @@ _INFERENCE_METHODS = ("POST", "PUT")
 _NO_REQUEST = worker_pb2.Request()
 
 
-class InferenceApp:
+class InferenceApp(common.Routes):
     """ASGI app for TorchServe's inference API."""
 
     def __init__(self, services: Services) -> None:
@@ -45,17 +45,6 @@ class InferenceApp:
         self.snapshots = services.snapshots
         self.metrics = services.registry.metrics
         self.kserve = KServeRoutes(services)
-
-    async def __call__(self, scope: common.Scope, receive: common.Receive,
-                       send: common.Send) -> None:
-        if scope["type"] != "http":
-            return
-        try:
-            await self.route(scope, receive, send)
-        except common.ClientDisconnected:
-            return
-        except ServeError as error:
-            await common.send_error(send, error)
 
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:

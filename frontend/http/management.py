@@ -8,7 +8,7 @@ TorchServe).
 from __future__ import annotations
 
 from frontend.auth import KeyKind
-from frontend.errors import BadRequest, ServeError
+from frontend.errors import BadRequest
 from frontend.http import common
 from frontend.http.openapi import management_description
 from frontend.management import Body, ManagementOps
@@ -16,23 +16,12 @@ from frontend.params import bool_param
 from frontend.services import Services
 
 
-class ManagementApp:
+class ManagementApp(common.Routes):
     """ASGI app for TorchServe's management API: routing only; the work is ManagementOps."""
 
     def __init__(self, services: Services) -> None:
         self.auth = services.auth
         self.ops = ManagementOps(services)
-
-    async def __call__(self, scope: common.Scope, receive: common.Receive,
-                       send: common.Send) -> None:
-        if scope["type"] != "http":
-            return
-        try:
-            await self.route(scope, receive, send)
-        except common.ClientDisconnected:
-            return
-        except ServeError as error:
-            await common.send_error(send, error)
 
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:

@@ -8,26 +8,16 @@ from urllib.parse import parse_qsl
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
-from frontend.errors import ServeError
 from frontend.http import common
 from frontend.metrics import LEGACY, ServerMetrics
 from frontend.services import Services
 
 
-class MetricsApp:
+class MetricsApp(common.Routes):
     def __init__(self, services: Services) -> None:
         self.metrics: ServerMetrics = services.registry.metrics
         #: metrics_mode=legacy: only TorchServe's three ts_* counters, as TorchServe.
         self.legacy = services.config.metrics_mode == "legacy"
-
-    async def __call__(self, scope: common.Scope, receive: common.Receive,
-                       send: common.Send) -> None:
-        if scope["type"] != "http":
-            return
-        try:
-            await self.route(scope, receive, send)
-        except ServeError as error:
-            await common.send_error(send, error)
 
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:
