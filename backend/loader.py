@@ -10,11 +10,8 @@ joins ``sys.path`` so the handler can import the archive's other modules.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
-import itertools
 import logging
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +22,7 @@ from typing import Any
 from backend.context import Context
 from backend.errors import HandlerLoadError, describe
 from backend.handlers import builtin_handler
+from backend.imports import FileImportError, import_file
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +30,6 @@ DEFAULT_FUNCTION = "handle"
 
 HandleFn = Callable[[Any, Context], Any]
 
-_module_numbers = itertools.count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,19 +95,11 @@ def find_handler_file(model_dir: Path, module_part: str) -> Path | None:
 
 def import_handler_file(path: Path) -> ModuleType:
     """Import one source file under a module name no other module can have."""
-    stem = re.sub(r"\W", "_", path.stem)
-    name = f"_batchserve_handler_{next(_module_numbers)}_{stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise HandlerLoadError(f"cannot import handler {path.name}: not a Python source file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        raise HandlerLoadError(f"cannot import handler {path.name}: {describe(exc)}") from exc
-    logger.debug("imported handler %s as module %s", path, name)
+        module = import_file(path, "handler")
+    except FileImportError as exc:
+        raise HandlerLoadError(f"cannot import handler {path.name}: {exc}") from exc
+    logger.debug("imported handler %s as module %s", path, module.__name__)
     return module
 
 

@@ -12,9 +12,6 @@ each would get a module of its own, imported only when a manifest asks for it.
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import itertools
-import re
 import sys
 import warnings
 import zipfile
@@ -26,8 +23,7 @@ from typing import Any
 import torch
 
 from backend.errors import ModelLoadError, describe
-
-_module_numbers = itertools.count()
+from backend.imports import FileImportError, import_file
 
 
 def load_model(
@@ -152,16 +148,7 @@ def _import_model_file(path: Path) -> ModuleType:
     if directory not in sys.path:
         sys.path.insert(0, directory)
         importlib.invalidate_caches()
-    stem = re.sub(r"\W", "_", path.stem)
-    name = f"_batchserve_model_{next(_module_numbers)}_{stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ModelLoadError(f"cannot import the modelFile {path.name}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        raise ModelLoadError(f"cannot import the modelFile {path.name}: {describe(exc)}") from exc
-    return module
+        return import_file(path, "model")
+    except FileImportError as exc:
+        raise ModelLoadError(f"cannot import the modelFile {path.name}: {exc}") from exc
