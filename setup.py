@@ -29,6 +29,12 @@ EXTRAS_REQUIRE = {
         "grpcio-tools>=1.60",
         "ruff>=0.5",
         "openapi-spec-validator>=0.7",
+        "hypothesis>=6.100",  # property tests: tests/unit/test_fuzz.py, test_bad_input.py
+    ],
+    # benchmarks/ (python -m benchmarks.suite): plots and progress bars.
+    "bench": [
+        "matplotlib>=3.8",
+        "tqdm>=4.66",
     ],
 }
 
