@@ -254,7 +254,7 @@ class ModelService:
             return response
         try:
             body, default_type = encode_result(item)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             return _fail(response, exc, self.entry_point.name)
         response.body = body
         response.content_type = content_type or default_type

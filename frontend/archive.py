@@ -63,7 +63,7 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
         if url in (".", ".."):
             raise ArchiveError(f"invalid model url {url!r}")
         path = model_store / url
-        if not path.exists():
+        if not _exists(path):
             raise ArchiveError(f"Model archive {url!r} not found in the model store {model_store}")
         return path
     if not any(re.fullmatch(pattern, url) for pattern in allowed_urls):
@@ -77,9 +77,16 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
     if ".." in PurePosixPath(raw_path).parts:
         raise ArchiveError(f"invalid model url {url!r}: '..' is not allowed")
     path = Path(raw_path)
-    if not path.exists():
+    if not _exists(path):
         raise ArchiveError(f"Model archive {url!r} not found")
     return path
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # e.g. a name too long for the file system
+        raise ArchiveError(f"invalid model url: {path.name[:80]!r}...") from None
 
 
 def _check_member(name: str, dest: Path) -> Path:
@@ -103,6 +110,8 @@ def _extract_zip(source: Path, dest: Path) -> None:
             archive.extractall(dest)
     except zipfile.BadZipFile as exc:
         raise ArchiveError(f"{source.name} is not a valid .mar (zip) archive: {exc}") from exc
+    except (OSError, IndexError, ValueError) as exc:  # clashing, empty or too-long names
+        raise ArchiveError(f"{source.name} has entries that cannot be unpacked: {exc}") from exc
 
 
 def _extract_tar(source: Path, dest: Path) -> None:
@@ -115,6 +124,8 @@ def _extract_tar(source: Path, dest: Path) -> None:
             archive.extractall(dest, filter="data")
     except tarfile.TarError as exc:
         raise ArchiveError(f"{source.name} is not a valid tar.gz archive: {exc}") from exc
+    except (OSError, IndexError, ValueError) as exc:
+        raise ArchiveError(f"{source.name} has entries that cannot be unpacked: {exc}") from exc
 
 
 def _manifest_root(extracted: Path) -> Path:

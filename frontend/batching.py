@@ -175,7 +175,10 @@ class Batcher:
                         return self._take(now)
                     self._arrived.clear()
                     try:
-                        await asyncio.wait_for(self._arrived.wait(), wait)
+                        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow
+                        # a cancellation that lands as the event fires.
+                        async with asyncio.timeout(wait):
+                            await self._arrived.wait()
                     except TimeoutError:
                         pass
 
@@ -213,6 +216,19 @@ class Batcher:
         except TimeoutError:
             return False
         return True
+
+    def requeue(self, jobs: list[Job]) -> None:
+        """Put jobs that left the queue back at its front, in order (their worker went away
+        before running them)."""
+        for job in reversed(jobs):
+            job.dispatched = False
+            job.batch_size = 0
+            if job.is_live():
+                self._queue.appendleft(job)
+                self._queued_weight += job.weight
+        if self._queue:
+            self._emptied.clear()
+            self._arrived.set()
 
     def close(self, error: ServeError) -> None:
         """Fail every queued job with ``error`` and refuse new ones."""

@@ -72,7 +72,8 @@ _MODEL_KEYS: dict[str, tuple[str, Callable[[Any], object]]] = {
     "maxBatchDelay": ("max_batch_delay_ms", int),
     "responseTimeout": ("response_timeout_s", int),
     "startupTimeout": ("startup_timeout_s", int),
-    "defaultVersion": ("is_default_version", bool),
+    "defaultVersion": ("is_default_version", lambda v: v if isinstance(v, bool)
+                       else _parse_bool(str(v))),
     "batchPolicy": ("batch_policy", str),
 }
 
@@ -101,7 +102,7 @@ def parse_models_json(text: str) -> dict[str, dict[str, ModelDefaults]]:
                 attr, parse = _MODEL_KEYS[key]
                 try:
                     values[attr] = parse(value)
-                except (TypeError, ValueError) as exc:
+                except (TypeError, ValueError, OverflowError) as exc:
                     raise ValueError(f"model {name!r} version {version!r}: {key}: {exc}") from exc
             models[name][version] = ModelDefaults(**values)  # type: ignore[arg-type]
     return models
@@ -160,7 +161,7 @@ def _parse_regex_list(text: str) -> tuple[str, ...]:
     for pattern in patterns:
         try:
             re.compile(pattern)
-        except re.error as exc:
+        except (re.error, OverflowError, RecursionError) as exc:
             raise ValueError(f"bad regular expression {pattern!r}: {exc}") from None
     return patterns
 
@@ -313,7 +314,7 @@ def build_config(*sources: Mapping[str, str]) -> tuple[ServerConfig, list[str]]:
             field_name, parse = _PARSERS[key]
             try:
                 values[field_name] = parse(raw.strip())
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError, OverflowError, RecursionError) as exc:
                 raise ConfigError(f"config key {key}={raw!r}: {exc}") from exc
     config = ServerConfig(**values)  # type: ignore[arg-type]  # types come from _PARSERS
     if config.metrics_mode not in ("prometheus", "log", "legacy"):

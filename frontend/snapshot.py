@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,8 +63,8 @@ class Snapshots:
         path = self.folder / f"{stamp}{SUFFIX}"
         text = javaproperties.dumps(
             {"model_snapshot": json.dumps(snapshot_document(registry))}, timestamp=False)
-        tmp = path.with_name(f".{path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)

@@ -416,8 +416,13 @@ class Worker:
                                          return_when=asyncio.FIRST_COMPLETED)
             if next_batch not in done:
                 next_batch.cancel()
+                taken: list[Job] = []
                 with contextlib.suppress(asyncio.CancelledError, ServeError):
-                    await next_batch
+                    taken = await next_batch
+                if taken:
+                    # The cancel came too late: the batch had already left the queue. Put it
+                    # back for another worker rather than lose it.
+                    self._batcher.requeue(taken)
                 if connection.closed.done():
                     raise WorkerDied(f"Worker died: {self.name} (pid {self.pid}) exited "
                                      f"with code {connection.process.returncode} while idle")

@@ -39,6 +39,8 @@ async def read_body(receive: Receive, limit_bytes: int) -> bytes:
         return body
     chunks = [body]
     size = len(body)
+    if size > limit_bytes:
+        raise PayloadTooLarge(f"request body exceeds max_request_size ({limit_bytes} bytes)")
     while message.get("more_body", False):
         message = await receive()
         if message["type"] == "http.disconnect":

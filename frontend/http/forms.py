@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl
 
-from python_multipart.exceptions import MultipartParseError
-from python_multipart.multipart import MultipartParser, parse_options_header
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
 from frontend.errors import BadRequest
 
@@ -66,17 +66,19 @@ def _parse_multipart(boundary: bytes, body: bytes) -> list[tuple[str, bytes, str
             content_type = "application/octet-stream" if b"filename" in options else "text/plain"
         fields.append((name.decode("utf-8", "replace"), bytes(data), content_type))
 
-    parser = MultipartParser(boundary, {
-        "on_part_begin": on_part_begin,
-        "on_header_field": on_header_field,
-        "on_header_value": on_header_value,
-        "on_header_end": on_header_end,
-        "on_part_data": on_part_data,
-        "on_part_end": on_part_end,
-    })
     try:
+        parser = MultipartParser(boundary, {
+            "on_part_begin": on_part_begin,
+            "on_header_field": on_header_field,
+            "on_header_value": on_header_value,
+            "on_header_end": on_header_end,
+            "on_part_data": on_part_data,
+            "on_part_end": on_part_end,
+        })
         parser.write(body)
         parser.finalize()
-    except MultipartParseError as exc:
+    except FormParserError as exc:  # MultipartParseError and a bad boundary alike
         raise BadRequest(f"malformed multipart body: {exc}") from None
+    if parser.state != MultipartState.END:
+        raise BadRequest("malformed multipart body: it ends before its closing boundary")
     return fields

@@ -168,7 +168,9 @@ class InferenceApp(common.Routes):
     async def respond(self, response: worker_pb2.Response, request_id: str,
                       send: common.Send) -> int:
         headers: common.Headers = [(b"x-request-id", request_id.encode())]
-        headers.extend((key.lower().encode("latin-1"), value.encode("latin-1"))
+        # HTTP headers are latin-1; a handler's other characters become "?", not a 500.
+        headers.extend((key.lower().encode("latin-1", "replace"),
+                        value.encode("latin-1", "replace"))
                        for key, value in response.headers.items())
         if response.error:
             body = {"code": response.status or 500,

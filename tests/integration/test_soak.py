@@ -22,7 +22,6 @@ import gc
 import os
 import random
 import signal
-import sys
 import threading
 import time
 import uuid
@@ -34,7 +33,6 @@ from typing import TypeVar
 
 import grpc
 import psutil
-import pytest
 import requests
 
 from frontend.batching import Batcher, Job
@@ -94,12 +92,6 @@ def _batch_loss_bug() -> bool:
     return _in_a_private_loop(_cancel_while_jobs_arrive())[0]
 
 
-@pytest.mark.xfail(sys.version_info < (3, 12), strict=True, reason=(
-    "frontend/batching.py:178 Batcher._collect waits with asyncio.wait_for, which on Python "
-    "3.11 swallows a cancellation that arrives as the event fires; the cancelled "
-    "next_batch() then takes a batch, and frontend/workers.py:418-420 Worker._serve drops "
-    "the result of 'await next_batch' after cancelling it: those requests are answered 504 "
-    "only at response_timeout (120 s by default)"))
 def test_a_cancelled_next_batch_takes_no_jobs() -> None:
     took, left = _in_a_private_loop(_cancel_while_jobs_arrive())
     assert not took and left == 2

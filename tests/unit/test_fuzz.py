@@ -153,30 +153,22 @@ def test_the_config_parser_raises_only_config_error(entries: dict[str, str]) -> 
         pass  # known and reported; the xfail tests below fail once they are fixed
 
 
-@pytest.mark.xfail(strict=True, reason="frontend/config.py:104 parse_models_json catches "
-                   "TypeError/ValueError only; int(1e400) raises OverflowError")
 def test_a_huge_number_in_models_json_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="batchSize"):
         build_config({"models": MODELS_OVERFLOW})
 
 
-@pytest.mark.xfail(strict=True, reason="frontend/config.py:163 _parse_regex_list catches "
-                   "re.error only; re.compile raises OverflowError for huge repeat counts")
 def test_a_huge_repeat_count_in_allowed_urls_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="allowed_urls"):
         build_config({"allowed_urls": REGEX_OVERFLOW})
 
 
-@pytest.mark.xfail(strict=True, reason="frontend/config.py:83 and :148 json.loads raises "
-                   "RecursionError for deeply nested JSON; build_config (:316) does not catch it")
 @pytest.mark.parametrize("key", ["models", "model_snapshot"])
 def test_deeply_nested_json_is_a_config_error(key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         build_config({key: DEEP_JSON})
 
 
-@pytest.mark.xfail(strict=True, reason="frontend/config.py:75 parses defaultVersion with "
-                   "bool(), so the string 'false' means true")
 def test_default_version_false_as_a_string_is_false() -> None:
     config, _ = build_config({"models": '{"m": {"1.0": {"defaultVersion": "false"}}}'})
     assert config.models["m"]["1.0"].is_default_version is False
@@ -234,17 +226,11 @@ def test_a_well_formed_multipart_body_is_split_into_its_fields() -> None:
     assert fields == [("data", b"PAYLOAD", "application/octet-stream")]
 
 
-@pytest.mark.xfail(strict=True, reason="frontend/http/forms.py:69 builds the MultipartParser "
-                   "outside the try: a boundary over 256 bytes raises python_multipart's "
-                   "FormParserError (a ValueError), not BadRequest")
 def test_an_overlong_boundary_is_a_bad_request() -> None:
     with pytest.raises(BadRequest):
         parse_form(LONG_BOUNDARY, b"--")
 
 
-@pytest.mark.xfail(strict=True, reason="frontend/http/forms.py:75-80 _parse_multipart never "
-                   "checks that the parser reached the closing boundary: a truncated body "
-                   "parses as zero (or partial) fields instead of a 400")
 @pytest.mark.parametrize("body", [PART[:-4], PART, b""], ids=["mid-part", "no-close", "empty"])
 def test_a_truncated_multipart_body_is_a_bad_request(body: bytes) -> None:
     with pytest.raises(BadRequest):
@@ -434,11 +420,6 @@ def test_known_zip_slip_shapes_are_refused(
     assert _tree(sandbox, work) == before
 
 
-@pytest.mark.xfail(strict=True, reason="frontend/archive.py:104 and :116 turn only "
-                   "BadZipFile/TarError into ArchiveError: member names that clash ('a' and "
-                   "'a/b'), an empty name or one too long raise NotADirectoryError, "
-                   "IsADirectoryError, IndexError or OSError, which the management API "
-                   "answers as a bare 500 instead of a 400")
 @pytest.mark.parametrize("members", [*_UNPACK_BUGS_PROBES.values(), [("x" * 300, None)]],
                          ids=["file-then-dir", "dir-then-file", "empty-name", "name-too-long"])
 def test_malformed_zip_members_are_an_archive_error(
