@@ -1,0 +1,258 @@
+"""TorchServe 0.12 for comparisons: its own venv, archiver, config, start, register and stop.
+
+The venv is ``.venv-torchserve`` at the repository's root (made on first use; it holds a
+``.gitignore`` of its own, so git never sees it). Each server gets a private work directory
+(its logs, its config, and a ``TMPDIR`` of its own so that its pid file, which TorchServe keeps
+in the temp directory, belongs to this server alone), free loopback ports, and either
+TorchServe's default logging or a quiet log4j2 configuration (``quiet=True``: WARN, with the
+access, model and metrics logs off), passed with ``vmargs`` in its ``config.properties``.
+Stopping waits for the Java process (and its Python workers) to be gone, and kills what is
+left of them by pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv-torchserve"
+VERSION = "0.12.0"
+#: torch comes from the machine's local wheels when they have it (no download).
+PACKAGES = (f"torchserve=={VERSION}", f"torch-model-archiver=={VERSION}", "pyyaml", "captum",
+            "torch==2.14.1", "torchvision==0.29.1")  # torchvision: its image_classifier
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 60.0
+
+QUIET_LOG4J2 = """\
+<?xml version="1.0" encoding="UTF-8"?>
+<!-- TorchServe at its quietest that still reports problems: no access, model or metric logs. -->
+<Configuration status="WARN">
+  <Appenders>
+    <Console name="STDOUT" target="SYSTEM_OUT">
+      <PatternLayout pattern="%d{ISO8601} [%-5p] %t %c - %m%n"/>
+    </Console>
+  </Appenders>
+  <Loggers>
+    <Logger name="ACCESS_LOG" level="off" additivity="false"/>
+    <Logger name="MODEL_LOG" level="off" additivity="false"/>
+    <Logger name="MODEL_METRICS" level="off" additivity="false"/>
+    <Logger name="TS_METRICS" level="off" additivity="false"/>
+    <Logger name="io.netty" level="error"/>
+    <Logger name="org.pytorch.serve" level="warn"/>
+    <Root level="warn">
+      <AppenderRef ref="STDOUT"/>
+    </Root>
+  </Loggers>
+</Configuration>
+"""
+
+
+class TorchServeError(RuntimeError):
+    pass
+
+
+def ensure_venv(venv: Path = VENV, packages: Sequence[str] = PACKAGES) -> Path:
+    """Make the TorchServe venv, or complete it, unless it has ``packages``; returns its bin."""
+    bin_dir = venv / "bin"
+    stamp = venv / ".bench-packages"  # what the last install here installed
+    wanted = "\n".join(packages) + "\n"
+    if stamp.exists() and stamp.read_text() == wanted:
+        return bin_dir
+    if not (bin_dir / "pip").exists():
+        print(f"creating {venv} (once; several minutes)", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+        (venv / ".gitignore").write_text("*\n")
+    print(f"installing into {venv}: {' '.join(packages)}", file=sys.stderr, flush=True)
+    subprocess.run([str(bin_dir / "pip"), "install", "--quiet", *packages], check=True,
+                   timeout=3600, env=clean_env())
+    stamp.write_text(wanted)
+    return bin_dir
+
+
+def archive(bin_dir: Path, store: Path, name: str, handler: Path, *, version: str = "1.0",
+            model_file: Path | None = None, serialized_file: Path | None = None,
+            extra_files: Sequence[Path] = ()) -> str:
+    """Pack a ``.mar`` with TorchServe's own ``torch-model-archiver``; returns its file name."""
+    command = [str(bin_dir / "torch-model-archiver"), "--model-name", name, "--version",
+               version, "--handler", str(handler), "--export-path", str(store), "--force"]
+    if model_file is not None:
+        command += ["--model-file", str(model_file)]
+    if serialized_file is not None:
+        command += ["--serialized-file", str(serialized_file)]
+    if extra_files:
+        command += ["--extra-files", ",".join(str(path) for path in extra_files)]
+    done = subprocess.run(command, timeout=600, capture_output=True, text=True, check=False,
+                          env=clean_env())
+    if done.returncode != 0:
+        raise TorchServeError(f"torch-model-archiver failed ({done.returncode}): "
+                              f"{(done.stderr or done.stdout).strip()[-2000:]}")
+    return f"{name}.mar"
+
+
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment for TorchServe's tools, less PYTHONPATH: this repository's
+    ``model_archiver`` package would shadow TorchServe's."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return {**env, **(extra or {})}
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel just had free on 127.0.0.1 (TorchServe cannot bind port 0)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class TorchServe:
+    """A TorchServe 0.12 on free loopback ports, started with ``torchserve --start``."""
+
+    def __init__(self, model_store: Path, *, quiet: bool = False,
+                 env: Mapping[str, str] | None = None, venv: Path = VENV) -> None:
+        self.bin = ensure_venv(venv)
+        self.model_store = model_store
+        self.quiet = quiet
+        self.work = Path(tempfile.mkdtemp(prefix="bench-torchserve-"))
+        (self.work / "tmp").mkdir()
+        ports = free_ports(5)
+        self.inference = f"http://127.0.0.1:{ports[0]}"
+        self.management = f"http://127.0.0.1:{ports[1]}"
+        self.metrics = f"http://127.0.0.1:{ports[2]}"
+        self.grpc_inference_port = ports[3]
+        properties = [
+            f"inference_address={self.inference}",
+            f"management_address={self.management}",
+            f"metrics_address={self.metrics}",
+            "grpc_inference_address=127.0.0.1",
+            "grpc_management_address=127.0.0.1",
+            f"grpc_inference_port={ports[3]}",
+            f"grpc_management_port={ports[4]}",
+            "default_workers_per_model=1",
+            # The system-metrics collector starts a Python process every minute: noise.
+            "disable_system_metrics=true",
+        ]
+        if quiet:
+            log_config = self.work / "log4j2.xml"
+            log_config.write_text(QUIET_LOG4J2)
+            properties.append(f"vmargs=-Dlog4j.configurationFile=file://{log_config}")
+        self.config = self.work / "config.properties"
+        self.config.write_text("\n".join(properties) + "\n")
+        # TMPDIR: TorchServe keeps its pid file in the temp dir; this one is ours alone.
+        self.env = clean_env({**(env or {}), "TMPDIR": str(self.work / "tmp"),
+                              "LOG_LOCATION": str(self.work / "logs"),
+                              "METRICS_LOCATION": str(self.work / "logs")})
+        self.pid: int | None = None
+
+    def __enter__(self) -> TorchServe:
+        subprocess.run([str(self.bin / "torchserve"), "--start", "--ncs", "--disable-token-auth",
+                        "--enable-model-api", "--model-store", str(self.model_store),
+                        "--ts-config", str(self.config)],
+                       cwd=self.work, env=self.env, check=True, timeout=120,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pid_file = self.work / "tmp" / ".model_server.pid"
+        self.pid = int(pid_file.read_text().split()[0]) if pid_file.exists() else None
+        try:
+            self._wait_ready()
+        except BaseException as error:
+            self.__exit__(type(error), error, None)
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.inference}/ping", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            if self.pid is not None and not _alive(self.pid):
+                raise TorchServeError(f"TorchServe exited; logs in {self.work / 'logs'}")
+            time.sleep(0.5)
+        raise TorchServeError(f"TorchServe not ready in {START_TIMEOUT_S:.0f} s")
+
+    def __exit__(self, *exc: object) -> None:
+        import psutil
+
+        processes: list[psutil.Process] = []
+        if self.pid is not None:
+            try:
+                java = psutil.Process(self.pid)
+                processes = [java, *java.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+        subprocess.run([str(self.bin / "torchserve"), "--stop"], cwd=self.work, env=self.env,
+                       timeout=120, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       check=False)
+        _, alive = psutil.wait_procs(processes, timeout=STOP_TIMEOUT_S)
+        for process in alive:  # only the processes this server started
+            print(f"killing TorchServe process {process.pid} left behind", file=sys.stderr)
+            process.kill()
+        psutil.wait_procs(alive, timeout=10)
+        if exc and exc[0] is not None:
+            print(f"TorchServe's logs are in {self.work / 'logs'}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.work, ignore_errors=True)  # its logs can be large
+
+    def register(self, url: str, **params: object) -> None:
+        query = urllib.parse.urlencode({"url": url, "synchronous": "true", **params})
+        request = urllib.request.Request(f"{self.management}/models?{query}", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                response.read()
+        except urllib.error.HTTPError as error:
+            raise TorchServeError(f"TorchServe could not register {url}: {error.code} "
+                                  f"{error.read().decode(errors='replace').strip()} (its model "
+                                  f"log: {self.work / 'logs' / 'model_log.log'})") from None
+
+    def describe(self, name: str) -> dict[str, object]:
+        with urllib.request.urlopen(f"{self.management}/models/{name}", timeout=60) as response:
+            return json.loads(response.read())[0]  # type: ignore[no-any-return]
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def main() -> int:
+    """Smoke test: start, register the echo example, one request, stop."""
+    store = Path(tempfile.mkdtemp(prefix="bench-ts-store-"))
+    bin_dir = ensure_venv()
+    mar = archive(bin_dir, store, "echo", ROOT / "examples" / "echo" / "echo_handler.py")
+    with TorchServe(store, quiet=True) as server:
+        server.register(mar, batch_size=8, max_batch_delay=5, initial_workers=1)
+        request = urllib.request.Request(f"{server.inference}/predictions/echo", data=b"hello",
+                                         headers={"Content-Type": "application/octet-stream"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            print(response.status, response.read())
+        print(json.dumps(server.describe("echo"), indent=1)[:400])
+    shutil.rmtree(store, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
