@@ -28,7 +28,6 @@ from frontend import kserve
 from frontend.auth import KeyKind
 from frontend.batching import Job
 from frontend.errors import InternalError, ServeError
-from frontend.logs import log_access
 from frontend.management import ManagementOps
 from frontend.predict import submit
 from frontend.registry import SERVER_VERSION, Model
@@ -104,6 +103,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
     def __init__(self, services: Services) -> None:
         self.registry = services.registry
         self.auth = services.auth
+        self.access = services.access
 
     async def Ping(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         healthy = all(model.is_healthy() for model in self.registry)
@@ -158,7 +158,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
         except ServeError:
             model = None
         self.registry.metrics.record_request(model, status, latency_s)
-        log_access(context.peer(), "gRPC", f"/{request.model_name}", "HTTP/2.0", status,
+        self.access.write(context.peer(), "gRPC", f"/{request.model_name}", "HTTP/2.0", status,
                    latency_s, request.model_name, request.model_version or "-",
                    job.queue_wait_s, job.batch_size)
 
@@ -238,6 +238,7 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
     def __init__(self, services: Services) -> None:
         self.registry = services.registry
         self.auth = services.auth
+        self.access = services.access
 
     def _check(self, context: grpc.aio.ServicerContext) -> list[tuple[bytes, bytes]]:
         headers = _metadata_headers(context)
@@ -313,7 +314,7 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
         finally:
             latency_s = time.perf_counter() - started
             self.registry.metrics.record_request(model, status, latency_s)
-            log_access(context.peer(), "gRPC", f"/v2/models/{request.model_name}/infer",
+            self.access.write(context.peer(), "gRPC", f"/v2/models/{request.model_name}/infer",
                        "HTTP/2.0", status, latency_s, request.model_name,
                        request.model_version or "-", job.queue_wait_s, job.batch_size)
         raise AssertionError("unreachable: abort raises")

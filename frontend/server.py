@@ -97,9 +97,10 @@ class Server:
         if not config.disable_token_authorization:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
-        self.services = Services(config, registry, auth, snapshots)
+        logs = ServerLogs(config.log_location, config.enable_access_log)
+        self.services = Services(config, registry, auth, snapshots, logs.access)
         grpc_servers = GrpcServers(self.services) if config.enable_grpc else None
-        with ServerLogs(config.log_location, config.enable_access_log):
+        with logs:
             try:
                 await self._serve(http_services=self.services, registry=registry,
                                   snapshots=snapshots, auth=auth, grpc_servers=grpc_servers)

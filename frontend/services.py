@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from frontend.auth import TokenAuthority
 from frontend.config import ServerConfig
+from frontend.logs import AccessLog
 from frontend.registry import ModelRegistry
 from frontend.snapshot import Snapshots
 
@@ -16,3 +17,4 @@ class Services:
     registry: ModelRegistry
     auth: TokenAuthority | None
     snapshots: Snapshots
+    access: AccessLog

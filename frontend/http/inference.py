@@ -20,7 +20,6 @@ from frontend.http.common import REQUEST_TIMEOUT_HEADER
 from frontend.http.forms import is_form, parse_form
 from frontend.http.kserve import KServeRoutes
 from frontend.http.openapi import inference_description
-from frontend.logs import log_access
 from frontend.predict import submit
 from frontend.registry import Model
 from frontend.services import Services
@@ -44,6 +43,7 @@ class InferenceApp(common.Routes):
         self.auth = services.auth
         self.snapshots = services.snapshots
         self.metrics = services.registry.metrics
+        self.access = services.access
         self.kserve = KServeRoutes(services)
 
     async def route(self, scope: common.Scope, receive: common.Receive,
@@ -92,7 +92,7 @@ class InferenceApp(common.Routes):
             latency_s = time.perf_counter() - started
             self.metrics.record_request(model, status, latency_s)
             client = scope.get("client") or ("-", 0)
-            log_access(f"/{client[0]}:{client[1]}", scope["method"], scope["path"],
+            self.access.write(f"/{client[0]}:{client[1]}", scope["method"], scope["path"],
                        f"HTTP/{scope.get('http_version', '1.1')}", status, latency_s,
                        model.name if model else "-", model.version if model else "-",
                        job.queue_wait_s, job.batch_size)

@@ -21,7 +21,6 @@ from frontend.auth import KeyKind
 from frontend.batching import Job
 from frontend.errors import InternalError, ServeError
 from frontend.http import common
-from frontend.logs import log_access
 from frontend.predict import submit
 from frontend.registry import SERVER_VERSION, Model
 from frontend.services import Services
@@ -49,6 +48,7 @@ class KServeRoutes:
         self.registry = services.registry
         self.auth = services.auth
         self.metrics = services.registry.metrics
+        self.access = services.access
 
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:
@@ -259,6 +259,6 @@ class KServeRoutes:
             latency_s = time.perf_counter() - started
             self.metrics.record_request(model, status, latency_s)
             client = scope.get("client") or ("-", 0)
-            log_access(f"/{client[0]}:{client[1]}", scope["method"], scope["path"],
+            self.access.write(f"/{client[0]}:{client[1]}", scope["method"], scope["path"],
                        f"HTTP/{scope.get('http_version', '1.1')}", status, latency_s,
                        model.name, model.version, job.queue_wait_s, job.batch_size)
