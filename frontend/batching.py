@@ -112,8 +112,9 @@ class Batcher:
     def remaining_capacity(self) -> int:
         return max(0, self.capacity - len(self._queue))
 
-    def submit(self, job: Job) -> None:
-        """Queue a job, or raise ServiceUnavailable at once when the queue is full."""
+    def refuse_if_full(self) -> None:
+        """Raise ServiceUnavailable now if a job would be refused: lets the HTTP layer answer
+        503 before it reads the body (overload must stay cheap to turn away)."""
         if self._closed is not None:
             raise self._closed
         if len(self._queue) >= self.capacity:
@@ -125,6 +126,10 @@ class Batcher:
                     f"job queue is full ({self.capacity} requests waiting); retry later",
                     headers={"Retry-After": "1"},
                 )
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise ServiceUnavailable at once when the queue is full."""
+        self.refuse_if_full()
         job.enqueued_at = now = self._clock()
         self.policy.on_arrival(now)
         self._queue.append(job)

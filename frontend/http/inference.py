@@ -100,6 +100,7 @@ class InferenceApp(common.Routes):
     async def predict(self, model: Model, scope: common.Scope, receive: common.Receive,
                       send: common.Send, job: Job) -> int:
         """Run one prediction and answer it; returns the HTTP status sent (0: client gone)."""
+        model.batcher.refuse_if_full()
         limit = self.config.max_request_size_bytes
         common.check_content_length(scope, limit)
         body = await common.read_body(receive, limit)
