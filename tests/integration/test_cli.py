@@ -117,3 +117,42 @@ def test_foreground_server_stops_on_sigterm_via_stop(tmp_path: Path) -> None:
         server.wait()
         assert server.stdout is not None
         server.stdout.close()
+
+
+def test_after_the_frontend_is_killed_its_workers_exit_and_a_new_start_works(
+        tmp_path: Path) -> None:
+    import signal
+    import time
+
+    env = {**os.environ, "BATCHSERVE_STATE_DIR": str(tmp_path / "state")}
+    handler = Path(__file__).resolve().parent.parent / "fixtures" / "handlers" / "echo.py"
+    store = tmp_path / "store"
+    store.mkdir()
+    assert _run([str(BIN / "model-archiver"), "--model-name", "echo", "--handler", str(handler),
+                 "--export-path", str(store)], env, tmp_path).returncode == 0
+    (tmp_path / "config.properties").write_text(
+        "inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
+        "metrics_address=http://127.0.0.1:0\ngrpc_inference_port=0\ngrpc_management_port=0\n")
+    start = [str(BIN / "torchserve"), "--start", "--model-store", str(store), "--models",
+             "echo=echo.mar", "--ts-config", "config.properties", "--disable-token-auth"]
+    assert _run(start, env, tmp_path).returncode == 0
+    state = json.loads((tmp_path / "state" / "server.json").read_text())
+    described = requests.get(f"{state['management']}/models/echo", timeout=30).json()[0]
+    worker_pids = [w["pid"] for w in described["workers"]]
+    os.kill(state["pid"], signal.SIGKILL)
+
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+              for p in worker_pids):
+        assert time.monotonic() < deadline, "workers outlived their frontend"
+        time.sleep(0.05)
+
+    restarted = _run(start, env, tmp_path)  # the stale state file is not in the way
+    try:
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        state = json.loads((tmp_path / "state" / "server.json").read_text())
+        answer = requests.post(f"{state['inference']}/predictions/echo", data=b"again",
+                               timeout=30)
+        assert answer.content == b"again"
+    finally:
+        assert _run([str(BIN / "torchserve"), "--stop"], env, tmp_path).returncode == 0
