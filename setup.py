@@ -30,6 +30,10 @@ EXTRAS_REQUIRE = {
         "ruff>=0.5",
         "openapi-spec-validator>=0.7",
         "hypothesis>=6.100",  # property tests: tests/unit/test_fuzz.py, test_bad_input.py
+        # Triton's client against our KServe v2 endpoints: tests/integration/test_kserve_clients.py.
+        # Not its [grpc] extra, which pins protobuf<7; tritonclient.grpc needs only grpcio and
+        # protobuf, which are installed anyway, and works with protobuf 7.
+        "tritonclient[http]>=2.73,<3",
     ],
     # benchmarks/ (python -m benchmarks.suite): plots and progress bars.
     "bench": [
