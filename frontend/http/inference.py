@@ -19,6 +19,7 @@ from frontend.http import common
 from frontend.http.common import REQUEST_TIMEOUT_HEADER
 from frontend.http.forms import is_form, parse_form
 from frontend.http.kserve import KServeRoutes
+from frontend.http.observe import record_http_request
 from frontend.http.openapi import inference_description
 from frontend.predict import submit
 from frontend.registry import Model
@@ -89,13 +90,8 @@ class InferenceApp(common.Routes):
             status = error.http_status
             raise
         finally:
-            latency_s = time.perf_counter() - started
-            self.metrics.record_request(model, status, latency_s)
-            client = scope.get("client") or ("-", 0)
-            self.access.write(f"/{client[0]}:{client[1]}", scope["method"], scope["path"],
-                       f"HTTP/{scope.get('http_version', '1.1')}", status, latency_s,
-                       model.name if model else "-", model.version if model else "-",
-                       job.queue_wait_s, job.batch_size)
+            record_http_request(self.metrics, self.access, scope, model, status,
+                                time.perf_counter() - started, job)
 
     async def predict(self, model: Model, scope: common.Scope, receive: common.Receive,
                       send: common.Send, job: Job) -> int:

@@ -21,6 +21,7 @@ from frontend.auth import KeyKind
 from frontend.batching import Job
 from frontend.errors import InternalError, ServeError
 from frontend.http import common
+from frontend.http.observe import record_http_request
 from frontend.predict import submit
 from frontend.registry import SERVER_VERSION, Model
 from frontend.services import Services
@@ -256,9 +257,5 @@ class KServeRoutes:
             status = error.http_status
             raise
         finally:
-            latency_s = time.perf_counter() - started
-            self.metrics.record_request(model, status, latency_s)
-            client = scope.get("client") or ("-", 0)
-            self.access.write(f"/{client[0]}:{client[1]}", scope["method"], scope["path"],
-                       f"HTTP/{scope.get('http_version', '1.1')}", status, latency_s,
-                       model.name, model.version, job.queue_wait_s, job.batch_size)
+            record_http_request(self.metrics, self.access, scope, model, status,
+                                time.perf_counter() - started, job)
