@@ -16,12 +16,16 @@ from frontend.auth import KeyKind
 from frontend.batching import Job
 from frontend.errors import InternalError, ServeError
 from frontend.http import common
-from frontend.http.common import REQUEST_TIMEOUT_HEADER
 from frontend.http.forms import is_form, parse_form
 from frontend.http.kserve import KServeRoutes
-from frontend.http.observe import record_http_request
+from frontend.http.observe import (
+    check_response_size,
+    copy_headers,
+    record_http_request,
+    response_headers,
+    submit_unless_gone,
+)
 from frontend.http.openapi import inference_description
-from frontend.predict import submit
 from frontend.registry import Model
 from frontend.services import Services
 from frontend.streams import ResponseStream
@@ -102,16 +106,8 @@ class InferenceApp(common.Routes):
         body = await common.read_body(receive, limit)
         request_id = str(uuid.uuid4())
         request = job.request = worker_pb2.Request(request_id=request_id)
-        content_type = ""
-        timeout_s: float | None = None
-        for raw_name, raw_value in scope["headers"]:
-            name = raw_name.decode("latin-1")
-            value = raw_value.decode("latin-1")
-            request.headers[name] = value
-            if name == "content-type":
-                content_type = value
-            elif name == REQUEST_TIMEOUT_HEADER:
-                timeout_s = common.parse_timeout(value)
+        timeout_s = copy_headers(scope, request)
+        content_type = request.headers.get("content-type", "")
         if content_type and is_form(content_type):
             for field_name, data, field_type in parse_form(content_type, body):
                 request.inputs[field_name] = data
@@ -119,17 +115,9 @@ class InferenceApp(common.Routes):
         else:
             request.inputs["body"] = body
             request.content_types["body"] = content_type
-        # A client that hangs up while its request waits is dropped from the queue: the
-        # ASGI server answers a pending receive() with http.disconnect when it goes.
-        disconnected = asyncio.ensure_future(receive())
-        try:
-            result = await submit(model, request, timeout_s, abandoned=disconnected, job=job)
-        except asyncio.CancelledError:
-            if disconnected.done():
-                return 0  # nobody is listening for an answer
-            raise
-        finally:
-            disconnected.cancel()
+        result = await submit_unless_gone(model, request, timeout_s, receive, job)
+        if result is None:
+            return 0  # the client went away
         if isinstance(result, ResponseStream):
             return await self.respond_in_parts(result, request_id, send)
         return await self.respond(result, request_id, send)
@@ -164,21 +152,14 @@ class InferenceApp(common.Routes):
 
     async def respond(self, response: worker_pb2.Response, request_id: str,
                       send: common.Send) -> int:
-        headers: common.Headers = [(b"x-request-id", request_id.encode())]
-        # HTTP headers are latin-1; a handler's other characters become "?", not a 500.
-        headers.extend((key.lower().encode("latin-1", "replace"),
-                        value.encode("latin-1", "replace"))
-                       for key, value in response.headers.items())
+        headers = response_headers(request_id, response)
         if response.error:
             body = {"code": response.status or 500,
                     "type": response.error_type or InternalError.type_name,
                     "message": response.error}
             await common.send_json(send, response.status or 500, body, headers)
             return response.status or 500
-        if len(response.body) > self.config.max_response_size_bytes:
-            raise InternalError(
-                f"response of {len(response.body)} bytes exceeds max_response_size "
-                f"({self.config.max_response_size_bytes} bytes)")
+        check_response_size(response.body, self.config.max_response_size_bytes)
         content_type = (response.content_type or "application/json").encode("latin-1")
         await common.send_bytes(send, response.status or 200, response.body, content_type,
                                 headers)

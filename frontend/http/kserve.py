@@ -21,8 +21,13 @@ from frontend.auth import KeyKind
 from frontend.batching import Job
 from frontend.errors import InternalError, ServeError
 from frontend.http import common
-from frontend.http.observe import record_http_request
-from frontend.predict import submit
+from frontend.http.observe import (
+    check_response_size,
+    copy_headers,
+    record_http_request,
+    response_headers,
+    submit_unless_gone,
+)
 from frontend.registry import SERVER_VERSION, Model
 from frontend.services import Services
 from frontend.streams import ResponseStream
@@ -112,13 +117,13 @@ class KServeRoutes:
         request.content_types["body"] = "application/json"
         job.request = request
         job.weight = len(instances)
-        timeout_s = self._copy_headers(scope, request)
+        timeout_s = copy_headers(scope, request)
         if explain:
             request.headers[kserve.EXPLAIN_HEADER] = "True"
         response = await self._submit(model, request, timeout_s, receive, job)
         if response is None:
             return 0
-        headers = self._response_headers(request, response)
+        headers = response_headers(request.request_id, response)
         if response.error:
             status = response.status or 500
             await send_kserve_error(send, status, response.error, headers)
@@ -180,22 +185,19 @@ class KServeRoutes:
         request = worker_pb2.Request(request_id=str(uuid.uuid4()),
                                      tensor_format=worker_pb2.TENSOR_FORMAT_REST)
         job.request = request
-        timeout_s = self._copy_headers(scope, request)
+        timeout_s = copy_headers(scope, request)
         header = kserve.split_v2_body(body, request.headers.get(kserve.HEADER_LENGTH))
         job.weight = kserve.v2_rows(kserve.parse_json(header))
         request.inputs["body"] = body
         response = await self._submit(model, request, timeout_s, receive, job)
         if response is None:
             return 0
-        headers = self._response_headers(request, response)
+        headers = response_headers(request.request_id, response)
         if response.error:
             status = response.status or 500
             await send_kserve_error(send, status, response.error, headers)
             return status
-        if len(response.body) > self.config.max_response_size_bytes:
-            raise InternalError(
-                f"response of {len(response.body)} bytes exceeds max_response_size "
-                f"({self.config.max_response_size_bytes} bytes)")
+        check_response_size(response.body, self.config.max_response_size_bytes)
         content_type = (response.content_type or "application/json").encode("latin-1")
         await common.send_bytes(send, response.status or 200, response.body, content_type,
                                 headers)
@@ -208,38 +210,10 @@ class KServeRoutes:
         common.check_content_length(scope, limit)
         return await common.read_body(receive, limit)
 
-    @staticmethod
-    def _copy_headers(scope: common.Scope, request: worker_pb2.Request) -> float | None:
-        """The HTTP headers into the worker request; returns the client's own deadline."""
-        timeout_s = None
-        for raw_name, raw_value in scope["headers"]:
-            name = raw_name.decode("latin-1")
-            value = raw_value.decode("latin-1")
-            request.headers[name] = value
-            if name == common.REQUEST_TIMEOUT_HEADER:
-                timeout_s = common.parse_timeout(value)
-        return timeout_s
-
-    @staticmethod
-    def _response_headers(request: worker_pb2.Request,
-                          response: worker_pb2.Response) -> common.Headers:
-        headers: common.Headers = [(b"x-request-id", request.request_id.encode())]
-        headers.extend((key.lower().encode("latin-1"), value.encode("latin-1"))
-                       for key, value in response.headers.items())
-        return headers
-
     async def _submit(self, model: Model, request: worker_pb2.Request, timeout_s: float | None,
                       receive: common.Receive, job: Job) -> worker_pb2.Response | None:
         """Queue the job and wait; None when the client went away meanwhile."""
-        disconnected = asyncio.ensure_future(receive())
-        try:
-            result = await submit(model, request, timeout_s, abandoned=disconnected, job=job)
-        except asyncio.CancelledError:
-            if disconnected.done():
-                return None
-            raise
-        finally:
-            disconnected.cancel()
+        result = await submit_unless_gone(model, request, timeout_s, receive, job)
         if isinstance(result, ResponseStream):
             raise InternalError("the handler sent intermediate responses, which KServe's "
                                 "protocols cannot carry")

@@ -1,15 +1,69 @@
-"""After each HTTP prediction: its metrics and its access-log line, whatever its outcome."""
+"""The per-request plumbing every HTTP prediction route shares (TorchServe's and KServe's):
+headers in and out, waiting for the worker while watching for a hang-up, size limits, and
+the metrics and access-log line at the end."""
 
 from __future__ import annotations
 
+import asyncio
+
 from frontend.batching import Job
-from frontend.http.common import Scope
+from frontend.errors import InternalError
+from frontend.http import common
 from frontend.logs import AccessLog
 from frontend.metrics import ServerMetrics
+from frontend.predict import submit
 from frontend.registry import Model
+from frontend.streams import ResponseStream
+from protos import worker_pb2
 
 
-def record_http_request(metrics: ServerMetrics, access: AccessLog, scope: Scope,
+def copy_headers(scope: common.Scope, request: worker_pb2.Request) -> float | None:
+    """The HTTP headers into the worker request; returns the client's own deadline."""
+    timeout_s = None
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1")
+        value = raw_value.decode("latin-1")
+        request.headers[name] = value
+        if name == common.REQUEST_TIMEOUT_HEADER:
+            timeout_s = common.parse_timeout(value)
+    return timeout_s
+
+
+def response_headers(request_id: str, response: worker_pb2.Response) -> common.Headers:
+    headers: common.Headers = [(b"x-request-id", request_id.encode())]
+    # HTTP headers are latin-1; a handler's other characters become "?", not a 500.
+    headers.extend((key.lower().encode("latin-1", "replace"),
+                    value.encode("latin-1", "replace"))
+                   for key, value in response.headers.items())
+    return headers
+
+
+def check_response_size(body: bytes, limit_bytes: int) -> None:
+    if len(body) > limit_bytes:
+        raise InternalError(f"response of {len(body)} bytes exceeds max_response_size "
+                            f"({limit_bytes} bytes)")
+
+
+async def submit_unless_gone(model: Model, request: worker_pb2.Request, timeout_s: float | None,
+                             receive: common.Receive, job: Job
+                             ) -> worker_pb2.Response | ResponseStream | None:
+    """Queue the job and wait for its answer; None when the client hung up meanwhile.
+
+    A client that hangs up while its request waits is dropped from the queue: the ASGI server
+    answers a pending receive() with http.disconnect when it goes.
+    """
+    disconnected = asyncio.ensure_future(receive())
+    try:
+        return await submit(model, request, timeout_s, abandoned=disconnected, job=job)
+    except asyncio.CancelledError:
+        if disconnected.done():
+            return None  # nobody is listening for an answer
+        raise
+    finally:
+        disconnected.cancel()
+
+
+def record_http_request(metrics: ServerMetrics, access: AccessLog, scope: common.Scope,
                         model: Model | None, status: int, latency_s: float, job: Job) -> None:
     metrics.record_request(model, status, latency_s)
     client = scope.get("client") or ("-", 0)
