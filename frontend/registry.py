@@ -55,6 +55,17 @@ class ModelSettings:
     #: "adaptive" (default) or "fixed" (TorchServe's behaviour).
     batch_policy: str = PolicyName.ADAPTIVE.value
 
+    def torchserve_fields(self) -> dict[str, int]:
+        """The settings under TorchServe's JSON names (describe bodies and snapshots)."""
+        return {
+            "minWorkers": self.min_workers,
+            "maxWorkers": self.max_workers,
+            "batchSize": self.batch_size,
+            "maxBatchDelay": self.max_batch_delay_ms,
+            "responseTimeout": self.response_timeout_s,
+            "startupTimeout": self.startup_timeout_s,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class RegisterRequest:
@@ -217,12 +228,7 @@ class Model:
             "modelVersion": self.version,
             "modelUrl": self.archive.url,
             "runtime": self.archive.manifest.runtime or "python",
-            "minWorkers": s.min_workers,
-            "maxWorkers": s.max_workers,
-            "batchSize": s.batch_size,
-            "maxBatchDelay": s.max_batch_delay_ms,
-            "responseTimeout": s.response_timeout_s,
-            "startupTimeout": s.startup_timeout_s,
+            **s.torchserve_fields(),
             "loadedAtStartup": self.loaded_at_startup,
             "status": self.health(),
             **({"deviceIds": list(s.device_ids)} if s.device_ids else {}),

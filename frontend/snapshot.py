@@ -36,12 +36,7 @@ def snapshot_document(registry: ModelRegistry) -> dict[str, Any]:
         models.setdefault(model.name, {})[model.version] = {
             "defaultVersion": registry.default_version(model.name) == model.version,
             "marName": model.archive.url,
-            "minWorkers": s.min_workers,
-            "maxWorkers": s.max_workers,
-            "batchSize": s.batch_size,
-            "maxBatchDelay": s.max_batch_delay_ms,
-            "responseTimeout": s.response_timeout_s,
-            "startupTimeout": s.startup_timeout_s,
+            **s.torchserve_fields(),
             "handler": model.handler,
             "batchPolicy": s.batch_policy,
         }

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from backend.handlers.labels import label_of
+from backend.handlers.labels import LabelMap, label_of
 from backend.handlers.vision import IMAGENET_TRANSFORM, VisionHandler
 
 
@@ -27,10 +27,16 @@ class ImageClassifier(VisionHandler):
         return self.topk
 
     def postprocess(self, outputs: Any) -> list[Any]:
-        probabilities = torch.softmax(outputs, dim=1)
-        k = min(self.topk, probabilities.shape[1])
-        top_probabilities, top_classes = torch.topk(probabilities, k, dim=1)
-        return [
-            {label_of(self.mapping, c): p for c, p in zip(classes, probs, strict=True)}
-            for classes, probs in zip(top_classes.tolist(), top_probabilities.tolist(), strict=True)
-        ]
+        return top_k_labels(outputs, self.topk, self.mapping)
+
+
+def top_k_labels(logits: Any, topk: int, mapping: LabelMap | None) -> list[dict[str, float]]:
+    """Per row of ``[N, classes]`` logits: ``{label: probability}`` for the ``topk`` most
+    probable classes (all of them when there are fewer), highest first."""
+    probabilities = torch.softmax(logits, dim=1)
+    k = min(topk, probabilities.shape[1])
+    top_probabilities, top_classes = torch.topk(probabilities, k, dim=1)
+    return [
+        {label_of(mapping, c): p for c, p in zip(classes, probs, strict=True)}
+        for classes, probs in zip(top_classes.tolist(), top_probabilities.tolist(), strict=True)
+    ]

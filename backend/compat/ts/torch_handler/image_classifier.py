@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
+from backend.handlers.image_classifier import top_k_labels
 from backend.handlers.vision import IMAGENET_TRANSFORM
 
-from ..utils.util import map_class_to_label
 from .vision_handler import VisionHandler
 
 
@@ -31,7 +31,4 @@ class ImageClassifier(VisionHandler):
         return self.topk
 
     def postprocess(self, data: torch.Tensor) -> list[dict[str, Any]]:
-        probabilities = torch.softmax(data, dim=1)
-        k = min(self.topk, probabilities.shape[1])
-        probs, classes = torch.topk(probabilities, k, dim=1)
-        return map_class_to_label(probs.tolist(), self.mapping, classes.tolist())
+        return top_k_labels(data, self.topk, self.mapping)
