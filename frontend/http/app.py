@@ -13,6 +13,7 @@ import uvicorn
 from frontend.config import Address
 from frontend.errors import ServeError
 from frontend.http import common
+from frontend.http.fast import protocol_for
 from frontend.http.inference import InferenceApp
 from frontend.http.management import ManagementApp
 from frontend.http.metrics import MetricsApp
@@ -115,9 +116,11 @@ class HttpListeners:
 
     async def start(self) -> None:
         for _names, sock, app in self._sockets:
+            apps = app.apps if isinstance(app, CombinedApp) else [app]
+            inference = next((a for a in apps if isinstance(a, InferenceApp)), None)
             config = uvicorn.Config(
                 app,  # type: ignore[arg-type]
-                http="httptools",
+                http=protocol_for(inference),
                 interface="asgi3",
                 lifespan="off",
                 access_log=False,

@@ -56,10 +56,6 @@ class InferenceApp(common.Routes):
         """Serve the request if it is ours; return False when no route matches."""
         path: str = scope["path"]
         if path.startswith("/predictions/"):
-            if scope["method"] not in _INFERENCE_METHODS:
-                raise common.method_not_allowed()
-            if self.auth is not None:
-                self.auth.check(KeyKind.INFERENCE, scope["headers"])
             await self.observed_predict(scope, receive, send)
             return True
         if path == "/ping":
@@ -77,6 +73,53 @@ class InferenceApp(common.Routes):
         status = "Healthy" if healthy else "Unhealthy"
         await common.send_json(send, 200 if healthy else 500, {"status": status})
 
+    # The steps of a prediction, shared by the ASGI route below and by the connection-level
+    # fast path (frontend/http/fast.py), which serves nearly every /predictions request.
+
+    def model_for(self, scope: common.Scope) -> Model:
+        """The model a /predictions request names (ServeError: wrong method, token or name)."""
+        if scope["method"] not in _INFERENCE_METHODS:
+            raise common.method_not_allowed()
+        if self.auth is not None:
+            self.auth.check(KeyKind.INFERENCE, scope["headers"])
+        parts = common.path_parts(scope)
+        if len(parts) not in (2, 3):
+            raise common.not_found()
+        return self.registry.get(parts[1], parts[2] if len(parts) == 3 else None)
+
+    def admit(self, model: Model, scope: common.Scope) -> None:
+        """Refuse a request before its body is read: full queue, or a body declared too big."""
+        model.batcher.refuse_if_full()
+        common.check_content_length(scope, self.config.max_request_size_bytes)
+
+    @staticmethod
+    def worker_request(scope: common.Scope, body: bytes, job: Job) -> float | None:
+        """Fill ``job.request`` from the HTTP request; returns the client's own deadline."""
+        request = job.request = worker_pb2.Request(request_id=str(uuid.uuid4()))
+        timeout_s = copy_headers(scope, request)
+        content_type = request.headers.get("content-type", "")
+        if content_type and is_form(content_type):
+            for field_name, data, field_type in parse_form(content_type, body):
+                request.inputs[field_name] = data
+                request.content_types[field_name] = field_type
+        else:
+            request.inputs["body"] = body
+            request.content_types["body"] = content_type
+        return timeout_s
+
+    def answer(self, response: worker_pb2.Response, request_id: str
+               ) -> tuple[int, bytes, bytes, common.Headers]:
+        """The worker's response as (status, content type, body, other headers)."""
+        headers = response_headers(request_id, response)
+        if response.error:
+            status = response.status or 500
+            return status, common.JSON, common.pretty_json({
+                "code": status, "type": response.error_type or InternalError.type_name,
+                "message": response.error}), headers
+        check_response_size(response.body, self.config.max_response_size_bytes)
+        content_type = (response.content_type or "application/json").encode("latin-1")
+        return response.status or 200, content_type, response.body, headers
+
     async def observed_predict(self, scope: common.Scope, receive: common.Receive,
                                send: common.Send) -> None:
         """A prediction, with its metrics and access-log line, whatever its outcome."""
@@ -85,10 +128,8 @@ class InferenceApp(common.Routes):
         job = Job(_NO_REQUEST, asyncio.get_running_loop().create_future())
         status = 500
         try:
-            parts = common.path_parts(scope)
-            if len(parts) not in (2, 3):
-                raise common.not_found()
-            model = self.registry.get(parts[1], parts[2] if len(parts) == 3 else None)
+            model = self.model_for(scope)
+            self.admit(model, scope)
             status = await self.predict(model, scope, receive, send, job)
         except ServeError as error:
             status = error.http_status
@@ -100,27 +141,17 @@ class InferenceApp(common.Routes):
     async def predict(self, model: Model, scope: common.Scope, receive: common.Receive,
                       send: common.Send, job: Job) -> int:
         """Run one prediction and answer it; returns the HTTP status sent (0: client gone)."""
-        model.batcher.refuse_if_full()
-        limit = self.config.max_request_size_bytes
-        common.check_content_length(scope, limit)
-        body = await common.read_body(receive, limit)
-        request_id = str(uuid.uuid4())
-        request = job.request = worker_pb2.Request(request_id=request_id)
-        timeout_s = copy_headers(scope, request)
-        content_type = request.headers.get("content-type", "")
-        if content_type and is_form(content_type):
-            for field_name, data, field_type in parse_form(content_type, body):
-                request.inputs[field_name] = data
-                request.content_types[field_name] = field_type
-        else:
-            request.inputs["body"] = body
-            request.content_types["body"] = content_type
-        result = await submit_unless_gone(model, request, timeout_s, receive, job)
+        body = await common.read_body(receive, self.config.max_request_size_bytes)
+        timeout_s = self.worker_request(scope, body, job)
+        result = await submit_unless_gone(model, job.request, timeout_s, receive, job)
         if result is None:
             return 0  # the client went away
+        request_id = job.request.request_id
         if isinstance(result, ResponseStream):
             return await self.respond_in_parts(result, request_id, send)
-        return await self.respond(result, request_id, send)
+        status, content_type, body, headers = self.answer(result, request_id)
+        await common.send_bytes(send, status, body, content_type, headers)
+        return status
 
     async def respond_in_parts(self, stream: ResponseStream, request_id: str,
                                send: common.Send) -> int:
@@ -149,18 +180,3 @@ class InferenceApp(common.Routes):
                 error.to_body()), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return status
-
-    async def respond(self, response: worker_pb2.Response, request_id: str,
-                      send: common.Send) -> int:
-        headers = response_headers(request_id, response)
-        if response.error:
-            body = {"code": response.status or 500,
-                    "type": response.error_type or InternalError.type_name,
-                    "message": response.error}
-            await common.send_json(send, response.status or 500, body, headers)
-            return response.status or 500
-        check_response_size(response.body, self.config.max_response_size_bytes)
-        content_type = (response.content_type or "application/json").encode("latin-1")
-        await common.send_bytes(send, response.status or 200, response.body, content_type,
-                                headers)
-        return response.status or 200

@@ -521,6 +521,16 @@ def test_a_response_header_outside_latin_1_is_sent_with_replacements(
     assert answers[1].headers["x-note"] == "? uro"  # HTTP headers are latin-1
 
 
+def test_a_response_header_that_would_split_the_response_fails_only_its_request(
+        unserialisable: RunningServer) -> None:
+    bodies = [b"first", b"split", b"third", b"fourth"]
+    answers = _batch_of_four(unserialisable, bodies)
+    assert [a.status_code for a in answers] == [200, 500, 200, 200]
+    assert "invalid HTTP header" in _error(answers[1], 500)
+    assert all("x-injected" not in answer.headers for answer in answers)
+    _assert_healthy(unserialisable)
+
+
 # ---- hypothesis over the HTTP APIs ----------------------------------------------------------
 
 MODEL_PARAMS = ["url", "model_name", "handler", "runtime", "batch_size", "max_batch_delay",

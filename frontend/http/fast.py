@@ -1,0 +1,292 @@
+"""The /predictions fast path: a connection protocol that answers TorchServe predictions from
+httptools' parser callbacks, without an ASGI task per request.
+
+Everything else on the inference port (``/ping``, KServe, the API description, pipelined or
+upgraded requests, other methods) goes through uvicorn's own ``HttpToolsProtocol``, which
+this class extends, to our ASGI apps. A prediction here follows the same steps as the ASGI
+route (``InferenceApp.model_for``, ``admit``, ``worker_request``, ``answer``): it may be
+refused as soon as its headers are parsed (before the body is read), is queued when its body
+is complete, and is answered from a callback on its job's future. That removes the
+per-request task, the ASGI message dicts and a second task watching for a hang-up, which
+were most of the frontend's cost per request (benchmarks/RESULTS.md, "What bounds the echo
+throughput").
+
+Relies on uvicorn's HttpToolsProtocol attributes (``cycle``, ``scope``, ``url``,
+``expect_100_continue``, ``on_response_complete``); tests/integration cover it end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import urllib.parse
+from typing import ClassVar
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from frontend.batching import Job
+from frontend.errors import InternalError, PayloadTooLarge, ServeError
+from frontend.http import common
+from frontend.http.inference import InferenceApp
+from frontend.http.observe import record_http_request
+from frontend.predict import enqueue
+from frontend.registry import Model
+from frontend.streams import ResponseStream
+from protos import worker_pb2
+
+logger = logging.getLogger(__name__)
+
+_PREFIX = b"/predictions/"
+_FAST_METHODS = (b"POST", b"PUT")
+_NO_REQUEST = worker_pb2.Request()
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# What HTTP forbids in a header name or value (a handler's header must not split a response).
+_BAD_NAME = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
+_BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+class _Prediction:
+    """One /predictions request on a connection: what uvicorn calls its cycle (it reads
+    ``response_complete`` and ``keep_alive``), plus the job and its metrics."""
+
+    __slots__ = ("body_done", "chunks", "declared", "job", "keep_alive", "model",
+                 "response_complete", "scope", "size", "started", "submitted", "timer")
+
+    def __init__(self, scope: common.Scope, keep_alive: bool, job: Job) -> None:
+        self.scope = scope
+        self.keep_alive = keep_alive
+        self.job = job
+        self.started = time.perf_counter()
+        self.model: Model | None = None
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.declared = False
+        self.body_done = False
+        self.submitted = False
+        self.response_complete = False
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class PredictionsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with /predictions answered without the ASGI cycle."""
+
+    inference: ClassVar[InferenceApp]
+
+    # -- parser callbacks -------------------------------------------------------------------
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        cycle = self.cycle
+        if (not self.url.startswith(_PREFIX) or parser.get_method() not in _FAST_METHODS
+                or parser.should_upgrade()
+                or (cycle is not None and not cycle.response_complete)):
+            # Anything else, and a request pipelined behind an unanswered one, goes the ASGI
+            # way (uvicorn queues pipelined requests in order).
+            super().on_headers_complete()
+            return
+        scope = self.scope
+        http_version = parser.get_http_version()
+        scope["method"] = parser.get_method().decode("ascii")
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        url = httptools.parse_url(self.url)
+        path = url.path.decode("ascii")
+        scope["path"] = urllib.parse.unquote(path) if "%" in path else path
+        scope["raw_path"] = url.path
+        scope["query_string"] = url.query or b""
+        keep_alive = http_version != "1.0" and parser.should_keep_alive()
+        prediction = _Prediction(scope, keep_alive, Job(_NO_REQUEST, self.loop.create_future()))
+        self.cycle = prediction  # type: ignore[assignment]
+        try:
+            prediction.model = model = self.inference.model_for(scope)
+            self.inference.admit(model, scope)
+        except ServeError as error:
+            self._refuse(prediction, error)
+            return
+        if self.expect_100_continue:
+            self.transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        prediction = self.cycle
+        if type(prediction) is not _Prediction:
+            super().on_body(body)
+            return
+        if prediction.response_complete:
+            return  # answered before its body came (refused): the rest is read and dropped
+        prediction.size += len(body)
+        limit = self.inference.config.max_request_size_bytes
+        if prediction.size > limit:
+            self._refuse(prediction, PayloadTooLarge(
+                f"request body exceeds max_request_size ({limit} bytes)"))
+            return
+        prediction.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        prediction = self.cycle
+        if type(prediction) is not _Prediction:
+            super().on_message_complete()
+            return
+        prediction.body_done = True
+        if prediction.response_complete:
+            return
+        chunks = prediction.chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        prediction.chunks = []
+        job = prediction.job
+        try:
+            timeout_s = self.inference.worker_request(prediction.scope, body, job)
+            assert prediction.model is not None
+            prediction.timer = enqueue(prediction.model, job, timeout_s)
+        except ServeError as error:
+            self._refuse(prediction, error)
+            return
+        prediction.submitted = True
+        job.future.add_done_callback(lambda future: self._answered(prediction, future))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        prediction = self.cycle
+        if type(prediction) is _Prediction:
+            self.cycle = None  # type: ignore[assignment]
+            if not prediction.response_complete:
+                # The client hung up: its job leaves the queue (a cancelled job is never
+                # dispatched), and nothing is written.
+                prediction.response_complete = True
+                if prediction.submitted:
+                    prediction.job.future.cancel()
+                else:
+                    self._record(prediction, 0)
+        super().connection_lost(exc)
+
+    # -- answering --------------------------------------------------------------------------
+
+    def _answered(self, prediction: _Prediction, future: asyncio.Future[object]) -> None:
+        """The job's future is done: write its answer (runs as a callback, never raises)."""
+        if prediction.timer is not None:
+            prediction.timer.cancel()
+        try:
+            if future.cancelled():
+                self._record(prediction, 0)  # the client went away
+                return
+            error = future.exception()
+            if error is not None:
+                if not isinstance(error, ServeError):
+                    logger.error("prediction failed", exc_info=error)
+                    error = InternalError(f"prediction failed: {error}")
+                self._refuse(prediction, error)
+                return
+            result = future.result()
+            request_id = prediction.job.request.request_id
+            if isinstance(result, ResponseStream):
+                self.loop.create_task(self._stream(prediction, result, request_id))
+                return
+            assert isinstance(result, worker_pb2.Response)
+            status, content_type, body, headers = self.inference.answer(result, request_id)
+            self._respond(prediction, status, content_type, body, headers)
+        except ServeError as error:
+            self._refuse(prediction, error)
+        except Exception as error:  # a bug of ours must still answer the client
+            logger.exception("answering a prediction failed")
+            if not prediction.response_complete:
+                self._refuse(prediction, InternalError(f"answering failed: {error}"))
+
+    def _refuse(self, prediction: _Prediction, error: ServeError) -> None:
+        if not prediction.body_done and (isinstance(error, PayloadTooLarge)
+                                         or self.expect_100_continue
+                                         or not self._declared_length_ok()):
+            # Refused before its body came: a body that is too large or of unknown size is
+            # not worth reading, and one held back for "100 Continue" will never come.
+            prediction.keep_alive = False
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                   for k, v in error.headers.items()]
+        self._respond(prediction, error.http_status, common.JSON,
+                      common.pretty_json(error.to_body()), headers)
+
+    def _declared_length_ok(self) -> bool:
+        for name, value in self.headers:
+            if name == b"content-length":
+                return value.isdigit() and int(value) <= \
+                    self.inference.config.max_request_size_bytes
+        return False
+
+    def _respond(self, prediction: _Prediction, status: int, content_type: bytes, body: bytes,
+                 headers: common.Headers) -> None:
+        if prediction.response_complete:
+            return
+        if _BAD_VALUE.search(content_type) or any(
+                _BAD_NAME.search(name) or _BAD_VALUE.search(value) for name, value in headers):
+            error = InternalError("the handler's response has an invalid HTTP header")
+            self._respond(prediction, error.http_status, common.JSON,
+                          common.pretty_json(error.to_body()), [])
+            return
+        head = [STATUS_LINE[status], b"content-type: ", content_type, b"\r\ncontent-length: ",
+                b"%d" % len(body), b"\r\n"]
+        for name, value in headers:
+            head += (name, b": ", value, b"\r\n")
+        if not prediction.keep_alive:
+            head.append(b"connection: close\r\n")
+        head += (b"\r\n", body)
+        self.transport.write(b"".join(head))
+        self._complete(prediction, status)
+
+    def _complete(self, prediction: _Prediction, status: int) -> None:
+        prediction.response_complete = True
+        if not prediction.keep_alive:
+            self.transport.close()
+        self._record(prediction, status)
+        self.on_response_complete()
+
+    def _record(self, prediction: _Prediction, status: int) -> None:
+        inference = self.inference
+        record_http_request(inference.metrics, inference.access, prediction.scope,
+                            prediction.model, status, time.perf_counter() - prediction.started,
+                            prediction.job)
+
+    async def _stream(self, prediction: _Prediction, stream: ResponseStream,
+                      request_id: str) -> None:
+        """Intermediate responses: chunked transfer encoding, through the ASGI route's
+        writer (``respond_in_parts``) with a send() that writes to this connection."""
+        transport = self.transport
+        flow = self.flow
+
+        async def send(message: common.Message) -> None:
+            if flow.write_paused:
+                await flow.drain()
+            if transport.is_closing():
+                return  # the client went away: the stream is still read to its end
+            if message["type"] == "http.response.start":
+                head = [STATUS_LINE[message["status"]]]
+                for name, value in message["headers"]:
+                    head += (name, b": ", value, b"\r\n")
+                if not prediction.keep_alive:
+                    head.append(b"connection: close\r\n")
+                head.append(b"transfer-encoding: chunked\r\n\r\n")
+                transport.write(b"".join(head))
+                return
+            body = message.get("body", b"")
+            if body:
+                transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+            if not message.get("more_body", False):
+                transport.write(b"0\r\n\r\n")
+
+        status = 500
+        try:
+            status = await self.inference.respond_in_parts(stream, request_id, send)
+        except ServeError as error:
+            status = error.http_status
+            self._refuse(prediction, error)
+            return
+        except Exception:
+            logger.exception("streaming a prediction failed")
+            transport.close()
+        if not prediction.response_complete:
+            self._complete(prediction, status)
+
+
+def protocol_for(inference: InferenceApp | None) -> type[HttpToolsProtocol]:
+    """The connection protocol of a listener: the fast path where it serves inference."""
+    if inference is None:
+        return HttpToolsProtocol
+    return type("PredictionsProtocol", (PredictionsProtocol,), {"inference": inference})

@@ -1,0 +1,178 @@
+"""HTTP/1.1 connection semantics of the inference port, over raw sockets.
+
+Predictions are answered by a connection-level fast path (frontend/http/fast.py) and every
+other request by the ASGI apps; these tests mix the two on one connection: pipelining,
+``Expect: 100-continue``, HTTP/1.0, refusals before the body, and clients that leave halfway.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.conftest import RunningServer
+
+ANSWER_WITHIN_S = 10.0
+
+
+class Connection:
+    """A raw keep-alive connection that reads whole responses (Content-Length or chunked)."""
+
+    def __init__(self, server: RunningServer) -> None:
+        address = urlsplit(server.inference)
+        self.sock = socket.create_connection((address.hostname, address.port),
+                                             timeout=ANSWER_WITHIN_S)
+        self.buffer = b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _fill(self) -> bool:
+        chunk = self.sock.recv(65536)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def _take_until(self, marker: bytes) -> bytes:
+        while marker not in self.buffer:
+            if not self._fill():
+                raise AssertionError(f"connection closed; got {self.buffer[:200]!r}")
+        data, _, self.buffer = self.buffer.partition(marker)
+        return data
+
+    def _take(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            if not self._fill():
+                raise AssertionError("connection closed in a body")
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+    def response(self) -> tuple[int, dict[str, str], bytes]:
+        head = self._take_until(b"\r\n\r\n").decode("latin-1").split("\r\n")
+        status = int(head[0].split(" ")[1])
+        headers = {}
+        for line in head[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if status == 100:
+            return status, headers, b""
+        if headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while size := int(self._take_until(b"\r\n"), 16):
+                body += self._take(size)
+                self._take(2)
+            self._take(2)
+            return status, headers, body
+        return status, headers, self._take(int(headers.get("content-length", "0")))
+
+    def closed_by_server(self) -> bool:
+        self.sock.settimeout(ANSWER_WITHIN_S)
+        return not self.buffer and self.sock.recv(1) == b""
+
+
+def _post(path: str, body: bytes, *extra: bytes, version: bytes = b"1.1") -> bytes:
+    return (b"POST " + path.encode() + b" HTTP/" + version + b"\r\nHost: test\r\n"
+            + b"".join(line + b"\r\n" for line in extra)
+            + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+@pytest.fixture
+def echo(build_mar, start_server) -> RunningServer:
+    build_mar("echo", "echo")
+    return start_server("echo.mar", max_request_size_bytes=1024)
+
+
+@pytest.fixture
+def connection(echo: RunningServer):
+    conn = Connection(echo)
+    yield conn
+    conn.close()
+
+
+def test_pipelined_requests_are_answered_in_order(echo: RunningServer,
+                                                  connection: Connection) -> None:
+    connection.sock.sendall(_post("/predictions/echo", b"first")
+                            + b"GET /ping HTTP/1.1\r\nHost: test\r\n\r\n"
+                            + _post("/predictions/echo", b"second")
+                            + _post("/predictions/nope", b"third")
+                            + _post("/predictions/echo", b"fourth"))
+    answers = [connection.response() for _ in range(5)]
+    assert [status for status, _, _ in answers] == [200, 200, 200, 404, 200]
+    assert answers[0][2] == b"first" and answers[2][2] == b"second"
+    assert json.loads(answers[1][2]) == {"status": "Healthy"}
+    assert answers[4][2] == b"fourth"
+    assert len({headers["x-request-id"] for _, headers, _ in answers if "x-request-id" in headers}
+               ) == 3
+
+
+def test_expect_100_continue_is_answered_before_the_body(connection: Connection) -> None:
+    connection.sock.sendall(b"POST /predictions/echo HTTP/1.1\r\nHost: test\r\n"
+                            b"Expect: 100-continue\r\nContent-Length: 4\r\n\r\n")
+    assert connection.response()[0] == 100
+    connection.sock.sendall(b"body")
+    status, _, body = connection.response()
+    assert (status, body) == (200, b"body")
+
+
+def test_a_refusal_under_expect_100_continue_closes_instead(connection: Connection) -> None:
+    connection.sock.sendall(b"POST /predictions/nope HTTP/1.1\r\nHost: test\r\n"
+                            b"Expect: 100-continue\r\nContent-Length: 4\r\n\r\n")
+    status, headers, body = connection.response()
+    assert status == 404 and json.loads(body)["code"] == 404
+    assert headers["connection"] == "close"  # the held-back body will never come
+    assert connection.closed_by_server()
+
+
+def test_a_request_refused_before_its_body_keeps_the_connection(
+        connection: Connection) -> None:
+    for path, status in (("/predictions/nope", 404), ("/predictions/echo/9.9", 404),
+                         ("/predictions/echo", 200)):
+        connection.sock.sendall(_post(path, b"x" * 100))
+        assert connection.response()[0] == status
+
+
+def test_an_oversized_body_without_length_is_refused_and_closed(
+        connection: Connection) -> None:
+    connection.sock.sendall(b"POST /predictions/echo HTTP/1.1\r\nHost: test\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\n"
+                            + (b"400\r\n" + b"y" * 1024 + b"\r\n") * 2)
+    status, headers, body = connection.response()
+    assert status == 413 and headers["connection"] == "close"
+    assert "max_request_size" in json.loads(body)["message"]
+    assert connection.closed_by_server()
+
+
+def test_a_chunked_body_is_served(connection: Connection) -> None:
+    connection.sock.sendall(b"POST /predictions/echo HTTP/1.1\r\nHost: test\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\n"
+                            b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n")
+    status, _, body = connection.response()
+    assert (status, body) == (200, b"abcdefg")
+
+
+def test_http_1_0_is_answered_and_closed(connection: Connection) -> None:
+    connection.sock.sendall(_post("/predictions/echo", b"old", version=b"1.0"))
+    status, headers, body = connection.response()
+    assert (status, body) == (200, b"old")
+    assert headers["connection"] == "close"
+    assert connection.closed_by_server()
+
+
+def test_a_client_leaving_halfway_through_its_body_harms_nobody(
+        echo: RunningServer) -> None:
+    for _ in range(5):
+        leaving = Connection(echo)
+        leaving.sock.sendall(b"POST /predictions/echo HTTP/1.1\r\nHost: test\r\n"
+                             b"Content-Length: 100\r\n\r\nonly-part")
+        leaving.close()
+    staying = Connection(echo)
+    try:
+        for index in range(20):
+            staying.sock.sendall(_post("/predictions/echo", b"%d" % index))
+            assert staying.response()[2] == b"%d" % index
+    finally:
+        staying.close()
+    echo.wait_for(lambda: echo.describe("echo")["jobQueueStatus"]["pendingRequests"] == 0,  # type: ignore[index]
+                  "an empty queue")
