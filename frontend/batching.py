@@ -160,6 +160,19 @@ class Batcher:
         finally:
             self._idle_workers -= 1
 
+    def take_ready(self) -> list[Job] | None:
+        """The next batch if the policy would send it at once to one more free worker (the
+        caller, which has just finished a batch), else None: lets a worker start its next
+        batch before it delivers the answers of the last one. Never waits."""
+        if self._assembling.locked() or not self._queue or self._closed is not None:
+            return None  # another worker is collecting, or there is nothing to take
+        now = self._clock()
+        self._expire(now)
+        if not self._queue or self.policy.wait_s(self._queued_weight, 0.0,
+                                                 self._idle_workers + 1, now) > 0:
+            return None
+        return self._take(now)
+
     def completed(self, size: int, service_s: float) -> None:
         """A worker answered a batch of ``size`` in ``service_s`` (feeds the policy)."""
         self.policy.on_completed(size, service_s, self._clock())

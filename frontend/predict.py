@@ -13,13 +13,15 @@ from frontend.streams import ResponseStream
 from protos import worker_pb2
 
 
-def enqueue(model: Model, job: Job, timeout_s: float | None = None) -> asyncio.TimerHandle:
+def enqueue(model: Model, job: Job, timeout_s: float | None = None,
+            loop: asyncio.AbstractEventLoop | None = None) -> asyncio.TimerHandle:
     """Queue ``job`` on ``model`` with its deadline; returns the timer that answers it 504 at
     that deadline (cancel it once the job is answered).
 
     The deadline is the model's ``response_timeout``, or the client's own (``timeout_s``) when
     that is sooner; a request still queued at its deadline is answered 504 and never reaches a
-    worker, and one whose worker has not answered by then is answered 504 too.
+    worker, and one whose worker has not answered by then is answered 504 too. Pass the
+    running ``loop`` where it is at hand (asking for it costs a getpid() call on 3.11).
     """
     budget_s = float(model.settings.response_timeout_s)
     if timeout_s is not None:
@@ -27,7 +29,9 @@ def enqueue(model: Model, job: Job, timeout_s: float | None = None) -> asyncio.T
     job.deadline = time.monotonic() + budget_s
     model.submit(job)
     # Answer 504 at the deadline itself, even while every worker is busy.
-    return asyncio.get_running_loop().call_later(budget_s, _expire, job, budget_s)
+    if loop is None:
+        loop = asyncio.get_running_loop()
+    return loop.call_later(budget_s, _expire, job, budget_s)
 
 
 async def submit(model: Model, request: worker_pb2.Request, timeout_s: float | None = None,

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,8 +141,10 @@ class WorkerConnection:
         except TimeoutError:
             return None
 
-    async def request(self, frame: Frame, timeout_s: float) -> Frame:
-        """Send one frame and wait for the worker's reply frame."""
+    async def request(self, frame: Frame, timeout_s: float,
+                      on_sent: Callable[[], None] | None = None) -> Frame:
+        """Send one frame and wait for the worker's reply frame; ``on_sent`` runs once the
+        frame is on its way (the frontend's work that can overlap the worker's)."""
         if self.closed.done():
             raise WorkerDied(f"Worker died: {self.name} is gone")
         loop = asyncio.get_running_loop()
@@ -151,6 +153,8 @@ class WorkerConnection:
         timer = loop.call_later(timeout_s, _expire, reply, timeout_s, self.name)
         try:
             write_frame(self._writer, frame)
+            if on_sent is not None:
+                on_sent()
             await self._writer.drain()
             return await reply
         except ConnectionError as exc:
@@ -410,30 +414,62 @@ class Worker:
 
     async def _serve(self, connection: WorkerConnection) -> None:
         waiters: set[asyncio.Future[object]] = {connection.closed, self._stop_requested}  # type: ignore[arg-type]
-        while True:
-            next_batch = asyncio.ensure_future(self._batcher.next_batch())
-            done, _ = await asyncio.wait({next_batch, *waiters},
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if next_batch not in done:
-                next_batch.cancel()
-                taken: list[Job] = []
-                with contextlib.suppress(asyncio.CancelledError, ServeError):
-                    taken = await next_batch
-                if taken:
-                    # The cancel came too late: the batch had already left the queue. Put it
-                    # back for another worker rather than lose it.
-                    self._batcher.requeue(taken)
-                if connection.closed.done():
-                    raise WorkerDied(f"Worker died: {self.name} (pid {self.pid}) exited "
-                                     f"with code {connection.process.returncode} while idle")
-                return  # stop requested
-            try:
-                jobs = next_batch.result()
-            except ServeError:
-                return  # the batcher was closed: the model is going away
-            await self._run_batch(connection, jobs)
+        deliver: Callable[[], None] | None = None
+        try:
+            while True:
+                jobs = None
+                if not connection.closed.done() and not self._stop_requested.done():
+                    # A batch that is ready goes to the worker before the last batch's answers
+                    # go out, so the worker computes while the frontend writes responses.
+                    jobs = self._batcher.take_ready()
+                if jobs is None:
+                    if deliver is not None:
+                        deliver, last = None, deliver
+                        last()
+                    jobs = await self._wait_for_batch(connection, waiters)
+                    if jobs is None:
+                        return
+                previous, deliver = deliver, None
+                try:
+                    deliver = await self._run_batch(connection, jobs, previous)
+                except BaseException:
+                    if previous is not None:
+                        previous()  # answered already: deliver them whatever became of this one
+                    raise
+        finally:
+            if deliver is not None:
+                deliver()
 
-    async def _run_batch(self, connection: WorkerConnection, jobs: list[Job]) -> None:
+    async def _wait_for_batch(self, connection: WorkerConnection,
+                              waiters: set[asyncio.Future[object]]) -> list[Job] | None:
+        """The next batch, or None when the worker is to stop (WorkerDied: it is gone)."""
+        next_batch = asyncio.ensure_future(self._batcher.next_batch())
+        done, _ = await asyncio.wait({next_batch, *waiters},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if next_batch not in done:
+            next_batch.cancel()
+            taken: list[Job] = []
+            with contextlib.suppress(asyncio.CancelledError, ServeError):
+                taken = await next_batch
+            if taken:
+                # The cancel came too late: the batch had already left the queue. Put it
+                # back for another worker rather than lose it.
+                self._batcher.requeue(taken)
+            if connection.closed.done():
+                raise WorkerDied(f"Worker died: {self.name} (pid {self.pid}) exited "
+                                 f"with code {connection.process.returncode} while idle")
+            return None  # stop requested
+        try:
+            return next_batch.result()
+        except ServeError:
+            return None  # the batcher was closed: the model is going away
+
+    async def _run_batch(self, connection: WorkerConnection, jobs: list[Job],
+                         on_sent: Callable[[], None] | None = None
+                         ) -> Callable[[], None] | None:
+        """Run one batch on the worker. Returns what delivers its answers (the caller runs it
+        once the next batch is on its way), or None when the jobs are answered already.
+        ``on_sent`` runs once this batch has been sent (it delivers the previous one)."""
         batch = worker_pb2.PredictBatch(batch_id=next(self._batch_ids))
         batch.requests.extend(job.request for job in jobs)
         batch_name = f"{self.id}-{batch.batch_id}"
@@ -444,7 +480,7 @@ class Worker:
         connection.on_partial = _partial_router(jobs)
         try:
             reply = await connection.request(Frame(Kind.PREDICT, batch.SerializeToString()),
-                                             self._launch.response_timeout_s)
+                                             self._launch.response_timeout_s, on_sent)
         except GatewayTimeout as exc:
             fail_jobs(jobs, exc)
             connection.kill()  # a hung worker must not be reused
@@ -468,9 +504,9 @@ class Worker:
                 fail_jobs(jobs, BatchSizeMismatch(
                     f"{self.name} returned {len(result.responses)} responses for a batch of "
                     f"{len(jobs)} requests"))
-                return
-            for job, response in zip(jobs, result.responses, strict=True):
-                job.resolve(response)
+                return None
+            responses = result.responses
+            return lambda: _resolve(jobs, responses)
         elif reply.kind is Kind.ERROR:
             error = worker_pb2.Error.FromString(reply.payload)
             error_type = WORKER_ERRORS.get(error.code, InternalError)
@@ -479,6 +515,7 @@ class Worker:
             fail_jobs(jobs, InternalError(f"{self.name} sent {reply.kind.name} to a batch"))
             connection.kill()
             raise WorkerDied(f"{self.name} broke the protocol")
+        return None
 
     async def stop(self, timeout_s: float | None) -> None:
         """Stop after the batch in flight (waiting at most ``timeout_s``; None: no limit)."""
@@ -523,3 +560,8 @@ def _memory_usage(pid: int | None) -> int:
         return int(psutil.Process(pid).memory_info().rss)
     except psutil.Error:
         return 0
+
+
+def _resolve(jobs: list[Job], responses: Sequence[worker_pb2.Response]) -> None:
+    for job, response in zip(jobs, responses, strict=True):
+        job.resolve(response)

@@ -139,7 +139,7 @@ class PredictionsProtocol(HttpToolsProtocol):
         try:
             timeout_s = self.inference.worker_request(prediction.scope, body, job)
             assert prediction.model is not None
-            prediction.timer = enqueue(prediction.model, job, timeout_s)
+            prediction.timer = enqueue(prediction.model, job, timeout_s, self.loop)
         except ServeError as error:
             self._refuse(prediction, error)
             return
