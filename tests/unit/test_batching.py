@@ -143,3 +143,54 @@ def test_weighted_jobs_fill_batches_by_items_and_an_oversized_job_goes_whole() -
         return batches
 
     assert asyncio.run(scenario()) == [[3, 4], [2], [12], [1]]
+
+
+def test_take_ready_takes_only_what_the_policy_would_send_at_once() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(3, delay_s=30.0)
+        assert batcher.take_ready() is None  # nothing queued
+        batcher.submit(_job(loop, "a"))
+        batcher.submit(_job(loop, "b"))
+        assert batcher.take_ready() is None  # fixed policy: a partial batch waits
+        assert batcher.depth == 2
+        batcher.submit(_job(loop, "c"))
+        batcher.submit(_job(loop, "d"))
+        batch = batcher.take_ready()
+        assert batch is not None and [job.request.request_id for job in batch] == ["a", "b", "c"]
+        assert all(job.dispatched and job.batch_size == 3 for job in batch)
+        assert batcher.depth == 1
+
+    asyncio.run(scenario())
+
+
+def test_take_ready_leaves_the_queue_to_a_worker_that_is_collecting() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(2, delay_s=30.0)
+        batcher.submit(_job(loop, "first"))
+        collecting = asyncio.ensure_future(batcher.next_batch())
+        await asyncio.sleep(0)  # the collector holds the queue, waiting for a second job
+        batcher.submit(_job(loop, "second"))
+        batcher.submit(_job(loop, "third"))
+        assert batcher.take_ready() is None
+        batch = await asyncio.wait_for(collecting, 2.0)
+        assert [job.request.request_id for job in batch] == ["first", "second"]
+
+    asyncio.run(scenario())
+
+
+def test_take_ready_never_takes_expired_or_abandoned_jobs() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(2, delay_s=30.0)
+        expired = _job(loop, "expired", deadline=time.monotonic() - 1)
+        abandoned = _job(loop, "abandoned")
+        batcher.submit(expired)
+        batcher.submit(abandoned)
+        abandoned.future.cancel()
+        assert batcher.take_ready() is None
+        assert isinstance(expired.future.exception(), GatewayTimeout)
+        assert batcher.depth == 0
+
+    asyncio.run(scenario())
