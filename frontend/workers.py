@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -102,7 +102,8 @@ class WorkerConnection:
         self._reader = reader
         self._writer = writer
         loop = asyncio.get_running_loop()
-        self._pending: asyncio.Future[Frame] | None = None
+        #: Called with the reply to the frame outstanding (or with the error that ends it).
+        self._on_reply: Callable[[Frame | BaseException], None] | None = None
         #: Receives each intermediate response (PARTIAL frame) of the batch in flight.
         self.on_partial: Callable[[worker_pb2.Response], None] | None = None
         self.closed: asyncio.Future[None] = loop.create_future()
@@ -116,8 +117,8 @@ class WorkerConnection:
                 if frame.kind is Kind.PARTIAL:
                     if self.on_partial is not None:
                         self.on_partial(worker_pb2.Response.FromString(frame.payload))
-                elif self._pending is not None and not self._pending.done():
-                    self._pending.set_result(frame)
+                elif self._on_reply is not None:
+                    self._reply(frame)
                 else:
                     logger.warning("%s sent an unexpected %s frame", self.name, frame.kind.name)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -129,11 +130,19 @@ class WorkerConnection:
             code = await self._exit_code(0.5)
             if code is not None:
                 reason = f"exited with code {code}"
-            error = WorkerDied(f"Worker died: {self.name} (pid {self.process.pid}) {reason}")
-            if self._pending is not None and not self._pending.done():
-                self._pending.set_exception(error)
+            if self._on_reply is not None:
+                self._reply(WorkerDied(
+                    f"Worker died: {self.name} (pid {self.process.pid}) {reason}"))
             if not self.closed.done():
                 self.closed.set_result(None)
+
+    def _reply(self, outcome: Frame | BaseException) -> None:
+        on_reply, self._on_reply = self._on_reply, None
+        assert on_reply is not None
+        try:
+            on_reply(outcome)
+        except Exception:  # the reader must go on whatever a callback does
+            logger.exception("%s: handling a reply failed", self.name)
 
     async def _exit_code(self, wait_s: float) -> int | None:
         try:
@@ -141,27 +150,48 @@ class WorkerConnection:
         except TimeoutError:
             return None
 
-    async def request(self, frame: Frame, timeout_s: float,
-                      on_sent: Callable[[], None] | None = None) -> Frame:
-        """Send one frame and wait for the worker's reply frame; ``on_sent`` runs once the
-        frame is on its way (the frontend's work that can overlap the worker's)."""
+    def send(self, frame: Frame, on_reply: Callable[[Frame | BaseException], None]) -> None:
+        """Send one frame; ``on_reply`` is called, from the reader, with the worker's reply
+        frame as soon as it is read, or with WorkerDied if the worker goes first. Raises
+        WorkerDied if the worker is gone already."""
         if self.closed.done():
             raise WorkerDied(f"Worker died: {self.name} is gone")
-        loop = asyncio.get_running_loop()
-        reply: asyncio.Future[Frame] = loop.create_future()
-        self._pending = reply
-        timer = loop.call_later(timeout_s, _expire, reply, timeout_s, self.name)
+        if self._on_reply is not None:
+            raise RuntimeError(f"{self.name} has a frame outstanding already")
         try:
             write_frame(self._writer, frame)
-            if on_sent is not None:
-                on_sent()
+        except (ConnectionError, RuntimeError) as exc:
+            raise WorkerDied(f"Worker died: {self.name}: {exc}") from None
+        self._on_reply = on_reply
+
+    def forget_reply(self) -> None:
+        """Stop waiting for the outstanding reply (its sender gave up on it)."""
+        self._on_reply = None
+
+    async def request(self, frame: Frame, timeout_s: float) -> Frame:
+        """Send one frame and wait for the worker's reply frame."""
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Frame] = loop.create_future()
+
+        def on_reply(outcome: Frame | BaseException) -> None:
+            if reply.done():
+                return
+            if isinstance(outcome, BaseException):
+                reply.set_exception(outcome)
+            else:
+                reply.set_result(outcome)
+
+        self.send(frame, on_reply)
+        timer = loop.call_later(timeout_s, _expire, reply, timeout_s, self.name)
+        try:
             await self._writer.drain()
             return await reply
         except ConnectionError as exc:
             raise WorkerDied(f"Worker died: {self.name}: {exc}") from None
         finally:
             timer.cancel()
-            self._pending = None
+            if not reply.done():
+                self.forget_reply()
 
     def kill(self) -> None:
         if self.process.returncode is None:
@@ -180,6 +210,16 @@ class WorkerConnection:
             await self.process.wait()
         with contextlib.suppress(asyncio.CancelledError):
             await self._read_task
+
+
+@dataclass(slots=True, eq=False)
+class _Batch:
+    """A batch sent to a worker: its jobs, when it left, and its response-timeout timer."""
+
+    jobs: list[Job]
+    timeout_s: float
+    started: float = field(default_factory=time.monotonic)
+    timer: asyncio.TimerHandle | None = None
 
 
 def _partial_router(jobs: list[Job]) -> Callable[[worker_pb2.Response], None]:
@@ -414,31 +454,11 @@ class Worker:
 
     async def _serve(self, connection: WorkerConnection) -> None:
         waiters: set[asyncio.Future[object]] = {connection.closed, self._stop_requested}  # type: ignore[arg-type]
-        deliver: Callable[[], None] | None = None
-        try:
-            while True:
-                jobs = None
-                if not connection.closed.done() and not self._stop_requested.done():
-                    # A batch that is ready goes to the worker before the last batch's answers
-                    # go out, so the worker computes while the frontend writes responses.
-                    jobs = self._batcher.take_ready()
-                if jobs is None:
-                    if deliver is not None:
-                        deliver, last = None, deliver
-                        last()
-                    jobs = await self._wait_for_batch(connection, waiters)
-                    if jobs is None:
-                        return
-                previous, deliver = deliver, None
-                try:
-                    deliver = await self._run_batch(connection, jobs, previous)
-                except BaseException:
-                    if previous is not None:
-                        previous()  # answered already: deliver them whatever became of this one
-                    raise
-        finally:
-            if deliver is not None:
-                deliver()
+        while True:
+            jobs = await self._wait_for_batch(connection, waiters)
+            if jobs is None:
+                return
+            await self._run_batches(connection, jobs)
 
     async def _wait_for_batch(self, connection: WorkerConnection,
                               waiters: set[asyncio.Future[object]]) -> list[Job] | None:
@@ -464,35 +484,111 @@ class Worker:
         except ServeError:
             return None  # the batcher was closed: the model is going away
 
-    async def _run_batch(self, connection: WorkerConnection, jobs: list[Job],
-                         on_sent: Callable[[], None] | None = None
-                         ) -> Callable[[], None] | None:
-        """Run one batch on the worker. Returns what delivers its answers (the caller runs it
-        once the next batch is on its way), or None when the jobs are answered already.
-        ``on_sent`` runs once this batch has been sent (it delivers the previous one)."""
+    async def _run_batches(self, connection: WorkerConnection, jobs: list[Job]) -> None:
+        """Run ``jobs`` on the worker, then every batch the queue has ready when one is
+        answered, back to back, until none is ready (WorkerDied: the worker is gone).
+
+        The next batch is sent from the callback that reads the last one's reply, before that
+        reply's answers are delivered: no event-loop turn passes between two batches, so the
+        worker does not wait behind the frontend's other work (writing responses, turning
+        away an overload), and there is still one batch in flight per worker.
+        """
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+        timeout_s = self._launch.response_timeout_s
+        current: _Batch | None = None
+
+        def end(error: BaseException | None = None) -> None:
+            if not finished.done():
+                if error is None:
+                    finished.set_result(None)
+                else:
+                    finished.set_exception(error)
+
+        def start(jobs: list[Job]) -> None:
+            nonlocal current
+            current = started = _Batch(jobs, timeout_s)
+            connection.on_partial = _partial_router(jobs)
+            self.state = WorkerState.BUSY
+            try:
+                connection.send(self._batch_frame(jobs),
+                                lambda outcome: on_reply(started, outcome))
+            except WorkerDied as exc:
+                fail_jobs(jobs, WorkerDied(f"{exc} while handling a batch of {len(jobs)}"))
+                raise
+            started.timer = loop.call_later(timeout_s, on_timeout, started)
+
+        def on_timeout(timed_out: _Batch) -> None:
+            connection.forget_reply()
+            connection.on_partial = None
+            error = GatewayTimeout(f"{self.name} did not answer within the response timeout "
+                                   f"of {timed_out.timeout_s:g} s")
+            fail_jobs(timed_out.jobs, error)
+            connection.kill()  # a hung worker must not be reused
+            end(WorkerDied(f"{self.name} killed: {error}"))
+
+        def on_reply(answered: _Batch, outcome: Frame | BaseException) -> None:
+            if answered.timer is not None:
+                answered.timer.cancel()
+            connection.on_partial = None
+            self.state = WorkerState.READY
+            if isinstance(outcome, BaseException):
+                fail_jobs(answered.jobs, WorkerDied(
+                    f"{outcome} while handling a batch of {len(answered.jobs)}"))
+                end(outcome)
+                return
+            try:
+                deliver = self._finish_batch(connection, answered, outcome)
+            except BaseException as exc:
+                fail_jobs(answered.jobs, exc if isinstance(exc, ServeError)
+                          else InternalError(f"{self.name}: {exc}"))
+                end(exc)
+                return
+            try:
+                following = None
+                if not self._stop_requested.done():
+                    following = self._batcher.take_ready()
+                if following is not None:
+                    start(following)
+                else:
+                    end()
+            except BaseException as exc:
+                end(exc)
+            finally:
+                if deliver is not None:
+                    deliver()
+
+        try:
+            start(jobs)
+        except WorkerDied as exc:
+            end(exc)
+        try:
+            await finished
+        finally:
+            if not finished.done() and current is not None:
+                # Cancelled with a batch in flight: nobody will deliver its answers now.
+                connection.forget_reply()
+                connection.on_partial = None
+                if current.timer is not None:
+                    current.timer.cancel()
+                fail_jobs(current.jobs, WorkerDied(f"{self.name} stopped during a batch"))
+            if self.state is WorkerState.BUSY:
+                self.state = WorkerState.READY
+
+    def _batch_frame(self, jobs: list[Job]) -> Frame:
         batch = worker_pb2.PredictBatch(batch_id=next(self._batch_ids))
         batch.requests.extend(job.request for job in jobs)
         batch_name = f"{self.id}-{batch.batch_id}"
         for job in jobs:
             job.batch_id = batch_name
-        self.state = WorkerState.BUSY
-        started = time.monotonic()
-        connection.on_partial = _partial_router(jobs)
-        try:
-            reply = await connection.request(Frame(Kind.PREDICT, batch.SerializeToString()),
-                                             self._launch.response_timeout_s, on_sent)
-        except GatewayTimeout as exc:
-            fail_jobs(jobs, exc)
-            connection.kill()  # a hung worker must not be reused
-            raise WorkerDied(f"{self.name} killed: {exc}") from None
-        except WorkerDied as exc:
-            fail_jobs(jobs, WorkerDied(f"{exc} while handling a batch of {len(jobs)}"))
-            raise
-        finally:
-            connection.on_partial = None
-            if self.state is WorkerState.BUSY:
-                self.state = WorkerState.READY
-        elapsed_s = time.monotonic() - started
+        return Frame(Kind.PREDICT, batch.SerializeToString())
+
+    def _finish_batch(self, connection: WorkerConnection, batch: _Batch, reply: Frame
+                      ) -> Callable[[], None] | None:
+        """Account for a batch's reply. Returns what delivers its answers (the caller runs it
+        once the next batch is on its way), or None when the jobs are answered already."""
+        jobs = batch.jobs
+        elapsed_s = time.monotonic() - batch.started
         result = (worker_pb2.PredictResult.FromString(reply.payload)
                   if reply.kind is Kind.PREDICTED else None)
         if self._on_batch is not None:
@@ -507,15 +603,14 @@ class Worker:
                 return None
             responses = result.responses
             return lambda: _resolve(jobs, responses)
-        elif reply.kind is Kind.ERROR:
+        if reply.kind is Kind.ERROR:
             error = worker_pb2.Error.FromString(reply.payload)
             error_type = WORKER_ERRORS.get(error.code, InternalError)
             fail_jobs(jobs, error_type(f"Prediction failed: {error.message}"))
-        else:
-            fail_jobs(jobs, InternalError(f"{self.name} sent {reply.kind.name} to a batch"))
-            connection.kill()
-            raise WorkerDied(f"{self.name} broke the protocol")
-        return None
+            return None
+        fail_jobs(jobs, InternalError(f"{self.name} sent {reply.kind.name} to a batch"))
+        connection.kill()
+        raise WorkerDied(f"{self.name} broke the protocol")
 
     async def stop(self, timeout_s: float | None) -> None:
         """Stop after the batch in flight (waiting at most ``timeout_s``; None: no limit)."""
