@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -28,6 +27,7 @@ from frontend import kserve
 from frontend.auth import KeyKind
 from frontend.batching import Job
 from frontend.errors import InternalError, ServeError
+from frontend.ids import new_request_id
 from frontend.management import ManagementOps
 from frontend.predict import submit
 from frontend.registry import SERVER_VERSION, Model
@@ -114,7 +114,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
                      headers: list[tuple[bytes, bytes]], job: Job | None = None
                      ) -> worker_pb2.Response | ResponseStream:
         model = self.registry.get(request.model_name, request.model_version or None)
-        message = worker_pb2.Request(request_id=str(uuid.uuid4()))
+        message = worker_pb2.Request(request_id=new_request_id())
         if job is not None:
             job.request = message
         for key, value in headers:
@@ -291,7 +291,7 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
             model = self.registry.get(request.model_name, request.model_version or None)
             job.weight = kserve.v2_grpc_rows([list(tensor.shape) for tensor in request.inputs])
             message = job.request = worker_pb2.Request(
-                request_id=str(uuid.uuid4()), tensor_format=worker_pb2.TENSOR_FORMAT_GRPC)
+                request_id=new_request_id(), tensor_format=worker_pb2.TENSOR_FORMAT_GRPC)
             for key, value in headers:
                 message.headers[key.decode("latin-1")] = value.decode("latin-1")
             message.inputs["body"] = request.SerializeToString()

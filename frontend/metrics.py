@@ -207,6 +207,7 @@ class ServerMetrics:
         self.handler_time = Histogram("batchserve_handler_seconds",
                                       "Time a worker's handler spent on one batch", MODEL_LABELS,
                                       buckets=_TIME_BUCKETS, registry=self.registry)
+        self._latency_of: dict[tuple[str, str], Histogram] = {}
         self.refused = Counter("batchserve_refused_requests",
                                "Requests answered without running: queue full (503) or past "
                                "their deadline (504)", [*MODEL_LABELS, "reason"],
@@ -238,7 +239,10 @@ class ServerMetrics:
         sums = self._ts.per_model.setdefault(key, [0.0, 0.0, 0.0])
         sums[0] += 1
         sums[1] += latency_s * 1e6
-        self.latency.labels(*key).observe(latency_s)
+        latency = self._latency_of.get(key)
+        if latency is None:  # labels() costs a lock and a lookup: once per model, not request
+            latency = self._latency_of[key] = self.latency.labels(*key)
+        latency.observe(latency_s)
         if status in (503, 504):
             reason = "queue_full" if status == 503 else "deadline"
             self.refused.labels(*key, reason).inc()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 
 from frontend.auth import KeyKind
 from frontend.batching import Job
@@ -26,6 +25,7 @@ from frontend.http.observe import (
     submit_unless_gone,
 )
 from frontend.http.openapi import inference_description
+from frontend.ids import new_request_id
 from frontend.registry import Model
 from frontend.services import Services
 from frontend.streams import ResponseStream
@@ -95,7 +95,7 @@ class InferenceApp(common.Routes):
     @staticmethod
     def worker_request(scope: common.Scope, body: bytes, job: Job) -> float | None:
         """Fill ``job.request`` from the HTTP request; returns the client's own deadline."""
-        request = job.request = worker_pb2.Request(request_id=str(uuid.uuid4()))
+        request = job.request = worker_pb2.Request(request_id=new_request_id())
         timeout_s = copy_headers(scope, request)
         content_type = request.headers.get("content-type", "")
         if content_type and is_form(content_type):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 
 from frontend import kserve
@@ -28,6 +27,7 @@ from frontend.http.observe import (
     response_headers,
     submit_unless_gone,
 )
+from frontend.ids import new_request_id
 from frontend.registry import SERVER_VERSION, Model
 from frontend.services import Services
 from frontend.streams import ResponseStream
@@ -112,7 +112,7 @@ class KServeRoutes:
                           send: common.Send, job: Job, explain: bool) -> int:
         body = await self._read(scope, receive)
         instances = kserve.v1_instances(body)
-        request = worker_pb2.Request(request_id=str(uuid.uuid4()), instances=True)
+        request = worker_pb2.Request(request_id=new_request_id(), instances=True)
         request.inputs["body"] = _compact(instances)
         request.content_types["body"] = "application/json"
         job.request = request
@@ -182,7 +182,7 @@ class KServeRoutes:
     async def _v2_infer(self, model: Model, scope: common.Scope, receive: common.Receive,
                         send: common.Send, job: Job) -> int:
         body = await self._read(scope, receive)
-        request = worker_pb2.Request(request_id=str(uuid.uuid4()),
+        request = worker_pb2.Request(request_id=new_request_id(),
                                      tensor_format=worker_pb2.TENSOR_FORMAT_REST)
         job.request = request
         timeout_s = copy_headers(scope, request)
