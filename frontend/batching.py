@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from frontend.errors import GatewayTimeout, ServeError, ServiceUnavailable
 from frontend.policies import BatchPolicy
 from frontend.streams import ResponseStream
 from protos import worker_pb2
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, eq=False)
@@ -70,8 +73,18 @@ class Job:
         return not self.future.done()
 
 
+#: What a parked worker is called with: its batch, or the error that closed the batcher.
+Take = Callable[[list[Job] | ServeError], None]
+
+
 class Batcher:
-    """Groups the queued jobs of one model (version) into batches of up to ``max_batch_size``."""
+    """Groups the queued jobs of one model (version) into batches of up to ``max_batch_size``.
+
+    A free worker *parks* a callback here; the batcher calls it with a batch as soon as the
+    policy releases one: from the arrival that completes it, or from a timer when the policy's
+    wait runs out. No task waits per worker and no event-loop turn passes between the decision
+    and the batch leaving for the worker.
+    """
 
     def __init__(
         self,
@@ -90,18 +103,20 @@ class Batcher:
         self.policy = policy
         self._clock = clock
         self._queue: collections.deque[Job] = collections.deque()
-        self._arrived = asyncio.Event()
         self._emptied = asyncio.Event()
         self._emptied.set()
-        # One worker assembles a batch at a time; the others wait their turn, as TorchServe's
-        # per-model lock does. Jobs leave the deque only in the final synchronous step, so a
-        # worker cancelled while it collects loses nothing.
-        self._assembling = asyncio.Lock()
         self._closed: ServeError | None = None
-        #: Workers inside next_batch (waiting their turn or collecting): the free ones.
-        self._idle_workers = 0
+        #: Free workers, first come first served.
+        self._parked: collections.deque[Take] = collections.deque()
+        #: When the parked workers found the first job of the batch being collected.
+        self._collecting_since: float | None = None
+        #: The timer that asks the policy again when its wait runs out, and when.
+        self._wake: asyncio.TimerHandle | None = None
+        self._wake_at = float("inf")
         #: Sum of the queued jobs' weights (items, not requests).
         self._queued_weight = 0
+        #: Called, one per job taken, when the full queue makes room (see ``when_room``).
+        self._room_waiters: collections.deque[Callable[[], None]] = collections.deque()
 
     @property
     def depth(self) -> int:
@@ -127,6 +142,20 @@ class Batcher:
                     headers={"Retry-After": "1"},
                 )
 
+    def when_room(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once a job has left the full queue (or the batcher closed): the
+        HTTP layer stops reading a connection it has just refused, until then."""
+        self._room_waiters.append(callback)
+
+    def _make_room(self, count: int) -> None:
+        waiters = self._room_waiters
+        while count > 0 and waiters:
+            count -= 1
+            try:
+                waiters.popleft()()
+            except Exception:
+                logger.exception("a queue-room callback failed")
+
     def submit(self, job: Job) -> None:
         """Queue a job, or raise ServiceUnavailable at once when the queue is full."""
         self.refuse_if_full()
@@ -135,7 +164,8 @@ class Batcher:
         self._queue.append(job)
         self._queued_weight += job.weight
         self._emptied.clear()
-        self._arrived.set()
+        if self._parked:
+            self._release()
 
     def _drop_finished(self) -> None:
         """Forget jobs whose future is already done (client gone, or expired)."""
@@ -152,60 +182,113 @@ class Batcher:
                     GatewayTimeout("request timed out in the queue before a worker was free"))
         self._drop_finished()
 
-    async def next_batch(self) -> list[Job]:
-        """Wait for jobs and return the next batch (1..max_batch_size live jobs)."""
-        self._idle_workers += 1
+    # -- handing batches to free workers --------------------------------------------------
+
+    def park(self, take: Take) -> None:
+        """A free worker waits for its next batch: ``take`` is called, from an arrival or a
+        timer (or at once), with the batch the policy releases, or with the error that closed
+        the batcher. It must not raise."""
+        if self._closed is not None:
+            take(self._closed)
+            return
+        if not self._parked:
+            self._collecting_since = None  # a collection starts when a free worker comes
+        self._parked.append(take)
+        self._release()
+
+    def unpark(self, take: Take) -> bool:
+        """Withdraw a parked worker; False if it was not parked (it got a batch already)."""
         try:
-            return await self._collect()
-        finally:
-            self._idle_workers -= 1
+            self._parked.remove(take)
+        except ValueError:
+            return False
+        if not self._parked:
+            self._collecting_since = None
+        return True
+
+    @property
+    def _idle_workers(self) -> int:
+        return len(self._parked)
+
+    def _release(self) -> None:
+        """Hand batches to parked workers for as long as the policy says go."""
+        while self._parked:
+            now = self._clock()
+            self._expire(now)
+            if not self._queue:
+                self._collecting_since = None
+                return
+            if self._collecting_since is None:
+                self._collecting_since = now
+            wait = self.policy.wait_s(self._queued_weight, now - self._collecting_since,
+                                      len(self._parked), now)
+            if wait > 0:
+                self._wake_in(now, wait)
+                return
+            jobs = self._take(now)
+            self._collecting_since = now if self._queue else None
+            take = self._parked.popleft()
+            try:
+                take(jobs)
+            except Exception:  # a worker's callback must not stop the others' batches
+                logger.exception("a worker failed to take its batch")
+                fail_jobs(jobs, ServiceUnavailable("the worker could not take the batch"))
+
+    def _wake_in(self, now: float, wait_s: float) -> None:
+        at = now + wait_s
+        if self._wake is not None:
+            if self._wake_at <= at:
+                return  # an earlier wake-up asks again anyway
+            self._wake.cancel()
+        self._wake_at = at
+        self._wake = asyncio.get_running_loop().call_later(wait_s, self._woken)
+
+    def _woken(self) -> None:
+        self._wake = None
+        self._wake_at = float("inf")
+        self._release()
 
     def take_ready(self) -> list[Job] | None:
         """The next batch if the policy would send it at once to one more free worker (the
         caller, which has just finished a batch), else None: lets a worker start its next
         batch before it delivers the answers of the last one. Never waits."""
-        if self._assembling.locked() or not self._queue or self._closed is not None:
-            return None  # another worker is collecting, or there is nothing to take
+        if not self._queue or self._closed is not None:
+            return None
         now = self._clock()
         self._expire(now)
         if not self._queue or self.policy.wait_s(self._queued_weight, 0.0,
-                                                 self._idle_workers + 1, now) > 0:
+                                                 len(self._parked) + 1, now) > 0:
             return None
-        return self._take(now)
+        jobs = self._take(now)
+        if not self._queue or not self._parked:
+            self._collecting_since = None
+        return jobs
+
+    async def next_batch(self) -> list[Job]:
+        """Wait (parked) for the next batch (1..max_batch_size live jobs)."""
+        loop = asyncio.get_running_loop()
+        batch: asyncio.Future[list[Job]] = loop.create_future()
+
+        def take(outcome: list[Job] | ServeError) -> None:
+            if isinstance(outcome, ServeError):
+                if not batch.done():
+                    batch.set_exception(outcome)
+            elif batch.done():
+                # Cancelled as the batch came: put it back for another worker.
+                loop.call_soon(self.requeue, outcome)
+            else:
+                batch.set_result(outcome)
+
+        self.park(take)
+        try:
+            return await batch
+        finally:
+            if not batch.done() or batch.cancelled():
+                self.unpark(take)
 
     def completed(self, size: int, service_s: float) -> None:
         """A worker answered a batch of ``size`` in ``service_s`` (feeds the policy)."""
         self.policy.on_completed(size, service_s, self._clock())
-
-    async def _collect(self) -> list[Job]:
-        async with self._assembling:
-            while True:
-                await self._wait_for_jobs()
-                started = self._clock()
-                while True:
-                    now = self._clock()
-                    self._expire(now)
-                    if not self._queue:
-                        break  # everything expired or was abandoned: wait afresh
-                    wait = self.policy.wait_s(self._queued_weight, now - started,
-                                              self._idle_workers, now)
-                    if wait <= 0:
-                        return self._take(now)
-                    self._arrived.clear()
-                    try:
-                        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow
-                        # a cancellation that lands as the event fires.
-                        async with asyncio.timeout(wait):
-                            await self._arrived.wait()
-                    except TimeoutError:
-                        pass
-
-    async def _wait_for_jobs(self) -> None:
-        while not self._queue:
-            if self._closed is not None:
-                raise self._closed
-            self._arrived.clear()
-            await self._arrived.wait()
 
     def _take(self, now: float) -> list[Job]:
         # Up to max_batch_size items; the first job always goes, so a request with more
@@ -225,6 +308,8 @@ class Batcher:
         if not self._queue:
             self._emptied.set()
         self.policy.on_dispatch(count, now)
+        if self._room_waiters:
+            self._make_room(len(batch))
         return batch
 
     async def wait_empty(self, timeout_s: float | None) -> bool:
@@ -246,10 +331,11 @@ class Batcher:
                 self._queued_weight += job.weight
         if self._queue:
             self._emptied.clear()
-            self._arrived.set()
+            if self._parked:
+                self._release()
 
     def close(self, error: ServeError) -> None:
-        """Fail every queued job with ``error`` and refuse new ones."""
+        """Fail every queued job with ``error``, refuse new ones, and let parked workers go."""
         self._closed = error
         while self._queue:
             job = self._queue.popleft()
@@ -257,7 +343,13 @@ class Batcher:
                 job.future.set_exception(error)
         self._queued_weight = 0
         self._emptied.set()
-        self._arrived.set()  # wake a waiting worker so it sees the close
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+        parked, self._parked = self._parked, collections.deque()
+        for take in parked:
+            take(error)
+        self._make_room(len(self._room_waiters))
 
 
 def fail_jobs(jobs: list[Job], error: BaseException) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from frontend.batching import Batcher, Job, fail_jobs
+from frontend.batching import Batcher, Job, Take, fail_jobs
 from frontend.errors import (
     BatchSizeMismatch,
     GatewayTimeout,
@@ -453,50 +453,20 @@ class Worker:
         raise WorkerStartError(f"{self.name} sent {reply.kind.name} instead of LOADED")
 
     async def _serve(self, connection: WorkerConnection) -> None:
-        waiters: set[asyncio.Future[object]] = {connection.closed, self._stop_requested}  # type: ignore[arg-type]
-        while True:
-            jobs = await self._wait_for_batch(connection, waiters)
-            if jobs is None:
-                return
-            await self._run_batches(connection, jobs)
+        """Run batches on the worker until it is to stop (returns) or is gone (WorkerDied).
 
-    async def _wait_for_batch(self, connection: WorkerConnection,
-                              waiters: set[asyncio.Future[object]]) -> list[Job] | None:
-        """The next batch, or None when the worker is to stop (WorkerDied: it is gone)."""
-        next_batch = asyncio.ensure_future(self._batcher.next_batch())
-        done, _ = await asyncio.wait({next_batch, *waiters},
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if next_batch not in done:
-            next_batch.cancel()
-            taken: list[Job] = []
-            with contextlib.suppress(asyncio.CancelledError, ServeError):
-                taken = await next_batch
-            if taken:
-                # The cancel came too late: the batch had already left the queue. Put it
-                # back for another worker rather than lose it.
-                self._batcher.requeue(taken)
-            if connection.closed.done():
-                raise WorkerDied(f"Worker died: {self.name} (pid {self.pid}) exited "
-                                 f"with code {connection.process.returncode} while idle")
-            return None  # stop requested
-        try:
-            return next_batch.result()
-        except ServeError:
-            return None  # the batcher was closed: the model is going away
-
-    async def _run_batches(self, connection: WorkerConnection, jobs: list[Job]) -> None:
-        """Run ``jobs`` on the worker, then every batch the queue has ready when one is
-        answered, back to back, until none is ready (WorkerDied: the worker is gone).
-
-        The next batch is sent from the callback that reads the last one's reply, before that
-        reply's answers are delivered: no event-loop turn passes between two batches, so the
+        Everything here happens in callbacks, without a task per batch: a free worker parks
+        in the batcher and is handed its batch by the arrival (or timer) that releases it,
+        and when a reply is read the next ready batch is sent at once, before that reply's
+        answers are delivered. So no event-loop turn passes between two batches and the
         worker does not wait behind the frontend's other work (writing responses, turning
-        away an overload), and there is still one batch in flight per worker.
+        away an overload); there is still one batch in flight per worker.
         """
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
         timeout_s = self._launch.response_timeout_s
-        current: _Batch | None = None
+        current: _Batch | None = None  # the batch in flight
+        parked: Take | None = None
 
         def end(error: BaseException | None = None) -> None:
             if not finished.done():
@@ -505,20 +475,50 @@ class Worker:
                 else:
                     finished.set_exception(error)
 
+        def must_stop() -> bool:
+            return self._stop_requested.done() or connection.closed.done()
+
+        def next_batch() -> None:
+            """Send the batch that is ready, or park until one is."""
+            nonlocal parked
+            if must_stop():
+                end(self._gone_while_idle(connection))
+                return
+            jobs = self._batcher.take_ready()
+            if jobs is not None:
+                start(jobs)
+                return
+            parked = take
+            self._batcher.park(take)
+
+        def take(outcome: list[Job] | ServeError) -> None:
+            nonlocal parked
+            parked = None
+            if isinstance(outcome, ServeError):
+                end()  # the batcher was closed: the model is going away
+            elif must_stop():
+                self._batcher.requeue(outcome)  # for another worker
+                end(self._gone_while_idle(connection))
+            else:
+                start(outcome)
+
         def start(jobs: list[Job]) -> None:
             nonlocal current
-            current = started = _Batch(jobs, timeout_s)
+            current = sent = _Batch(jobs, timeout_s)
             connection.on_partial = _partial_router(jobs)
             self.state = WorkerState.BUSY
             try:
-                connection.send(self._batch_frame(jobs),
-                                lambda outcome: on_reply(started, outcome))
+                connection.send(self._batch_frame(jobs), lambda outcome: on_reply(sent, outcome))
             except WorkerDied as exc:
+                current = None
                 fail_jobs(jobs, WorkerDied(f"{exc} while handling a batch of {len(jobs)}"))
-                raise
-            started.timer = loop.call_later(timeout_s, on_timeout, started)
+                end(exc)
+                return
+            sent.timer = loop.call_later(timeout_s, on_timeout, sent)
 
         def on_timeout(timed_out: _Batch) -> None:
+            nonlocal current
+            current = None
             connection.forget_reply()
             connection.on_partial = None
             error = GatewayTimeout(f"{self.name} did not answer within the response timeout "
@@ -528,6 +528,8 @@ class Worker:
             end(WorkerDied(f"{self.name} killed: {error}"))
 
         def on_reply(answered: _Batch, outcome: Frame | BaseException) -> None:
+            nonlocal current
+            current = None
             if answered.timer is not None:
                 answered.timer.cancel()
             connection.on_partial = None
@@ -545,27 +547,26 @@ class Worker:
                 end(exc)
                 return
             try:
-                following = None
-                if not self._stop_requested.done():
-                    following = self._batcher.take_ready()
-                if following is not None:
-                    start(following)
-                else:
-                    end()
-            except BaseException as exc:
-                end(exc)
+                next_batch()
             finally:
                 if deliver is not None:
                     deliver()
 
+        def on_stop_or_exit(_: object) -> None:
+            if parked is not None and self._batcher.unpark(parked):
+                end(self._gone_while_idle(connection))
+
+        connection.closed.add_done_callback(on_stop_or_exit)
+        self._stop_requested.add_done_callback(on_stop_or_exit)
         try:
-            start(jobs)
-        except WorkerDied as exc:
-            end(exc)
-        try:
+            next_batch()
             await finished
         finally:
-            if not finished.done() and current is not None:
+            connection.closed.remove_done_callback(on_stop_or_exit)
+            self._stop_requested.remove_done_callback(on_stop_or_exit)
+            if parked is not None:
+                self._batcher.unpark(parked)
+            if current is not None:
                 # Cancelled with a batch in flight: nobody will deliver its answers now.
                 connection.forget_reply()
                 connection.on_partial = None
@@ -574,6 +575,13 @@ class Worker:
                 fail_jobs(current.jobs, WorkerDied(f"{self.name} stopped during a batch"))
             if self.state is WorkerState.BUSY:
                 self.state = WorkerState.READY
+
+    def _gone_while_idle(self, connection: WorkerConnection) -> WorkerDied | None:
+        """WorkerDied if the worker process went away between batches; None: asked to stop."""
+        if connection.closed.done():
+            return WorkerDied(f"Worker died: {self.name} (pid {self.pid}) exited with code "
+                              f"{connection.process.returncode} while idle")
+        return None
 
     def _batch_frame(self, jobs: list[Job]) -> Frame:
         batch = worker_pb2.PredictBatch(batch_id=next(self._batch_ids))

@@ -28,7 +28,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from frontend.batching import Job
-from frontend.errors import InternalError, PayloadTooLarge, ServeError
+from frontend.errors import InternalError, PayloadTooLarge, ServeError, ServiceUnavailable
 from frontend.http import common
 from frontend.http.inference import InferenceApp
 from frontend.http.observe import record_http_request
@@ -43,6 +43,8 @@ _PREFIX = b"/predictions/"
 _FAST_METHODS = (b"POST", b"PUT")
 _NO_REQUEST = worker_pb2.Request()
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: Longest a connection refused for a full queue goes unread (its 503 says Retry-After: 1).
+REFUSED_PAUSE_MAX_S = 1.0
 # What HTTP forbids in a header name or value (a handler's header must not split a response).
 _BAD_NAME = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
 _BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
@@ -203,6 +205,21 @@ class PredictionsProtocol(HttpToolsProtocol):
                    for k, v in error.headers.items()]
         self._respond(prediction, error.http_status, common.JSON,
                       common.pretty_json(error.to_body()), headers)
+        model = prediction.model
+        if (isinstance(error, ServiceUnavailable) and model is not None
+                and model.batcher.remaining_capacity == 0 and not self.transport.is_closing()):
+            # Overload: this client has its 503; its next request is not read until the queue
+            # has room. Reading (and refusing) every connection on every turn of the loop
+            # would leave the worker one batch per turn; backpressure keeps it fed.
+            # Never longer than Retry-After: a queue that does not drain (no worker) must not
+            # leave a sent request unread.
+            self.flow.pause_reading()
+            model.batcher.when_room(self._room_again)
+            self.loop.call_later(REFUSED_PAUSE_MAX_S, self._room_again)
+
+    def _room_again(self) -> None:
+        if not self.transport.is_closing():
+            self.flow.resume_reading()
 
     def _declared_length_ok(self) -> bool:
         for name, value in self.headers:

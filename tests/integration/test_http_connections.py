@@ -176,3 +176,62 @@ def test_a_client_leaving_halfway_through_its_body_harms_nobody(
         staying.close()
     echo.wait_for(lambda: echo.describe("echo")["jobQueueStatus"]["pendingRequests"] == 0,  # type: ignore[index]
                   "an empty queue")
+
+
+def test_a_connection_refused_for_a_full_queue_is_served_once_there_is_room(
+        build_mar, start_server, tmp_path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    build_mar("gate", "gate")
+    server = start_server("gate.mar", job_queue_size=1)
+    gate = tmp_path / "open"
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(server.predict, "gate", str(gate).encode())
+        server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
+                        "the first request to reach the worker")
+        queued = pool.submit(server.predict, "gate", str(gate).encode())
+        server.wait_for(
+            lambda: server.describe("gate")["jobQueueStatus"]["pendingRequests"] == 1,  # type: ignore[index]
+            "a queued request")
+        connection = Connection(server)
+        try:
+            connection.sock.sendall(_post("/predictions/gate", str(gate).encode()))
+            status, headers, _ = connection.response()
+            assert status == 503 and headers["retry-after"] == "1"
+            # The refused connection's next request waits unread for room, then is served.
+            connection.sock.sendall(_post("/predictions/gate", str(gate).encode()))
+            gate.touch()
+            assert connection.response()[0] == 200
+        finally:
+            connection.close()
+        assert held.result(timeout=30).status_code == 200
+        assert queued.result(timeout=30).status_code == 200
+
+
+def test_a_refused_connection_is_read_again_within_retry_after(
+        build_mar, start_server, tmp_path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    build_mar("gate", "gate")
+    server = start_server("gate.mar", job_queue_size=1)
+    gate = tmp_path / "open"
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(server.predict, "gate", str(gate).encode())
+        server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
+                        "the first request to reach the worker")
+        queued = pool.submit(server.predict, "gate", str(gate).encode())
+        server.wait_for(
+            lambda: server.describe("gate")["jobQueueStatus"]["pendingRequests"] == 1,  # type: ignore[index]
+            "a queued request")
+        connection = Connection(server)
+        try:
+            connection.sock.sendall(_post("/predictions/gate", b"/never"))
+            assert connection.response()[0] == 503
+            # The queue stays full: the next request is still answered (503), not left unread.
+            connection.sock.sendall(_post("/predictions/gate", b"/never"))
+            assert connection.response()[0] == 503
+        finally:
+            connection.close()
+            gate.touch()
+        assert held.result(timeout=30).status_code == 200
+        assert queued.result(timeout=30).status_code == 200

@@ -164,13 +164,13 @@ def test_take_ready_takes_only_what_the_policy_would_send_at_once() -> None:
     asyncio.run(scenario())
 
 
-def test_take_ready_leaves_the_queue_to_a_worker_that_is_collecting() -> None:
+def test_a_parked_worker_gets_a_batch_before_take_ready_does() -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         batcher = _batcher(2, delay_s=30.0)
         batcher.submit(_job(loop, "first"))
         collecting = asyncio.ensure_future(batcher.next_batch())
-        await asyncio.sleep(0)  # the collector holds the queue, waiting for a second job
+        await asyncio.sleep(0)  # the collector is parked, waiting for a second job
         batcher.submit(_job(loop, "second"))
         batcher.submit(_job(loop, "third"))
         assert batcher.take_ready() is None
