@@ -117,6 +117,14 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _one_torch_thread() -> None:
+    """A decode thread's torch ops run on that thread alone. Otherwise each decode thread
+    gets an OpenMP team of its own on its first parallel op, and those teams' threads compete
+    with the model's forward pass for the cores: measured here, a lone ResNet-152 request took
+    130 ms instead of 80 ms once batches had been decoded in parallel."""
+    torch.set_num_threads(1)
+
+
 class VisionHandler(BaseHandler):
     """Decodes and transforms each request's image, runs the model on the good ones only.
 
@@ -140,7 +148,8 @@ class VisionHandler(BaseHandler):
         # so the images of one batch are prepared in parallel.
         threads = min(usable_cpus(), max(1, int(properties.get("batch_size") or 1)))
         if threads > 1:
-            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="image-decode")
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="image-decode",
+                                            initializer=_one_torch_thread)
 
     def handle(self, data: list[Any], context: Context) -> list[Any]:
         """One result per request: a prediction, or the InvalidInput of a bad image."""
