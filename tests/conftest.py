@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,20 @@ class RunningServer:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}")
             time.sleep(0.01)
+
+    def hold_gate(self, pool: ThreadPoolExecutor, gate: Path, queued: int = 0,
+                  model: str = "gate") -> list[Future[requests.Response]]:
+        """With the ``gate`` fixture handler: one request that waits in the worker until the
+        file ``gate`` exists, then ``queued`` more waiting in the queue behind it."""
+        held = [pool.submit(self.predict, model, str(gate).encode())]
+        self.wait_for(lambda: self.describe(model)["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
+                      "the first request to reach the worker")
+        for count in range(1, queued + 1):
+            held.append(pool.submit(self.predict, model, str(gate).encode()))
+            self.wait_for(
+                lambda count=count: self.describe(model)["jobQueueStatus"]["pendingRequests"]  # type: ignore[index,misc]
+                == count, f"{count} queued request(s)")
+        return held
 
     def stop(self) -> None:
         self.server.request_stop()

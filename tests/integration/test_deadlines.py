@@ -10,13 +10,6 @@ from urllib.parse import urlsplit
 from tests.conftest import RunningServer
 
 
-def _hold_worker(server: RunningServer, pool: ThreadPoolExecutor, gate: Path):
-    held = pool.submit(server.predict, "gate", str(gate).encode())
-    server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
-                    "the first request to reach the worker")
-    return held
-
-
 def _requests_run(server: RunningServer) -> int:
     return int(server.describe("gate")["batching"]["requestsTotal"])  # type: ignore[index]
 
@@ -27,7 +20,7 @@ def test_x_request_timeout_expires_a_queued_request(build_mar, start_server,
     server = start_server("gate.mar")
     gate = tmp_path / "open"
     with ThreadPoolExecutor(1) as pool:
-        held = _hold_worker(server, pool, gate)
+        (held,) = server.hold_gate(pool, gate)
         late = server.predict("gate", b"/late", headers={"X-Request-Timeout": "0.2"})
         gate.touch()
         assert held.result(timeout=30).status_code == 200
@@ -46,7 +39,7 @@ def test_a_client_that_hangs_up_is_dropped_from_the_queue(build_mar, start_serve
     gate = tmp_path / "open"
     address = urlsplit(server.inference)
     with ThreadPoolExecutor(1) as pool:
-        held = _hold_worker(server, pool, gate)
+        (held,) = server.hold_gate(pool, gate)
         body = b"/abandoned"
         with socket.create_connection((address.hostname, address.port), timeout=10) as client:
             client.sendall(b"POST /predictions/gate HTTP/1.1\r\nHost: x\r\n"

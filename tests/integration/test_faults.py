@@ -30,13 +30,7 @@ def test_kill_9_fails_the_batch_in_flight_fast_and_the_worker_comes_back(
     pid = int(_worker(server, "gate")["pid"])  # type: ignore[call-overload]
     gate = tmp_path / "open"
     with ThreadPoolExecutor(2) as pool:
-        held = pool.submit(server.predict, "gate", str(gate).encode())
-        server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
-                        "the request to reach the worker")
-        queued = pool.submit(server.predict, "gate", str(gate).encode())
-        server.wait_for(
-            lambda: server.describe("gate")["jobQueueStatus"]["pendingRequests"] == 1,  # type: ignore[index]
-            "the second request to queue")
+        held, queued = server.hold_gate(pool, gate, queued=1)
         killed_at = time.monotonic()
         os.kill(pid, signal.SIGKILL)
         answer = held.result(timeout=10)

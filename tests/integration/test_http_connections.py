@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import pytest
@@ -180,19 +181,11 @@ def test_a_client_leaving_halfway_through_its_body_harms_nobody(
 
 def test_a_connection_refused_for_a_full_queue_is_served_once_there_is_room(
         build_mar, start_server, tmp_path) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
     build_mar("gate", "gate")
     server = start_server("gate.mar", job_queue_size=1)
     gate = tmp_path / "open"
     with ThreadPoolExecutor(2) as pool:
-        held = pool.submit(server.predict, "gate", str(gate).encode())
-        server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
-                        "the first request to reach the worker")
-        queued = pool.submit(server.predict, "gate", str(gate).encode())
-        server.wait_for(
-            lambda: server.describe("gate")["jobQueueStatus"]["pendingRequests"] == 1,  # type: ignore[index]
-            "a queued request")
+        held, queued = server.hold_gate(pool, gate, queued=1)
         connection = Connection(server)
         try:
             connection.sock.sendall(_post("/predictions/gate", str(gate).encode()))
@@ -210,19 +203,11 @@ def test_a_connection_refused_for_a_full_queue_is_served_once_there_is_room(
 
 def test_a_refused_connection_is_read_again_within_retry_after(
         build_mar, start_server, tmp_path) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
     build_mar("gate", "gate")
     server = start_server("gate.mar", job_queue_size=1)
     gate = tmp_path / "open"
     with ThreadPoolExecutor(2) as pool:
-        held = pool.submit(server.predict, "gate", str(gate).encode())
-        server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
-                        "the first request to reach the worker")
-        queued = pool.submit(server.predict, "gate", str(gate).encode())
-        server.wait_for(
-            lambda: server.describe("gate")["jobQueueStatus"]["pendingRequests"] == 1,  # type: ignore[index]
-            "a queued request")
+        held, queued = server.hold_gate(pool, gate, queued=1)
         connection = Connection(server)
         try:
             connection.sock.sendall(_post("/predictions/gate", b"/never"))

@@ -65,9 +65,7 @@ def test_refused_requests_are_counted(build_mar, start_server, tmp_path: Path) -
     server = start_server("gate.mar", job_queue_size=1)
     gate = tmp_path / "open"
     with ThreadPoolExecutor(2) as pool:
-        held = pool.submit(server.predict, "gate", str(gate).encode())
-        server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 1,  # type: ignore[index]
-                        "the first request to reach the worker")
+        (held,) = server.hold_gate(pool, gate)
         expired = server.predict("gate", b"/x", headers={"X-Request-Timeout": "0.1"})
         assert expired.status_code == 504
         queued = pool.submit(server.predict, "gate", str(gate).encode())
