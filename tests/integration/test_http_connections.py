@@ -179,44 +179,40 @@ def test_a_client_leaving_halfway_through_its_body_harms_nobody(
                   "an empty queue")
 
 
+@pytest.fixture
+def full_queue(build_mar, start_server, tmp_path):
+    """A gate model whose worker is busy and whose one-place queue is full (both answered 200
+    at the end), the file that opens the gate, and a raw connection to the server."""
+    build_mar("gate", "gate")
+    server = start_server("gate.mar", job_queue_size=1)
+    gate = tmp_path / "open"
+    with ThreadPoolExecutor(2) as pool:
+        waiting = server.hold_gate(pool, gate, queued=1)
+        connection = Connection(server)
+        try:
+            yield gate, connection
+        finally:
+            connection.close()
+            gate.touch()
+        assert [answer.result(timeout=30).status_code for answer in waiting] == [200, 200]
+
+
 def test_a_connection_refused_for_a_full_queue_is_served_once_there_is_room(
-        build_mar, start_server, tmp_path) -> None:
-    build_mar("gate", "gate")
-    server = start_server("gate.mar", job_queue_size=1)
-    gate = tmp_path / "open"
-    with ThreadPoolExecutor(2) as pool:
-        held, queued = server.hold_gate(pool, gate, queued=1)
-        connection = Connection(server)
-        try:
-            connection.sock.sendall(_post("/predictions/gate", str(gate).encode()))
-            status, headers, _ = connection.response()
-            assert status == 503 and headers["retry-after"] == "1"
-            # The refused connection's next request waits unread for room, then is served.
-            connection.sock.sendall(_post("/predictions/gate", str(gate).encode()))
-            gate.touch()
-            assert connection.response()[0] == 200
-        finally:
-            connection.close()
-        assert held.result(timeout=30).status_code == 200
-        assert queued.result(timeout=30).status_code == 200
+        full_queue) -> None:
+    gate, connection = full_queue
+    connection.sock.sendall(_post("/predictions/gate", str(gate).encode()))
+    status, headers, _ = connection.response()
+    assert status == 503 and headers["retry-after"] == "1"
+    # The refused connection's next request waits unread for room, then is served.
+    connection.sock.sendall(_post("/predictions/gate", str(gate).encode()))
+    gate.touch()
+    assert connection.response()[0] == 200
 
 
-def test_a_refused_connection_is_read_again_within_retry_after(
-        build_mar, start_server, tmp_path) -> None:
-    build_mar("gate", "gate")
-    server = start_server("gate.mar", job_queue_size=1)
-    gate = tmp_path / "open"
-    with ThreadPoolExecutor(2) as pool:
-        held, queued = server.hold_gate(pool, gate, queued=1)
-        connection = Connection(server)
-        try:
-            connection.sock.sendall(_post("/predictions/gate", b"/never"))
-            assert connection.response()[0] == 503
-            # The queue stays full: the next request is still answered (503), not left unread.
-            connection.sock.sendall(_post("/predictions/gate", b"/never"))
-            assert connection.response()[0] == 503
-        finally:
-            connection.close()
-            gate.touch()
-        assert held.result(timeout=30).status_code == 200
-        assert queued.result(timeout=30).status_code == 200
+def test_a_refused_connection_is_read_again_within_retry_after(full_queue) -> None:
+    _, connection = full_queue
+    connection.sock.sendall(_post("/predictions/gate", b"/never"))
+    assert connection.response()[0] == 503
+    # The queue stays full: the next request is still answered (503), not left unread.
+    connection.sock.sendall(_post("/predictions/gate", b"/never"))
+    assert connection.response()[0] == 503
