@@ -277,8 +277,14 @@ class AdaptivePolicy:
             # Splitting also keeps the worker busy a - H longer, right when the queued jobs'
             # own echoes come back: they pay that too.
             behind_s = self._echo_ratio * queued * max(0.0, self._fit.overhead_s - horizon_s)
+            # A closed loop repeats its rounds: splitting this one into two batches costs the
+            # fixed overhead a once more every round, and joining costs only the echoes' delay.
+            # So echoes (more likely than not to come) are waited for when they come sooner
+            # than a, even where this round alone would be served sooner split.
+            rounds_pay = expected > 0.5 and horizon_s < self._fit.overhead_s
             if (now < self._echo_at + horizon_s and expected > 0
-                    and (queued + expected) * horizon_s < expected * saving_s + behind_s):
+                    and (rounds_pay or (queued + expected) * horizon_s
+                         < expected * saving_s + behind_s)):
                 wait = max(wait, self._echo_at + horizon_s - now)
         return min(wait, budget)
 
