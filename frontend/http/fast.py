@@ -31,7 +31,7 @@ from frontend.batching import Job
 from frontend.errors import InternalError, PayloadTooLarge, ServeError, ServiceUnavailable
 from frontend.http import common
 from frontend.http.inference import InferenceApp
-from frontend.http.observe import record_http_request
+from frontend.http.observe import pending_job, record_http_request
 from frontend.predict import enqueue
 from frontend.registry import Model
 from frontend.streams import ResponseStream
@@ -41,7 +41,6 @@ logger = logging.getLogger(__name__)
 
 _PREFIX = b"/predictions/"
 _FAST_METHODS = (b"POST", b"PUT")
-_NO_REQUEST = worker_pb2.Request()
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: Longest a connection refused for a full queue goes unread (its 503 says Retry-After: 1).
 REFUSED_PAUSE_MAX_S = 1.0
@@ -100,7 +99,7 @@ class PredictionsProtocol(HttpToolsProtocol):
         scope["raw_path"] = url.path
         scope["query_string"] = url.query or b""
         keep_alive = http_version != "1.0" and parser.should_keep_alive()
-        prediction = _Prediction(scope, keep_alive, Job(_NO_REQUEST, self.loop.create_future()))
+        prediction = _Prediction(scope, keep_alive, pending_job(self.loop))
         self.cycle = prediction  # type: ignore[assignment]
         try:
             prediction.model = model = self.inference.model_for(scope)

@@ -7,9 +7,7 @@ model's batcher, and answered with the worker's bytes. No payload is decoded her
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 
 from frontend.auth import KeyKind
 from frontend.batching import Job
@@ -20,7 +18,7 @@ from frontend.http.kserve import KServeRoutes
 from frontend.http.observe import (
     check_response_size,
     copy_headers,
-    record_http_request,
+    observed,
     response_headers,
     submit_unless_gone,
 )
@@ -34,9 +32,6 @@ from protos import worker_pb2
 logger = logging.getLogger(__name__)
 
 _INFERENCE_METHODS = ("POST", "PUT")
-
-
-_NO_REQUEST = worker_pb2.Request()
 
 
 class InferenceApp(common.Routes):
@@ -123,20 +118,12 @@ class InferenceApp(common.Routes):
     async def observed_predict(self, scope: common.Scope, receive: common.Receive,
                                send: common.Send) -> None:
         """A prediction, with its metrics and access-log line, whatever its outcome."""
-        started = time.perf_counter()
-        model: Model | None = None
-        job = Job(_NO_REQUEST, asyncio.get_running_loop().create_future())
-        status = 500
-        try:
-            model = self.model_for(scope)
+
+        async def run(model: Model, job: Job) -> int:
             self.admit(model, scope)
-            status = await self.predict(model, scope, receive, send, job)
-        except ServeError as error:
-            status = error.http_status
-            raise
-        finally:
-            record_http_request(self.metrics, self.access, scope, model, status,
-                                time.perf_counter() - started, job)
+            return await self.predict(model, scope, receive, send, job)
+
+        await observed(self.metrics, self.access, scope, lambda: self.model_for(scope), run)
 
     async def predict(self, model: Model, scope: common.Scope, receive: common.Receive,
                       send: common.Send, job: Job) -> int:

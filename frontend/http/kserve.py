@@ -10,10 +10,7 @@ first dimension. Errors answer KServe's ``{"error": "..."}``.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import Awaitable, Callable
 
 from frontend import kserve
 from frontend.auth import KeyKind
@@ -23,7 +20,7 @@ from frontend.http import common
 from frontend.http.observe import (
     check_response_size,
     copy_headers,
-    record_http_request,
+    observed,
     response_headers,
     submit_unless_gone,
 )
@@ -105,8 +102,9 @@ class KServeRoutes:
             raise common.not_found()
         self._expect(scope, "POST")
         model = self.registry.get(name)
-        await self._observed(scope, model, lambda job: self._v1_predict(
-            model, scope, receive, send, job, verb == "explain"))
+        await observed(self.metrics, self.access, scope, lambda: model,
+                       lambda model, job: self._v1_predict(
+                           model, scope, receive, send, job, verb == "explain"))
 
     async def _v1_predict(self, model: Model, scope: common.Scope, receive: common.Receive,
                           send: common.Send, job: Job, explain: bool) -> int:
@@ -123,11 +121,9 @@ class KServeRoutes:
         response = await self._submit(model, request, timeout_s, receive, job)
         if response is None:
             return 0
-        headers = response_headers(request.request_id, response)
-        if response.error:
-            status = response.status or 500
-            await send_kserve_error(send, status, response.error, headers)
-            return status
+        headers, failed = await self._send_error(send, request, response)
+        if failed:
+            return failed
         key = b"explanations" if explain else b"predictions"
         answer = b'{"' + key + b'": ' + response.body + b', "batchId": ' + \
             _compact(job.batch_id) + b"}"
@@ -174,8 +170,8 @@ class KServeRoutes:
         elif rest == ["infer"]:
             self._expect(scope, "POST")
             model = self.registry.get(name, version)
-            await self._observed(scope, model, lambda job: self._v2_infer(
-                model, scope, receive, send, job))
+            await observed(self.metrics, self.access, scope, lambda: model,
+                           lambda model, job: self._v2_infer(model, scope, receive, send, job))
         else:
             raise common.not_found()
 
@@ -192,11 +188,9 @@ class KServeRoutes:
         response = await self._submit(model, request, timeout_s, receive, job)
         if response is None:
             return 0
-        headers = response_headers(request.request_id, response)
-        if response.error:
-            status = response.status or 500
-            await send_kserve_error(send, status, response.error, headers)
-            return status
+        headers, failed = await self._send_error(send, request, response)
+        if failed:
+            return failed
         check_response_size(response.body, self.config.max_response_size_bytes)
         content_type = (response.content_type or "application/json").encode("latin-1")
         await common.send_bytes(send, response.status or 200, response.body, content_type,
@@ -210,6 +204,18 @@ class KServeRoutes:
         common.check_content_length(scope, limit)
         return await common.read_body(receive, limit)
 
+    @staticmethod
+    async def _send_error(send: common.Send, request: worker_pb2.Request,
+                          response: worker_pb2.Response) -> tuple[common.Headers, int]:
+        """The response headers, and the status of the KServe error sent for a failed
+        response (0 when it did not fail and nothing was sent)."""
+        headers = response_headers(request.request_id, response)
+        if not response.error:
+            return headers, 0
+        status = response.status or 500
+        await send_kserve_error(send, status, response.error, headers)
+        return headers, status
+
     async def _submit(self, model: Model, request: worker_pb2.Request, timeout_s: float | None,
                       receive: common.Receive, job: Job) -> worker_pb2.Response | None:
         """Queue the job and wait; None when the client went away meanwhile."""
@@ -219,17 +225,3 @@ class KServeRoutes:
                                 "protocols cannot carry")
         return result
 
-    async def _observed(self, scope: common.Scope, model: Model,
-                        run: Callable[[Job], Awaitable[int]]) -> None:
-        """A prediction, with its metrics and access-log line, whatever its outcome."""
-        started = time.perf_counter()
-        job = Job(worker_pb2.Request(), asyncio.get_running_loop().create_future())
-        status = 500
-        try:
-            status = await run(job)
-        except ServeError as error:
-            status = error.http_status
-            raise
-        finally:
-            record_http_request(self.metrics, self.access, scope, model, status,
-                                time.perf_counter() - started, job)

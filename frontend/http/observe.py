@@ -5,9 +5,11 @@ the metrics and access-log line at the end."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
 
 from frontend.batching import Job
-from frontend.errors import InternalError
+from frontend.errors import InternalError, ServeError
 from frontend.http import common
 from frontend.logs import AccessLog
 from frontend.metrics import ServerMetrics
@@ -15,6 +17,14 @@ from frontend.predict import submit
 from frontend.registry import Model
 from frontend.streams import ResponseStream
 from protos import worker_pb2
+
+#: What a job holds until its HTTP request has been read.
+_NO_REQUEST = worker_pb2.Request()
+
+
+def pending_job(loop: asyncio.AbstractEventLoop) -> Job:
+    """A job for an HTTP prediction whose request is not built yet."""
+    return Job(_NO_REQUEST, loop.create_future())
 
 
 def copy_headers(scope: common.Scope, request: worker_pb2.Request) -> float | None:
@@ -71,3 +81,24 @@ def record_http_request(metrics: ServerMetrics, access: AccessLog, scope: common
                  f"HTTP/{scope.get('http_version', '1.1')}", status, latency_s,
                  model.name if model else "-", model.version if model else "-",
                  job.queue_wait_s, job.batch_size)
+
+
+async def observed(metrics: ServerMetrics, access: AccessLog, scope: common.Scope,
+                   model_of: Callable[[], Model], run: Callable[[Model, Job], Awaitable[int]]
+                   ) -> None:
+    """A prediction through the ASGI routes, with its metrics and access-log line whatever its
+    outcome: ``model_of`` names the model (a ServeError there is recorded without one), ``run``
+    answers the request and returns the HTTP status it sent (0: the client went away)."""
+    started = time.perf_counter()
+    model: Model | None = None
+    job = pending_job(asyncio.get_running_loop())
+    status = 500
+    try:
+        model = model_of()
+        status = await run(model, job)
+    except ServeError as error:
+        status = error.http_status
+        raise
+    finally:
+        record_http_request(metrics, access, scope, model, status,
+                            time.perf_counter() - started, job)
