@@ -206,10 +206,6 @@ class Batcher:
             self._collecting_since = None
         return True
 
-    @property
-    def _idle_workers(self) -> int:
-        return len(self._parked)
-
     def _release(self) -> None:
         """Hand batches to parked workers for as long as the policy says go."""
         while self._parked:
