@@ -16,6 +16,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -93,49 +94,76 @@ def _metadata_headers(context: grpc.aio.ServicerContext) -> list[tuple[bytes, by
             if isinstance(value, str)]
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """What the requests of one RPC need of it, read once while the RPC is live.
+
+    NOTE: nothing may touch a gRPC context after its RPC has ended: grpc's C core does not
+    survive ``context.peer()`` on a finished call (a client that left a StreamPredictions2
+    stream early took the whole frontend down with SIGSEGV). Per-request work, which may
+    outlive the RPC, reads this snapshot instead.
+    """
+
+    peer: str
+    headers: list[tuple[bytes, bytes]]
+    #: time.monotonic() of the client's deadline (None: it set none).
+    deadline: float | None
+
+    @classmethod
+    def of(cls, context: grpc.aio.ServicerContext) -> _Call:
+        remaining = context.time_remaining()
+        return cls(context.peer(), _metadata_headers(context),
+                   None if remaining is None else time.monotonic() + remaining)
+
+    def time_remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+
 def _body_of(response: worker_pb2.Response) -> bytes:
     if response.error:
         raise _RequestFailed(response.status or 500, response.error)
     return response.body
 
 
-class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
+class _InferenceRpcs:
+    """What both inference services share: the registry, token checks, the access log."""
+
     def __init__(self, services: Services) -> None:
         self.registry = services.registry
         self.auth = services.auth
         self.access = services.access
 
+    def _check(self, headers: list[tuple[bytes, bytes]]) -> None:
+        if self.auth is not None:
+            self.auth.check(KeyKind.INFERENCE, headers)
+
+
+class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceServicer):
     async def Ping(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         healthy = all(model.is_healthy() for model in self.registry)
         status = json.dumps({"status": "Healthy" if healthy else "Unhealthy"}, indent=2)
         return inference_pb2.TorchServeHealthResponse(health=status)
 
-    async def _start(self, request: Any, context: grpc.aio.ServicerContext,
-                     headers: list[tuple[bytes, bytes]], job: Job | None = None
+    async def _start(self, request: Any, call: _Call, job: Job | None = None
                      ) -> worker_pb2.Response | ResponseStream:
         model = self.registry.get(request.model_name, request.model_version or None)
         message = worker_pb2.Request(request_id=new_request_id())
         if job is not None:
             job.request = message
-        for key, value in headers:
+        for key, value in call.headers:
             message.headers[key.decode("latin-1")] = value.decode("latin-1")
         for name, value in request.input.items():
             message.inputs[name] = value
         if request.HasField("sequence_id"):
             message.headers["ts_request_sequence_id"] = request.sequence_id
-        return await submit(model, message, context.time_remaining(), job=job)
+        return await submit(model, message, call.time_remaining(), job=job)
 
-    def _check(self, headers: list[tuple[bytes, bytes]]) -> None:
-        if self.auth is not None:
-            self.auth.check(KeyKind.INFERENCE, headers)
-
-    async def _predict_whole(self, request: Any, context: grpc.aio.ServicerContext,
-                             headers: list[tuple[bytes, bytes]]) -> bytes:
+    async def _predict_whole(self, request: Any, call: _Call) -> bytes:
         started = time.perf_counter()
         job = Job(worker_pb2.Request(), asyncio.get_running_loop().create_future())
         status = 500
         try:
-            result = await self._start(request, context, headers, job)
+            result = await self._start(request, call, job)
             if isinstance(result, ResponseStream):
                 body = b"".join([_body_of(part) async for part in result])
             else:
@@ -148,38 +176,41 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
         except _RequestFailed as error:
             status = error.status
             raise
+        except asyncio.CancelledError:
+            status = 0  # the client went away: nobody gets an answer
+            raise
         finally:
-            self._observe(request, context, status, time.perf_counter() - started, job)
+            self._observe(request, call, status, time.perf_counter() - started, job)
 
-    def _observe(self, request: Any, context: grpc.aio.ServicerContext, status: int,
-                 latency_s: float, job: Job) -> None:
+    def _observe(self, request: Any, call: _Call, status: int, latency_s: float,
+                 job: Job) -> None:
         try:
             model = self.registry.get(request.model_name, request.model_version or None)
         except ServeError:
             model = None
         self.registry.metrics.record_request(model, status, latency_s)
-        self.access.write(context.peer(), "gRPC", f"/{request.model_name}", "HTTP/2.0", status,
-                   latency_s, request.model_name, request.model_version or "-",
-                   job.queue_wait_s, job.batch_size)
+        self.access.write(call.peer, "gRPC", f"/{request.model_name}", "HTTP/2.0", status,
+                          latency_s, request.model_name, request.model_version or "-",
+                          job.queue_wait_s, job.batch_size)
 
     async def Predictions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        headers = _metadata_headers(context)
+        call = _Call.of(context)
 
         async def run() -> Any:
-            self._check(headers)
-            body = await self._predict_whole(request, context, headers)
+            self._check(call.headers)
+            body = await self._predict_whole(request, call)
             return inference_pb2.PredictionResponse(prediction=body)
 
         return await _answer(context, run())
 
     async def StreamPredictions(self, request: Any,
                                 context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        headers = _metadata_headers(context)
+        call = _Call.of(context)
         parts: list[worker_pb2.Response] | ResponseStream
 
         async def start() -> list[worker_pb2.Response] | ResponseStream:
-            self._check(headers)
-            result = await self._start(request, context, headers)
+            self._check(call.headers)
+            result = await self._start(request, call)
             return result if isinstance(result, ResponseStream) else [result]
 
         parts = await _answer(context, start())
@@ -194,15 +225,28 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
     async def StreamPredictions2(self, request_iterator: AsyncIterator[Any],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         """One bidirectional stream for many requests: answered in order, each carrying its
-        sequence_id; a failed request answers with its ``status`` and the stream goes on."""
-        headers = _metadata_headers(context)
-        await _answer(context, _async(lambda: self._check(headers)))
+        sequence_id; a failed request answers with its ``status`` and the stream goes on.
+
+        When the RPC ends early (the client cancels or goes away) every request of the stream
+        still waiting is cancelled: a queued one leaves the queue undispatched, one in a
+        worker has its answer dropped.
+        """
+        call = _Call.of(context)
+        await _answer(context, _async(lambda: self._check(call.headers)))
         pending: asyncio.Queue[tuple[Any, asyncio.Task[bytes]] | None] = asyncio.Queue()
+        running: set[asyncio.Task[bytes]] = set()
+
+        def finished(task: asyncio.Task[bytes]) -> None:
+            running.discard(task)
+            if not task.cancelled():
+                task.exception()  # retrieved: the stream may have ended before its answer
 
         async def read() -> None:
             try:
                 async for request in request_iterator:
-                    task = asyncio.ensure_future(self._predict_whole(request, context, headers))
+                    task = asyncio.ensure_future(self._predict_whole(request, call))
+                    running.add(task)
+                    task.add_done_callback(finished)
                     await pending.put((request, task))
             finally:
                 await pending.put(None)
@@ -223,28 +267,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceAPIsServiceServicer):
                 yield answer
         finally:
             reader.cancel()
+            for task in list(running):
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
 
-class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer):
+class OpenInferenceServicer(_InferenceRpcs, open_inference_pb2_grpc.GRPCInferenceServiceServicer):
     """KServe's ``inference.GRPCInferenceService`` (Open Inference Protocol, v2).
 
     ModelInfer batches by the rows of the tensors' first dimension, with the REST requests of
     the same model; the worker decodes the request and encodes the response (raw contents
     when the request came raw).
     """
-
-    def __init__(self, services: Services) -> None:
-        self.registry = services.registry
-        self.auth = services.auth
-        self.access = services.access
-
-    def _check(self, context: grpc.aio.ServicerContext) -> list[tuple[bytes, bytes]]:
-        headers = _metadata_headers(context)
-        if self.auth is not None:
-            self.auth.check(KeyKind.INFERENCE, headers)
-        return headers
 
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return open_inference_pb2.ServerLiveResponse(live=True)
@@ -255,7 +290,7 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run() -> Any:
-            self._check(context)
+            self._check(_metadata_headers(context))
             model = self.registry.get(request.name, request.version or None)
             return open_inference_pb2.ModelReadyResponse(ready=kserve.is_model_ready(model))
 
@@ -263,7 +298,7 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run() -> Any:
-            self._check(context)
+            self._check(_metadata_headers(context))
             return open_inference_pb2.ServerMetadataResponse(
                 **kserve.server_metadata(SERVER_VERSION))
 
@@ -271,7 +306,7 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run() -> Any:
-            self._check(context)
+            self._check(_metadata_headers(context))
             model = self.registry.get(request.name, request.version or None)
             versions = [m.version for m in self.registry.versions(request.name)]
             return open_inference_pb2.ModelMetadataResponse(
@@ -281,21 +316,22 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         started = time.perf_counter()
+        call = _Call.of(context)
         job = Job(worker_pb2.Request(), asyncio.get_running_loop().create_future())
         status = 500
         model: Model | None = None
 
         async def run() -> Any:
             nonlocal model
-            headers = self._check(context)
+            self._check(call.headers)
             model = self.registry.get(request.model_name, request.model_version or None)
             job.weight = kserve.v2_grpc_rows([list(tensor.shape) for tensor in request.inputs])
             message = job.request = worker_pb2.Request(
                 request_id=new_request_id(), tensor_format=worker_pb2.TENSOR_FORMAT_GRPC)
-            for key, value in headers:
+            for key, value in call.headers:
                 message.headers[key.decode("latin-1")] = value.decode("latin-1")
             message.inputs["body"] = request.SerializeToString()
-            result = await submit(model, message, context.time_remaining(), job=job)
+            result = await submit(model, message, call.time_remaining(), job=job)
             if isinstance(result, ResponseStream):
                 raise InternalError("the handler sent intermediate responses, which ModelInfer "
                                     "cannot carry")
@@ -311,10 +347,13 @@ class OpenInferenceServicer(open_inference_pb2_grpc.GRPCInferenceServiceServicer
         except _RequestFailed as error:
             status = error.status
             await context.abort(grpc_code(error.status), str(error))
+        except asyncio.CancelledError:
+            status = 0  # the client went away
+            raise
         finally:
             latency_s = time.perf_counter() - started
             self.registry.metrics.record_request(model, status, latency_s)
-            self.access.write(context.peer(), "gRPC", f"/v2/models/{request.model_name}/infer",
+            self.access.write(call.peer, "gRPC", f"/v2/models/{request.model_name}/infer",
                        "HTTP/2.0", status, latency_s, request.model_name,
                        request.model_version or "-", job.queue_wait_s, job.batch_size)
         raise AssertionError("unreachable: abort raises")

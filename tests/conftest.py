@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -136,6 +141,99 @@ def start_server(model_store: Path) -> Iterator[Callable[..., RunningServer]]:
 
     def start(*models: str, **overrides: object) -> RunningServer:
         handle = launch_server(model_store, *models, **overrides)
+        running.append(handle)
+        return handle
+
+    yield start
+    for handle in running:
+        handle.stop()
+
+
+@dataclass
+class ServerProcess:
+    """A server started as a user starts it (``torchserve --start --foreground``), in its own
+    process: a crash of the frontend shows as its exit code instead of taking the test run
+    down with it."""
+
+    process: subprocess.Popen[bytes]
+    inference: str
+    management: str
+    metrics: str
+    grpc_inference_port: int
+    grpc_management_port: int
+    log: Path
+
+    def is_alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, predicate: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+        RunningServer.wait_for(self, predicate, what, timeout_s)  # type: ignore[arg-type]
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def spawn_server(work_dir: Path, model_store: Path, *models: str,
+                 config: dict[str, object] | None = None) -> ServerProcess:
+    """Start ``torchserve --start --foreground`` on free loopback ports and wait until it
+    answers; ``config`` adds config.properties keys."""
+    settings: dict[str, object] = {
+        "inference_address": "http://127.0.0.1:0", "management_address": "http://127.0.0.1:0",
+        "metrics_address": "http://127.0.0.1:0", "grpc_inference_port": 0,
+        "grpc_management_port": 0, "default_workers_per_model": 1, "enable_model_api": "true",
+        "log_location": work_dir / "logs", **(config or {})}
+    properties = work_dir / "config.properties"
+    properties.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+    state_dir = work_dir / "state"
+    log = work_dir / "server.log"
+    command = [str(Path(sys.executable).parent / "torchserve"), "--start", "--foreground",
+               "--model-store", str(model_store), "--ts-config", str(properties),
+               "--disable-token-auth"]
+    if models:
+        command += ["--models", *models]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=work_dir, stdin=subprocess.DEVNULL, stdout=out,
+                                   stderr=subprocess.STDOUT,
+                                   env={**os.environ, "BATCHSERVE_STATE_DIR": str(state_dir)})
+    deadline = time.monotonic() + START_TIMEOUT_S
+    state_file = state_dir / "server.json"
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited with {process.returncode}: "
+                                 f"{log.read_text(errors='replace')[-2000:]}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("server did not start in time")
+        try:
+            state = json.loads(state_file.read_text())
+        except (OSError, ValueError):
+            state = {}
+        if state.get("pid") == process.pid:
+            return ServerProcess(process, state["inference"], state["management"],
+                                 state["metrics"], state["grpc_inference_port"],
+                                 state["grpc_management_port"], log)
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def server_process(tmp_path: Path, model_store: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """Start servers in processes of their own; each is stopped at teardown."""
+    running: list[ServerProcess] = []
+
+    def start(*models: str, config: dict[str, object] | None = None) -> ServerProcess:
+        work_dir = tmp_path / f"server{len(running)}"
+        work_dir.mkdir()
+        handle = spawn_server(work_dir, model_store, *models, config=config)
         running.append(handle)
         return handle
 
