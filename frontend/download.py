@@ -1,9 +1,10 @@
 """Fetch a model archive over http(s) into the model store, safely.
 
 This is the defence against TorchServe's SSRF advisory (CVE-2023-43654): the URL and every
-redirect target must match ``allowed_urls`` in full, the body is size-limited, and the archive
-appears in the store atomically under a plain name, never replacing a file already there.
-Blocking: the caller runs it in a thread.
+redirect target are normalised (RFC 3986) and must then match ``allowed_urls`` in full, a path
+with a ``..`` segment in any spelling is refused outright, the normalised URL is the one
+fetched, the body is size-limited, and the archive appears in the store atomically under a
+plain name, never replacing a file already there. Blocking: the caller runs it in a thread.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO
 from urllib.error import HTTPError, URLError
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 from urllib.request import (
     HTTPDefaultErrorHandler,
     HTTPErrorProcessor,
@@ -29,12 +30,17 @@ from urllib.request import (
 )
 
 from frontend.archive import ARCHIVE_SUFFIXES
-from frontend.errors import ArchiveError, Conflict, Forbidden
+from frontend.errors import ArchiveError, Conflict, Forbidden, ServeError
 
 MAX_REDIRECTS = 5
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 CHUNK_BYTES = 1 << 16
 _SCHEMES = ("http", "https")
+#: RFC 3986 2.3: percent-encodings of these mean the character itself (normalised away).
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+#: How often a path is percent-decoded when looking for a hidden ``..`` (%252e%252e, ...).
+_DECODE_ROUNDS = 4
 
 
 class _ReturnRedirects(HTTPErrorProcessor):
@@ -68,6 +74,88 @@ def _build_opener() -> OpenerDirector:
 
 def _is_allowed(url: str, allowed_urls: tuple[str, ...]) -> bool:
     return any(re.fullmatch(pattern, url) for pattern in allowed_urls)
+
+
+def _decode_unreserved(path: str) -> str:
+    """RFC 3986 6.2.2: unreserved characters decoded, other percent-encodings upper-cased."""
+
+    def one(match: re.Match[str]) -> str:
+        char = chr(int(match.group(1), 16))
+        return char if char in _UNRESERVED else f"%{match.group(1).upper()}"
+
+    return _PERCENT.sub(one, path)
+
+
+def remove_dot_segments(path: str) -> str:
+    """RFC 3986 5.2.4: the path with every ``.`` and ``..`` segment resolved."""
+    output: list[str] = []
+    for segment in path.split("/")[1:] if path.startswith("/") else path.split("/"):
+        if segment == "..":
+            if output:
+                output.pop()
+        elif segment != ".":
+            output.append(segment)
+    result = ("/" if path.startswith("/") else "") + "/".join(output)
+    if path.endswith(("/.", "/..")) and not result.endswith("/"):
+        result += "/"
+    return result
+
+
+def _has_parent_segment(path: str) -> bool:
+    """Whether a server could read ``..`` in ``path``: any spelling of it as a segment,
+    percent-encoded (even twice), split by ``/`` or ``\\``, or with ``;parameters``."""
+    for _ in range(_DECODE_ROUNDS):
+        if any(segment.split(";", 1)[0] == ".." for segment in re.split(r"[/\\]", path)):
+            return True
+        decoded = unquote(path)
+        if decoded == path:
+            return False
+        path = decoded
+    return True  # still encoded after several rounds: nobody needs that in an archive URL
+
+
+def normalise_url(url: str) -> str:
+    """The http(s) URL that is checked against ``allowed_urls`` and then fetched.
+
+    Scheme and host are lower-cased, percent-encoded unreserved characters decoded, ``.``
+    segments removed and the fragment (never sent) dropped, so that what ``allowed_urls``
+    judges is exactly what is requested. A path with a ``..`` segment in any spelling is
+    refused outright (TorchServe refuses a literal ``..``), and so are characters that HTTP
+    clients and servers parse differently (backslashes, spaces, controls).
+    """
+    if any(char == "\\" or ord(char) <= 0x20 or ord(char) == 0x7F for char in url):
+        raise ArchiveError(f"url {url!r} has a backslash, a space or a control character")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in _SCHEMES:
+        raise ArchiveError(f"url {url!r}: only http(s) archives can be downloaded")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ArchiveError(f"url {url!r} has an invalid port") from None
+    host = parts.hostname
+    if not host:
+        raise ArchiveError(f"url {url!r} names no host")
+    if _has_parent_segment(parts.path):
+        raise Forbidden(f"url {url!r} is not allowed: its path has a '..' segment")
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc = f"{netloc}:{port}"
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if at:
+        netloc = f"{userinfo}@{netloc}"
+    path = remove_dot_segments(_decode_unreserved(parts.path)) or "/"
+    return urlunsplit((scheme, netloc, path, parts.query, ""))
+
+
+def check_allowed(url: str, allowed_urls: tuple[str, ...]) -> str:
+    """The normalised ``url`` if ``allowed_urls`` admits it; Forbidden (403) otherwise."""
+    normalised = normalise_url(url)
+    if not _is_allowed(normalised, allowed_urls):
+        shown = url if normalised == url else f"{url!r} (normalised: {normalised!r})"
+        raise Forbidden(f"url {shown} is not allowed: the config key allowed_urls does not "
+                        "admit it (add a regular expression that matches it in full)")
+    return normalised
 
 
 def archive_name(url: str) -> str:
@@ -120,13 +208,19 @@ def _open_following_redirects(
             raise ArchiveError(f"downloading {url!r} failed: unexpected HTTP {status}")
         if not location:
             raise ArchiveError(f"downloading {url!r} failed: HTTP {status} without a Location")
-        target = urljoin(url, location.strip())
+        location = location.strip()
+        if _has_parent_segment(urlsplit(location).path):  # before urljoin resolves it
+            raise Forbidden(f"{url!r} redirects to {location!r}, which is refused: its path has "
+                            "a '..' segment")
+        target = urljoin(url, location)
         if urlsplit(target).scheme.lower() not in _SCHEMES:
             raise ArchiveError(f"{url!r} redirects to {target!r}: only http(s) is followed")
         # Checked on every hop: an admitted server must not be able to point us anywhere else.
-        if not _is_allowed(target, allowed_urls):
-            raise Forbidden(f"{url!r} redirects to {target!r}, which allowed_urls does not admit")
-        url = target
+        try:
+            url = check_allowed(target, allowed_urls)
+        except ServeError as exc:
+            raise Forbidden(f"{url!r} redirects to {target!r}, which is refused: "
+                            f"{exc.message}") from None
     raise ArchiveError(f"downloading {first_url!r} failed: more than {MAX_REDIRECTS} redirects")
 
 
@@ -181,12 +275,9 @@ def download_archive(
 
     ``timeout_s`` bounds connecting and each socket read, not the whole transfer (a large
     archive may take longer); ``max_bytes`` bounds the body. Nothing is requested unless
-    ``allowed_urls`` admits the URL and the store has no file of that name yet.
+    ``allowed_urls`` admits the normalised URL and the store has no file of that name yet.
     """
-    if not _is_allowed(url, allowed_urls):
-        raise Forbidden(f"url {url!r} is not allowed: allowed_urls does not admit it")
-    if urlsplit(url).scheme.lower() not in _SCHEMES:
-        raise ArchiveError(f"url {url!r}: only http(s) archives can be downloaded")
+    url = check_allowed(url, allowed_urls)
     name = archive_name(url)
     final = model_store / name
     conflict = f"archive {name!r} already exists in the model store"

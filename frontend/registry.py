@@ -359,6 +359,7 @@ class ModelRegistry:
         a model whose workers fail to load is removed again (nothing stays half-registered).
         """
         url = request.url
+        downloaded: Path | None = None
         if url.lower().startswith(("http://", "https://")):
             if self.config.model_store is None:
                 raise BadRequest("no model store is configured to download the archive into")
@@ -367,6 +368,15 @@ class ModelRegistry:
                 self.config.max_archive_size_bytes)
             logger.info("downloaded %s into the model store as %s", url, downloaded.name)
             url = downloaded.name  # snapshots restore it from the store
+        try:
+            return await self._register(request, url)
+        except BaseException:
+            if downloaded is not None:
+                # A refused registration leaves nothing behind in the model store.
+                downloaded.unlink(missing_ok=True)
+            raise
+
+    async def _register(self, request: RegisterRequest, url: str) -> Model:
         source = archives.resolve_url(url, self.config.model_store, self.config.allowed_urls)
         unpacked = await asyncio.to_thread(archives.unpack, url, source, self.archive_dir)
         try:

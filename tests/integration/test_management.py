@@ -286,6 +286,59 @@ def test_allowed_urls_gate_downloads_and_paths(build_mar, model_store: Path, sta
         httpd.server_close()
 
 
+def test_allowed_urls_cannot_be_escaped_with_dot_segments(build_mar, model_store: Path,
+                                                          start_server, tmp_path: Path) -> None:
+    import functools
+    import http.server
+    import threading
+
+    build_mar("echo", "echo")
+    served = tmp_path / "served"
+    (served / "ok").mkdir(parents=True)
+    (served / "secret").mkdir()
+    (model_store / "echo.mar").rename(served / "secret" / "s1.mar")
+    (served / "ok" / "junk.mar").write_bytes(b"not an archive")
+    fetched: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            fetched.append(self.path)
+            if self.path == "/ok/redirect.mar":
+                self.send_response(302)
+                self.send_header("Location", "/ok/%2e%2e/secret/s1.mar")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            super().do_GET()
+
+    httpd = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Handler, directory=str(served)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    port = httpd.server_address[1]
+    base = f"http://127.0.0.1:{port}"
+    try:
+        server = start_server(allowed_urls=(rf"http://127\.0\.0\.1:{port}/ok/.*",))
+        for path in ("/ok/../secret/s1.mar", "/ok/%2e%2e/secret/s1.mar",
+                     "/ok/./../secret/s1.mar", "/ok/%2E%2E%2Fsecret/s1.mar",
+                     "/ok/redirect.mar"):
+            refused = _register(server, url=f"{base}{path}", model_name="escaped")
+            assert refused.status_code == 403, (path, refused.text)
+            assert "'..' segment" in refused.json()["message"]
+        assert fetched == ["/ok/redirect.mar"]  # the secret was never requested
+        # A download whose registration then fails leaves nothing in the store either.
+        junk = _register(server, url=f"{base}/ok/junk.mar")
+        assert junk.status_code == 400, junk.text
+        assert sorted(p.name for p in model_store.iterdir()) == []
+        assert requests.get(_models(server), timeout=10).json() == {"models": []}
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 def test_unregister_drains_in_flight_requests(build_mar, start_server, tmp_path: Path) -> None:
     build_mar("gate", "gate")
     server = start_server("gate.mar")

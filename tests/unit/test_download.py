@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from frontend.download import MAX_REDIRECTS, download_archive
+from frontend.download import MAX_REDIRECTS, download_archive, normalise_url, remove_dot_segments
 from frontend.errors import ArchiveError, Conflict, Forbidden
 
 LIMIT = 4096
@@ -56,8 +56,14 @@ class _Handler(BaseHTTPRequestHandler):
         port = self.server.server_address[1]
         path = self.path
         hop = re.fullmatch(r"/hop-(\d+)\.mar", path)
-        if path in OK_PATHS:
+        if path in OK_PATHS or path == "/ok/in.mar":
             self._send(OK_BODY)
+        elif path == "/secret/s1.mar":
+            self._send(b"PK\x03\x04 secret")
+        elif path == "/ok/redirect-dotdot.mar":
+            self._redirect("/ok/../secret/s1.mar")
+        elif path == "/ok/redirect-encoded.mar":
+            self._redirect(f"http://127.0.0.1:{port}/ok/%2e%2E/secret/s1.mar")
         elif path == "/ok2.mar":
             self._send(OK2_BODY)
         elif path == "/exact.mar":
@@ -332,8 +338,6 @@ def test_an_archive_that_appears_during_the_download_is_not_replaced(
     "/model.zip",
     "/model",
     "/.",
-    "/%2E%2E",
-    "/x%2F..%2Fescape.mar",
     "/a%2Fb.mar",
     "/a%5Cb.mar",
     "/a%00b.mar",
@@ -378,3 +382,76 @@ def test_a_stalled_server_times_out_and_leaves_no_partial_file(
         fetch(remote, model_store, path, timeout_s=SHORT_TIMEOUT_S)
 
     assert store_names(model_store) == []
+
+
+@pytest.mark.parametrize("path", [
+    "/ok/../secret/s1.mar",
+    "/ok/%2e%2e/secret/s1.mar",
+    "/ok/%2E./secret/s1.mar",
+    "/ok/./../secret/s1.mar",
+    "/ok/..%2fsecret/s1.mar",
+    "/ok/..%5Csecret/s1.mar",
+    "/ok/%252e%252e/secret/s1.mar",
+    "/ok/..;x/secret/s1.mar",
+    "/ok/sub/../../secret/s1.mar",
+])
+def test_a_parent_segment_in_any_spelling_is_refused_before_any_request(
+        remote: Remote, model_store: Path, path: str) -> None:
+    allowed = (rf"http://127\.0\.0\.1:{remote.port}/ok/.*",)
+
+    with pytest.raises(Forbidden, match=r"'\.\.' segment") as caught:
+        download_archive(remote.url(path), model_store, allowed, LIMIT)
+
+    assert caught.value.http_status == 403
+    assert remote.requests == []
+    assert store_names(model_store) == []
+
+
+@pytest.mark.parametrize("path", ["/ok/redirect-dotdot.mar", "/ok/redirect-encoded.mar"])
+def test_a_redirect_to_a_parent_segment_is_refused_and_not_followed(
+        remote: Remote, model_store: Path, path: str) -> None:
+    allowed = (rf"http://127\.0\.0\.1:{remote.port}/ok/.*",)
+
+    with pytest.raises(Forbidden, match=r"'\.\.' segment"):
+        download_archive(remote.url(path), model_store, allowed, LIMIT)
+
+    assert remote.requests == [path]
+    assert store_names(model_store) == []
+
+
+def test_the_normalised_url_is_what_allowed_urls_judges_and_what_is_fetched(
+        remote: Remote, model_store: Path) -> None:
+    allowed = (rf"http://127\.0\.0\.1:{remote.port}/ok/.*",)
+    url = f"HTTP://127.0.0.1:{remote.port}/ok/./%69n.mar#fragment"
+
+    result = download_archive(url, model_store, allowed, LIMIT)
+
+    assert result == model_store / "in.mar"
+    assert remote.requests == ["/ok/in.mar"]
+    # A dot segment cannot lift a URL out of an admitted prefix, nor into one.
+    with pytest.raises(Forbidden, match="allowed_urls does not admit"):
+        download_archive(remote.url("/./ok.mar"), model_store, allowed, LIMIT)
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:1/ok\\..\\x.mar",
+    "http://127.0.0.1:1/ok/a b.mar",
+    "http://127.0.0.1:1/ok/x.mar\r\nHost: evil",
+    "http://127.0.0.1:99999/ok/x.mar",
+    "http:///ok/x.mar",
+])
+def test_urls_that_parsers_could_read_differently_are_refused(url: str) -> None:
+    with pytest.raises((ArchiveError, Forbidden)):
+        normalise_url(url)
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    ("/a/b/c/./../../g", "/a/g"),
+    ("mid/content=5/../6", "mid/6"),
+    ("/a/..", "/"),
+    ("/a/b/.", "/a/b/"),
+    ("/./a", "/a"),
+    ("/", "/"),
+])
+def test_remove_dot_segments_follows_rfc_3986(path: str, expected: str) -> None:
+    assert remove_dot_segments(path) == expected
