@@ -330,6 +330,14 @@ class Batcher:
             if self._parked:
                 self._release()
 
+    def fail_queued(self, error: ServeError) -> None:
+        """Answer every queued job with ``error`` now (its workers cannot serve it soon)."""
+        jobs, self._queue = self._queue, collections.deque()
+        self._queued_weight = 0
+        self._emptied.set()
+        fail_jobs(list(jobs), error)
+        self._make_room(len(jobs))
+
     def close(self, error: ServeError) -> None:
         """Fail every queued job with ``error``, refuse new ones, and let parked workers go."""
         self._closed = error

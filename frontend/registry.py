@@ -176,14 +176,33 @@ class Model:
             raise ServiceUnavailable(
                 f'Model "{self.name}" has no worker to serve inference request. '
                 "Please use scale workers API to add workers.")
+        if self._all_workers_down():
+            raise self._down_error()
         self.batcher.submit(job)
+
+    def _all_workers_down(self) -> bool:
+        return bool(self.workers) and all(worker.is_down for worker in self.workers)
+
+    def _down_error(self) -> ServiceUnavailable:
+        reasons = sorted({w.last_error for w in self.workers if w.last_error})
+        return ServiceUnavailable(
+            f'Model "{self.name}" has no working worker: they keep failing and are being '
+            f"restarted ({'; '.join(reasons) or 'no reason given'})",
+            headers={"Retry-After": "1"})
+
+    def _worker_down(self) -> None:
+        """A worker died or failed to start: when none is left that could take a batch soon,
+        what waits in the queue is answered now (503) instead of at its deadline."""
+        if self._all_workers_down() and self.batcher.depth:
+            self.batcher.fail_queued(self._down_error())
 
     def start_workers(self, count: int) -> list[Worker]:
         started = []
         for _ in range(count):
             gpu = self._gpus.next(self.settings.device_ids)
             cpus = self._cpus.next() if self._cpus is not None else None
-            worker = Worker(self.launch, self.batcher, gpu, cpus, self._record_batch)
+            worker = Worker(self.launch, self.batcher, gpu, cpus, self._record_batch,
+                            self._worker_down)
             self.workers.append(worker)
             started.append(worker)
         return started

@@ -260,6 +260,7 @@ class Worker:
         gpu_id: int | None,
         cpus: tuple[int, ...] | None = None,
         on_batch: Callable[[list[Job], worker_pb2.PredictResult | None], None] | None = None,
+        on_down: Callable[[], None] | None = None,
     ) -> None:
         number = next(_worker_ids)
         self.id = str(number)
@@ -283,45 +284,97 @@ class Worker:
         self._stop_requested: asyncio.Future[None] = loop.create_future()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self._log_tasks: list[asyncio.Task[None]] = []
-        self._task = loop.create_task(self._run(), name=self.name)
+        self._on_down = on_down or (lambda: None)
+        self._task: asyncio.Task[None]
+        self._supervise()
 
     @property
     def is_stopping(self) -> bool:
         return self._stop_requested.done()
 
     async def _run(self) -> None:
+        """Start, serve and restart the worker until it is asked to stop.
+
+        Every failure goes through the same backoff and retry, whatever raised it: a model
+        that fails to load, an OSError from starting the process (EMFILE, a failed fork), or a
+        bug of ours. A worker slot never silently stops trying.
+        """
         while not self.is_stopping:
             self.state = WorkerState.STARTING
             try:
-                connection = await self._start()
-            except WorkerStartError as exc:
-                self.last_error = str(exc)
-                logger.error("%s failed to start: %s", self.name, exc)
-                if not self.first_start.done():
-                    self.first_start.set_result(exc)
-                self.failures += 1
-                await self._wait_backoff(self.failures)
-                continue
-            self.state = WorkerState.READY
-            self.last_error = ""
-            if not self.first_start.done():
-                self.first_start.set_result(None)
-            up_since = time.monotonic()
-            try:
-                await self._serve(connection)
-            except WorkerDied as exc:
-                self.last_error = str(exc)
-                logger.error("%s", exc)
-            finally:
-                self.state = WorkerState.STOPPING
-                await connection.close()
-                self.pid = None
+                await self._run_once()
+            except Exception as exc:
+                self._note_failure(exc)
             if self.is_stopping:
                 break
-            stable = time.monotonic() - up_since > STABLE_AFTER_S
-            self.failures = 1 if stable else self.failures + 1
             await self._wait_backoff(self.failures)
         self.state = WorkerState.STOPPED
+
+    async def _run_once(self) -> None:
+        """One life of the worker process: start it, serve batches until it dies or is asked
+        to stop, then close it."""
+        try:
+            connection = await self._start()
+        except WorkerStartError:
+            raise
+        except Exception as exc:  # OSError: EMFILE, a failed fork, a run dir gone, ...
+            raise WorkerStartError(f"{self.name} could not be started: {describe_error(exc)}"
+                                   ) from exc
+        self.state = WorkerState.READY
+        self.last_error = ""
+        if not self.first_start.done():
+            self.first_start.set_result(None)
+        up_since = time.monotonic()
+        try:
+            await self._serve(connection)
+        except WorkerDied as exc:
+            self.last_error = str(exc)
+            logger.error("%s", exc)
+        finally:
+            self.state = WorkerState.STOPPING
+            await connection.close()
+            self.pid = None
+        if not self.is_stopping:
+            stable = time.monotonic() - up_since > STABLE_AFTER_S
+            self.failures = 1 if stable else self.failures + 1
+            self._on_down()
+
+    def _note_failure(self, exc: Exception) -> None:
+        """A start (or a life) of the worker failed: log it, count it, report it."""
+        if isinstance(exc, WorkerStartError):
+            logger.error("%s failed to start: %s", self.name, exc, exc_info=exc.__cause__)
+            error = exc
+        else:  # a bug of ours while serving: the worker is restarted all the same
+            logger.error("%s failed: %s", self.name, describe_error(exc), exc_info=exc)
+            error = WorkerStartError(f"{self.name} failed: {describe_error(exc)}")
+        self.last_error = str(error)
+        self.pid = None
+        if not self.first_start.done():
+            self.first_start.set_result(error)
+        self.failures += 1
+        self._on_down()
+
+    def _supervisor_ended(self, task: asyncio.Task[None]) -> None:
+        """The supervisor task must only end when the worker was asked to stop: if it ends
+        otherwise (a bug of ours), say so, count the worker as failing, and start it again."""
+        if self.is_stopping:
+            return
+        error = None if task.cancelled() else task.exception()
+        logger.error("%s: its supervisor ended unexpectedly (%s); restarting it", self.name,
+                     describe_error(error) if error is not None else "cancelled",
+                     exc_info=error)
+        self.last_error = f"supervisor ended: {describe_error(error) if error else 'cancelled'}"
+        self.state = WorkerState.BACKOFF
+        self.failures = max(self.failures + 1, UNHEALTHY_AFTER_FAILURES)
+        self._on_down()
+        asyncio.get_running_loop().call_later(backoff_s(self.failures), self._supervise)
+
+    def _supervise(self) -> None:
+        if self.is_stopping:
+            self.state = WorkerState.STOPPED
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+        self._task.add_done_callback(self._supervisor_ended)
 
     async def _wait_backoff(self, failures: int) -> None:
         if self.is_stopping:
@@ -349,9 +402,9 @@ class Worker:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         listener = await asyncio.start_unix_server(on_connect, path=str(path))
-        os.chmod(path, 0o600)
         process: asyncio.subprocess.Process | None = None
         try:
+            os.chmod(path, 0o600)
             process = await asyncio.create_subprocess_exec(
                 launch.python, "-m", "backend", "--socket", str(path),
                 stdin=asyncio.subprocess.DEVNULL,
@@ -639,6 +692,16 @@ class Worker:
         """Keeps dying or failing to start (TorchServe reports such a model unhealthy)."""
         return self.failures >= UNHEALTHY_AFTER_FAILURES
 
+    @property
+    def is_up(self) -> bool:
+        """Its process is loaded and can take a batch."""
+        return self.state in (WorkerState.READY, WorkerState.BUSY)
+
+    @property
+    def is_down(self) -> bool:
+        """Keeps failing and is not up now: nothing queued for it will run soon."""
+        return self.is_unhealthy and not self.is_up
+
     def describe(self) -> dict[str, object]:
         return {
             "id": self.id,
@@ -654,6 +717,11 @@ class Worker:
             **({"cpus": list(self.cpus)} if self.cpus else {}),
             **({"lastError": self.last_error} if self.last_error else {}),
         }
+
+
+def describe_error(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _memory_usage(pid: int | None) -> int:

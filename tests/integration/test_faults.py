@@ -97,3 +97,33 @@ def test_a_handler_that_fails_to_load_reports_why_without_a_restart_storm(
     # Three failed starts with backoff between them (0.5 s + 1 s), not a tight loop.
     assert time.monotonic() - started > 1.0
     assert int(_worker(server, "bad")["restarts"]) <= 4  # type: ignore[call-overload]
+
+
+def test_a_worker_that_cannot_be_restarted_keeps_trying_is_reported_and_recovers(
+        build_mar, start_server, tmp_path: Path, caplog) -> None:
+    build_mar("echo", "echo")
+    run_dir = tmp_path / "run"
+    server = start_server("echo.mar", run_dir=run_dir)
+    pid = int(_worker(server, "echo")["pid"])  # type: ignore[call-overload]
+    moved = tmp_path / "run-moved"
+    # Without its run directory the worker's socket cannot be made: every restart fails with
+    # an OSError (as EMFILE or a failed fork would), which used to end its supervisor silently.
+    run_dir.rename(moved)
+    os.kill(pid, signal.SIGKILL)
+    server.wait_for(lambda: server.describe("echo")["status"] == "Unhealthy",
+                    "the model to be reported unhealthy")
+    worker = _worker(server, "echo")
+    assert worker["pid"] == -1 and "could not be started" in str(worker["lastError"])
+    assert "could not be started" in caplog.text
+    ping = requests.get(f"{server.inference}/ping", timeout=10)
+    assert ping.status_code == 500 and ping.json() == {"status": "Unhealthy"}
+    started = time.monotonic()
+    refused = server.predict("echo", b"x")
+    assert refused.status_code == 503, refused.text
+    assert "no working worker" in refused.json()["message"]
+    assert time.monotonic() - started < 5  # an answer now, not at response_timeout
+
+    moved.rename(run_dir)
+    server.wait_for(lambda: _worker(server, "echo")["status"] == "READY", "the worker to recover")
+    assert server.predict("echo", b"back").content == b"back"
+    assert requests.get(f"{server.inference}/ping", timeout=10).status_code == 200
