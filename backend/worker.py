@@ -204,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("cannot connect to %s: %s", args.socket, exc)
         sock.close()
         return 2
+    # A child the handler forks (multiprocessing, DataLoader workers) must not keep the
+    # frontend's socket open: the frontend would not see this worker die. (Exec'd children
+    # never get it: Python's sockets are close-on-exec.)
+    os.register_at_fork(after_in_child=sock.close)
     with sock:
         try:
             Worker(sock).serve()

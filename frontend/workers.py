@@ -48,6 +48,8 @@ BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 60.0
 #: Consecutive deaths (or failed starts) after which a worker counts as unhealthy.
 UNHEALTHY_AFTER_FAILURES = 3
+#: How long after a worker process exits its socket is read before being dropped.
+EXIT_GRACE_S = 0.1
 
 WORKER_ERRORS: dict[int, type[ServeError]] = {
     worker_pb2.INVALID_INPUT: InvalidInput,
@@ -108,6 +110,23 @@ class WorkerConnection:
         self.on_partial: Callable[[worker_pb2.Response], None] | None = None
         self.closed: asyncio.Future[None] = loop.create_future()
         self._read_task = loop.create_task(self._read_loop())
+        self._exit_task = loop.create_task(self._watch_exit())
+
+    async def _watch_exit(self) -> None:
+        """End the connection when the process exits, whether or not its socket closes.
+
+        A child the handler forked (multiprocessing, DataLoader workers) may hold the socket
+        open after the worker itself died, so end of file alone would leave its batch waiting
+        for the response timeout. What the worker wrote before it exited is still read first:
+        the socket is dropped a moment after the exit, not at once.
+        """
+        await self.process.wait()
+        if not self.closed.done():
+            asyncio.get_running_loop().call_later(EXIT_GRACE_S, self._drop_socket)
+
+    def _drop_socket(self) -> None:
+        if not self.closed.done():
+            self._writer.transport.abort()  # the reader sees end of file
 
     async def _read_loop(self) -> None:
         reason = "closed its socket"
@@ -208,8 +227,13 @@ class WorkerConnection:
         if await self._exit_code(grace_s) is None:
             self.kill()
             await self.process.wait()
+        # The worker leads its own process group (start_new_session): whatever it forked and
+        # left running goes with it, so no orphan keeps its GPU memory, socket or pipes.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         with contextlib.suppress(asyncio.CancelledError):
             await self._read_task
+        self._exit_task.cancel()
 
 
 @dataclass(slots=True, eq=False)

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
+import pytest
 import requests
 
 from tests.conftest import RunningServer
@@ -127,3 +128,26 @@ def test_a_worker_that_cannot_be_restarted_keeps_trying_is_reported_and_recovers
     server.wait_for(lambda: _worker(server, "echo")["status"] == "READY", "the worker to recover")
     assert server.predict("echo", b"back").content == b"back"
     assert requests.get(f"{server.inference}/ping", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize(("mode", "code"), [("spawn-and-die", 3), ("fork-and-die", 4)])
+def test_a_worker_that_dies_while_a_child_holds_its_socket_fails_its_batch_promptly(
+        build_mar, start_server, tmp_path: Path, mode: str, code: int) -> None:
+    build_mar("forker", "forker")
+    server = start_server()
+    requests.post(f"{server.management}/models",
+                  params={"url": "forker.mar", "response_timeout": 60, "initial_workers": 1,
+                          "synchronous": "true"}, timeout=60).raise_for_status()
+    pid = int(_worker(server, "forker")["pid"])  # type: ignore[call-overload]
+    pid_file = tmp_path / "child.pid"
+    started = time.monotonic()
+    answer = server.predict("forker", f"{mode}:{pid_file}".encode())
+    assert answer.status_code == 500, answer.text
+    assert time.monotonic() - started < 5  # not the 60 s response timeout
+    assert f"exited with code {code}" in answer.json()["message"]
+    child = int(pid_file.read_text())
+    # What the dead worker left running is stopped with it.
+    server.wait_for(lambda: not psutil.pid_exists(child)
+                    or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, "the orphan")
+    server.wait_for(lambda: _ready_with_new_pid(server, "forker", pid), "a new worker")
+    assert server.predict("forker", b"again").content == b"again"
