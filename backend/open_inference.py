@@ -113,6 +113,8 @@ def decode_rest(body: bytes, header_length: str | None) -> InferRequest:
         payload = json.loads(json_part)
     except ValueError as exc:
         raise InvalidInput(f"malformed JSON request: {exc}") from None
+    except RecursionError:
+        raise InvalidInput("malformed JSON request: nested too deeply") from None
     if not isinstance(payload, dict):
         raise InvalidInput("the request must be a JSON object with 'inputs'")
     raw_inputs = payload.get("inputs")

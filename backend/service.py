@@ -307,6 +307,8 @@ def instance_rows(request: worker_pb2.Request) -> list[Any]:
         instances = json.loads(request.inputs.get(BODY, b""))
     except ValueError as exc:
         raise InvalidInput(f"instances are not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInput("instances are nested too deeply") from None
     if not isinstance(instances, list):
         raise InvalidInput("instances must be a JSON array")
     return [item if isinstance(item, dict) else {"data": item} for item in instances]
@@ -345,7 +347,7 @@ def decode_value(value: bytes, content_type: str) -> Any:
     if media_type == APPLICATION_JSON:
         try:
             return json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             logger.warning("input declared %s is not valid JSON; passing bytes", content_type)
             return value
     if media_type.startswith("text/"):

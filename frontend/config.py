@@ -131,6 +131,13 @@ def _parse_positive_int(text: str) -> int:
     return value
 
 
+def _parse_positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"must be a number > 0, got {text!r}")
+    return value
+
+
 def _parse_port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -188,6 +195,14 @@ class ServerConfig:
     unregister_model_timeout_s: int = 120
     max_request_size_bytes: int = 6553500
     max_response_size_bytes: int = 6553500
+    #: The most inputs one request may carry: form fields, gRPC ``input`` entries, KServe v2
+    #: input tensors (400 past it).
+    max_request_inputs: int = 1000
+    #: The most KServe v1 instances (v2 rows: first dimension) one request may carry.
+    max_request_instances: int = 10000
+    #: How long a request's head (request line and headers) may take to arrive, from its
+    #: first byte (a new connection: from connecting); then 408 and the connection closes.
+    request_header_timeout_s: float = 30.0
     #: None means every visible GPU.
     number_of_gpu: int | None = None
     #: Pin each worker to its own CPU cores (CPU inference), cpu_cores_per_worker each.
@@ -242,6 +257,9 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "unregister_model_timeout": ("unregister_model_timeout_s", _parse_non_negative_int),
     "max_request_size": ("max_request_size_bytes", _parse_positive_int),
     "max_response_size": ("max_response_size_bytes", _parse_positive_int),
+    "max_request_inputs": ("max_request_inputs", _parse_positive_int),
+    "max_request_instances": ("max_request_instances", _parse_positive_int),
+    "request_header_timeout": ("request_header_timeout_s", _parse_positive_float),
     "number_of_gpu": ("number_of_gpu", _parse_non_negative_int),
     "cpu_affinity": ("cpu_affinity", _parse_bool),
     "cpu_cores_per_worker": ("cpu_cores_per_worker", _parse_positive_int),

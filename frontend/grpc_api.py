@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
 from google.rpc import status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from frontend import kserve
+from frontend import grpc_wire, kserve
 from frontend.auth import KeyKind
 from frontend.batching import Job
 from frontend.errors import InternalError, ServeError
@@ -132,6 +134,8 @@ class _InferenceRpcs:
         self.registry = services.registry
         self.auth = services.auth
         self.access = services.access
+        self.max_inputs = services.config.max_request_inputs
+        self.max_rows = services.config.max_request_instances
 
     def _check(self, headers: list[tuple[bytes, bytes]]) -> None:
         if self.auth is not None:
@@ -158,11 +162,21 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
             message.headers["ts_request_sequence_id"] = request.sequence_id
         return await submit(model, message, call.time_remaining(), job=job)
 
+    def _parsed(self, raw: bytes) -> Any:
+        """The PredictionsRequest in ``raw``, or the error that refuses it."""
+        try:
+            return grpc_wire.predictions_request(raw, self.max_inputs)
+        except ServeError as error:
+            return error
+
     async def _predict_whole(self, request: Any, call: _Call) -> bytes:
+        """Run one parsed request (or raise the error that refused it); its whole answer."""
         started = time.perf_counter()
         job = Job(worker_pb2.Request(), asyncio.get_running_loop().create_future())
         status = 500
         try:
+            if isinstance(request, ServeError):
+                raise request
             result = await self._start(request, call, job)
             if isinstance(result, ResponseStream):
                 body = b"".join([_body_of(part) async for part in result])
@@ -184,32 +198,34 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
 
     def _observe(self, request: Any, call: _Call, status: int, latency_s: float,
                  job: Job) -> None:
+        name = "-" if isinstance(request, ServeError) else request.model_name
+        version = "-" if isinstance(request, ServeError) else request.model_version or "-"
         try:
-            model = self.registry.get(request.model_name, request.model_version or None)
+            model = self.registry.get(name, None if version == "-" else version)
         except ServeError:
             model = None
         self.registry.metrics.record_request(model, status, latency_s)
-        self.access.write(call.peer, "gRPC", f"/{request.model_name}", "HTTP/2.0", status,
-                          latency_s, request.model_name, request.model_version or "-",
-                          job.queue_wait_s, job.batch_size)
+        self.access.write(call.peer, "gRPC", f"/{name}", "HTTP/2.0", status, latency_s, name,
+                          version, job.queue_wait_s, job.batch_size)
 
-    async def Predictions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def Predictions(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         call = _Call.of(context)
 
         async def run() -> Any:
             self._check(call.headers)
-            body = await self._predict_whole(request, call)
+            body = await self._predict_whole(self._parsed(raw), call)
             return inference_pb2.PredictionResponse(prediction=body)
 
         return await _answer(context, run())
 
-    async def StreamPredictions(self, request: Any,
+    async def StreamPredictions(self, raw: bytes,
                                 context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         call = _Call.of(context)
         parts: list[worker_pb2.Response] | ResponseStream
 
         async def start() -> list[worker_pb2.Response] | ResponseStream:
             self._check(call.headers)
+            request = grpc_wire.predictions_request(raw, self.max_inputs)
             result = await self._start(request, call)
             return result if isinstance(result, ResponseStream) else [result]
 
@@ -222,7 +238,7 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
         except _RequestFailed as error:
             await context.abort(grpc_code(error.status), str(error))
 
-    async def StreamPredictions2(self, request_iterator: AsyncIterator[Any],
+    async def StreamPredictions2(self, request_iterator: AsyncIterator[bytes],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         """One bidirectional stream for many requests: answered in order, each carrying its
         sequence_id; a failed request answers with its ``status`` and the stream goes on.
@@ -243,7 +259,8 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
 
         async def read() -> None:
             try:
-                async for request in request_iterator:
+                async for raw in request_iterator:
+                    request = self._parsed(raw)
                     task = asyncio.ensure_future(self._predict_whole(request, call))
                     running.add(task)
                     task.add_done_callback(finished)
@@ -256,7 +273,7 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
             while (item := await pending.get()) is not None:
                 request, task = item
                 answer = inference_pb2.PredictionResponse()
-                if request.HasField("sequence_id"):
+                if not isinstance(request, ServeError) and request.HasField("sequence_id"):
                     answer.sequence_id = request.sequence_id
                 try:
                     answer.prediction = await task
@@ -314,23 +331,26 @@ class OpenInferenceServicer(_InferenceRpcs, open_inference_pb2_grpc.GRPCInferenc
 
         return await _answer(context, run())
 
-    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        """Never decoded here: the worker gets the request's bytes as they came."""
         started = time.perf_counter()
         call = _Call.of(context)
         job = Job(worker_pb2.Request(), asyncio.get_running_loop().create_future())
         status = 500
         model: Model | None = None
+        head = grpc_wire.InferHead()
 
         async def run() -> Any:
-            nonlocal model
+            nonlocal model, head
             self._check(call.headers)
-            model = self.registry.get(request.model_name, request.model_version or None)
-            job.weight = kserve.v2_grpc_rows([list(tensor.shape) for tensor in request.inputs])
+            head = grpc_wire.infer_request_head(raw, self.max_inputs)
+            model = self.registry.get(head.model_name, head.model_version or None)
+            job.weight = kserve.v2_grpc_rows(head.shapes, self.max_rows)
             message = job.request = worker_pb2.Request(
                 request_id=new_request_id(), tensor_format=worker_pb2.TENSOR_FORMAT_GRPC)
             for key, value in call.headers:
                 message.headers[key.decode("latin-1")] = value.decode("latin-1")
-            message.inputs["body"] = request.SerializeToString()
+            message.inputs["body"] = raw
             result = await submit(model, message, call.time_remaining(), job=job)
             if isinstance(result, ResponseStream):
                 raise InternalError("the handler sent intermediate responses, which ModelInfer "
@@ -353,9 +373,9 @@ class OpenInferenceServicer(_InferenceRpcs, open_inference_pb2_grpc.GRPCInferenc
         finally:
             latency_s = time.perf_counter() - started
             self.registry.metrics.record_request(model, status, latency_s)
-            self.access.write(call.peer, "gRPC", f"/v2/models/{request.model_name}/infer",
-                       "HTTP/2.0", status, latency_s, request.model_name,
-                       request.model_version or "-", job.queue_wait_s, job.batch_size)
+            self.access.write(call.peer, "gRPC", f"/v2/models/{head.model_name}/infer",
+                              "HTTP/2.0", status, latency_s, head.model_name or "-",
+                              head.model_version or "-", job.queue_wait_s, job.batch_size)
         raise AssertionError("unreachable: abort raises")
 
 
@@ -457,6 +477,34 @@ async def _async_value(value: T) -> T:
     return value
 
 
+#: Prediction RPCs get their request's bytes: they are read within bounds (grpc_wire), never
+#: decoded whole in the event loop by grpc first.
+RAW_REQUEST_METHODS = frozenset({"Predictions", "StreamPredictions", "StreamPredictions2",
+                                 "ModelInfer"})
+_HANDLER_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def service_handler(service: ServiceDescriptor, servicer: object,
+                    raw_requests: frozenset[str]) -> grpc.GenericRpcHandler:
+    """What the generated ``add_*_to_server`` registers, from the service's descriptor, except
+    that the methods named in ``raw_requests`` receive their requests undecoded (bytes)."""
+    handlers = {}
+    for method in service.methods:
+        kind = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        request = message_factory.GetMessageClass(method.input_type)
+        response = message_factory.GetMessageClass(method.output_type)
+        handlers[method.name] = kind(
+            getattr(servicer, method.name),
+            request_deserializer=None if method.name in raw_requests else request.FromString,
+            response_serializer=response.SerializeToString)
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"].full_name
 OPEN_INFERENCE_SERVICE = (
     open_inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name)
@@ -475,10 +523,12 @@ class GrpcServers:
     async def start(self) -> None:
         config = self.services.config
         def add_inference(server: grpc.aio.Server) -> None:
-            inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(
-                InferenceServicer(self.services), server)
-            open_inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-                OpenInferenceServicer(self.services), server)
+            server.add_generic_rpc_handlers((
+                service_handler(inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"],
+                                InferenceServicer(self.services), RAW_REQUEST_METHODS),
+                service_handler(
+                    open_inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"],
+                    OpenInferenceServicer(self.services), RAW_REQUEST_METHODS)))
 
         plan = [
             ("inference", config.grpc_inference_address, config.grpc_inference_port,

@@ -82,9 +82,11 @@ def parse_json(data: bytes) -> Any:
         return json.loads(data)
     except ValueError as exc:
         raise BadRequest(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("malformed JSON: nested too deeply") from None
 
 
-def v1_instances(body: bytes) -> list[Any]:
+def v1_instances(body: bytes, max_instances: int) -> list[Any]:
     """The instances of a KServe v1 request: ``{"instances": [...]}`` or ``{"inputs": [...]}``."""
     payload = parse_json(body)
     instances = None
@@ -93,6 +95,9 @@ def v1_instances(body: bytes) -> list[Any]:
     if not isinstance(instances, list) or not instances:
         raise BadRequest('the request must be {"instances": [...]} (or {"inputs": [...]}) with '
                          "at least one instance")
+    if len(instances) > max_instances:
+        raise BadRequest(f"a request may carry at most {max_instances} instances, this one "
+                         f"has {len(instances)} (max_request_instances)")
     return instances
 
 
@@ -109,16 +114,19 @@ def split_v2_body(body: bytes, header_length: str | None) -> bytes:
     return body[:length]
 
 
-def v2_rows(payload: Any) -> int:
+def v2_rows(payload: Any, max_inputs: int, max_rows: int) -> int:
     """How many batch rows a v2 JSON request brings: its tensors' first dimension."""
     inputs = payload.get("inputs") if isinstance(payload, dict) else None
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("the request must be a JSON object with a non-empty 'inputs' list")
+    if len(inputs) > max_inputs:
+        raise BadRequest(f"a request may carry at most {max_inputs} inputs "
+                         "(max_request_inputs)")
     shapes = [tensor.get("shape") if isinstance(tensor, dict) else None for tensor in inputs]
-    return _rows(shapes)
+    return _rows(shapes, max_rows)
 
 
-def _rows(shapes: list[Any]) -> int:
+def _rows(shapes: list[Any], max_rows: int) -> int:
     firsts = set()
     for shape in shapes:
         if (not isinstance(shape, (list, tuple)) or not shape or isinstance(shape[0], bool)
@@ -131,11 +139,14 @@ def _rows(shapes: list[Any]) -> int:
     rows = firsts.pop()
     if rows < 1:
         raise BadRequest("the inputs hold no rows (the first dimension is 0)")
+    if rows > max_rows:
+        raise BadRequest(f"a request may carry at most {max_rows} rows, this one has {rows} "
+                         "(max_request_instances)")
     return int(rows)
 
 
-def v2_grpc_rows(shapes: list[list[int]]) -> int:
+def v2_grpc_rows(shapes: list[list[int]], max_rows: int) -> int:
     """How many batch rows a ModelInferRequest brings (its inputs' shapes)."""
     if not shapes:
         raise BadRequest("the request has no inputs")
-    return _rows(shapes)
+    return _rows(shapes, max_rows)

@@ -228,6 +228,12 @@ class ServerMetrics:
             for metric in result.metrics:
                 self._custom.record(model, metric)
 
+    def count_response(self, status: int) -> None:
+        """One HTTP response sent, on any port (TorchServe's Requests2XX/4XX/5XX)."""
+        bucket = "Requests2XX" if 200 <= status < 300 else "Requests4XX" \
+            if 400 <= status < 500 else "Requests5XX"
+        self._ts.by_status[bucket] += 1
+
     def record_request(self, model: Model | None, status: int, latency_s: float) -> None:
         """One prediction request answered (``model`` None when it named no known model)."""
         bucket = "Requests2XX" if status < 300 else "Requests4XX" if status < 500 \

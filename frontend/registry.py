@@ -156,6 +156,7 @@ class Model:
             run_dir=run_dir,
             startup_timeout_s=settings.startup_timeout_s,
             response_timeout_s=settings.response_timeout_s,
+            max_response_bytes=config.max_response_size_bytes,
         )
         self.workers: list[Worker] = []
         self.recent_batch_sizes: collections.deque[int] = collections.deque(maxlen=64)

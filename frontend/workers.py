@@ -79,6 +79,8 @@ class WorkerLaunch:
     run_dir: Path
     startup_timeout_s: float
     response_timeout_s: float
+    #: max_response_size: a larger response (or streamed part) fails its own request.
+    max_response_bytes: int = 6553500
     python: str = sys.executable
 
 
@@ -246,11 +248,12 @@ class _Batch:
     timer: asyncio.TimerHandle | None = None
 
 
-def _partial_router(jobs: list[Job]) -> Callable[[worker_pb2.Response], None]:
+def _partial_router(jobs: list[Job], max_bytes: int
+                    ) -> Callable[[worker_pb2.Response], None]:
     def route(part: worker_pb2.Response) -> None:
         for job in jobs:
             if job.request.request_id == part.request_id:
-                job.add_part(part)
+                job.add_part(bounded(part, max_bytes))
                 return
         logger.warning("intermediate response for unknown request %s", part.request_id)
 
@@ -582,7 +585,7 @@ class Worker:
         def start(jobs: list[Job]) -> None:
             nonlocal current
             current = sent = _Batch(jobs, timeout_s)
-            connection.on_partial = _partial_router(jobs)
+            connection.on_partial = _partial_router(jobs, self._launch.max_response_bytes)
             self.state = WorkerState.BUSY
             try:
                 connection.send(self._batch_frame(jobs), lambda outcome: on_reply(sent, outcome))
@@ -687,7 +690,7 @@ class Worker:
                     f"{len(jobs)} requests"))
                 return None
             responses = result.responses
-            return lambda: _resolve(jobs, responses)
+            return lambda: _resolve(jobs, responses, self._launch.max_response_bytes)
         if reply.kind is Kind.ERROR:
             error = worker_pb2.Error.FromString(reply.payload)
             error_type = WORKER_ERRORS.get(error.code, InternalError)
@@ -757,6 +760,18 @@ def _memory_usage(pid: int | None) -> int:
         return 0
 
 
-def _resolve(jobs: list[Job], responses: Sequence[worker_pb2.Response]) -> None:
+def _resolve(jobs: list[Job], responses: Sequence[worker_pb2.Response], max_bytes: int
+             ) -> None:
     for job, response in zip(jobs, responses, strict=True):
-        job.resolve(response)
+        job.resolve(bounded(response, max_bytes))
+
+
+def bounded(response: worker_pb2.Response, max_bytes: int) -> worker_pb2.Response:
+    """The worker's response, or a 500 in its place when its body exceeds max_response_size:
+    the one place that holds the limit, whatever protocol carries the answer."""
+    if len(response.body) <= max_bytes:
+        return response
+    return worker_pb2.Response(
+        request_id=response.request_id, status=500, error_type=InternalError.type_name,
+        error=f"the response of {len(response.body)} bytes exceeds max_response_size "
+              f"({max_bytes} bytes)")

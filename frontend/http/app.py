@@ -95,6 +95,8 @@ class HttpListeners:
         self._sockets: list[tuple[list[str], socket.socket, object]] = []
         self._servers: list[uvicorn.Server] = []
         self.bound: dict[str, Address] = {}
+        self._header_timeout_s = config.request_header_timeout_s
+        self._metrics = services.registry.metrics
 
     def bind(self) -> None:
         try:
@@ -120,8 +122,10 @@ class HttpListeners:
             inference = next((a for a in apps if isinstance(a, InferenceApp)), None)
             config = uvicorn.Config(
                 app,  # type: ignore[arg-type]
-                http=protocol_for(inference),
+                http=protocol_for(inference, self._header_timeout_s,
+                                  self._metrics.count_response),
                 interface="asgi3",
+                ws="none",  # no WebSocket on any port: an Upgrade is ignored (protocol.py)
                 lifespan="off",
                 access_log=False,
                 log_config=None,

@@ -13,6 +13,8 @@ throughput").
 
 Relies on uvicorn's HttpToolsProtocol attributes (``cycle``, ``scope``, ``url``,
 ``expect_100_continue``, ``on_response_complete``); tests/integration cover it end to end.
+Request-head limits, the head deadline and upgrades are handled below it, in
+``frontend/http/protocol.py``.
 """
 
 from __future__ import annotations
@@ -22,16 +24,18 @@ import logging
 import re
 import time
 import urllib.parse
+from collections.abc import Callable
 from typing import ClassVar
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from frontend.batching import Job
 from frontend.errors import InternalError, PayloadTooLarge, ServeError, ServiceUnavailable
 from frontend.http import common
 from frontend.http.inference import InferenceApp
 from frontend.http.observe import pending_job, record_http_request
+from frontend.http.protocol import ServerProtocol
 from frontend.predict import enqueue
 from frontend.registry import Model
 from frontend.streams import ResponseStream
@@ -71,14 +75,14 @@ class _Prediction:
         self.timer: asyncio.TimerHandle | None = None
 
 
-class PredictionsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with /predictions answered without the ASGI cycle."""
+class PredictionsProtocol(ServerProtocol):
+    """The connection protocol, with /predictions answered without the ASGI cycle."""
 
     inference: ClassVar[InferenceApp]
 
     # -- parser callbacks -------------------------------------------------------------------
 
-    def on_headers_complete(self) -> None:
+    def handle_request(self) -> None:
         parser = self.parser
         cycle = self.cycle
         if (not self.url.startswith(_PREFIX) or parser.get_method() not in _FAST_METHODS
@@ -86,7 +90,7 @@ class PredictionsProtocol(HttpToolsProtocol):
                 or (cycle is not None and not cycle.response_complete)):
             # Anything else, and a request pipelined behind an unanswered one, goes the ASGI
             # way (uvicorn queues pipelined requests in order).
-            super().on_headers_complete()
+            super().handle_request()
             return
         scope = self.scope
         http_version = parser.get_http_version()
@@ -301,8 +305,12 @@ class PredictionsProtocol(HttpToolsProtocol):
             self._complete(prediction, status)
 
 
-def protocol_for(inference: InferenceApp | None) -> type[HttpToolsProtocol]:
+def protocol_for(inference: InferenceApp | None, header_timeout_s: float,
+                 count_status: Callable[[int], None]) -> type[ServerProtocol]:
     """The connection protocol of a listener: the fast path where it serves inference."""
+    settings: dict[str, object] = {"header_timeout_s": header_timeout_s,
+                                   "count_status": staticmethod(count_status)}
     if inference is None:
-        return HttpToolsProtocol
-    return type("PredictionsProtocol", (PredictionsProtocol,), {"inference": inference})
+        return type("ServerProtocol", (ServerProtocol,), settings)
+    return type("PredictionsProtocol", (PredictionsProtocol,),
+                {**settings, "inference": inference})

@@ -16,7 +16,6 @@ from frontend.http import common
 from frontend.http.forms import is_form, parse_form
 from frontend.http.kserve import KServeRoutes
 from frontend.http.observe import (
-    check_response_size,
     copy_headers,
     observed,
     response_headers,
@@ -87,14 +86,14 @@ class InferenceApp(common.Routes):
         model.batcher.refuse_if_full()
         common.check_content_length(scope, self.config.max_request_size_bytes)
 
-    @staticmethod
-    def worker_request(scope: common.Scope, body: bytes, job: Job) -> float | None:
+    def worker_request(self, scope: common.Scope, body: bytes, job: Job) -> float | None:
         """Fill ``job.request`` from the HTTP request; returns the client's own deadline."""
         request = job.request = worker_pb2.Request(request_id=new_request_id())
         timeout_s = copy_headers(scope, request)
         content_type = request.headers.get("content-type", "")
         if content_type and is_form(content_type):
-            for field_name, data, field_type in parse_form(content_type, body):
+            for field_name, data, field_type in parse_form(content_type, body,
+                                                           self.config.max_request_inputs):
                 request.inputs[field_name] = data
                 request.content_types[field_name] = field_type
         else:
@@ -111,7 +110,6 @@ class InferenceApp(common.Routes):
             return status, common.JSON, common.pretty_json({
                 "code": status, "type": response.error_type or InternalError.type_name,
                 "message": response.error}), headers
-        check_response_size(response.body, self.config.max_response_size_bytes)
         content_type = (response.content_type or "application/json").encode("latin-1")
         return response.status or 200, content_type, response.body, headers
 

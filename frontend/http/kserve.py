@@ -109,7 +109,7 @@ class KServeRoutes:
     async def _v1_predict(self, model: Model, scope: common.Scope, receive: common.Receive,
                           send: common.Send, job: Job, explain: bool) -> int:
         body = await self._read(scope, receive)
-        instances = kserve.v1_instances(body)
+        instances = kserve.v1_instances(body, self.config.max_request_instances)
         request = worker_pb2.Request(request_id=new_request_id(), instances=True)
         request.inputs["body"] = _compact(instances)
         request.content_types["body"] = "application/json"
@@ -127,6 +127,7 @@ class KServeRoutes:
         key = b"explanations" if explain else b"predictions"
         answer = b'{"' + key + b'": ' + response.body + b', "batchId": ' + \
             _compact(job.batch_id) + b"}"
+        check_response_size(answer, self.config.max_response_size_bytes)
         await common.send_bytes(send, response.status or 200, answer, common.JSON, headers)
         return response.status or 200
 
@@ -183,7 +184,8 @@ class KServeRoutes:
         job.request = request
         timeout_s = copy_headers(scope, request)
         header = kserve.split_v2_body(body, request.headers.get(kserve.HEADER_LENGTH))
-        job.weight = kserve.v2_rows(kserve.parse_json(header))
+        job.weight = kserve.v2_rows(kserve.parse_json(header), self.config.max_request_inputs,
+                                    self.config.max_request_instances)
         request.inputs["body"] = body
         response = await self._submit(model, request, timeout_s, receive, job)
         if response is None:
@@ -191,7 +193,6 @@ class KServeRoutes:
         headers, failed = await self._send_error(send, request, response)
         if failed:
             return failed
-        check_response_size(response.body, self.config.max_response_size_bytes)
         content_type = (response.content_type or "application/json").encode("latin-1")
         await common.send_bytes(send, response.status or 200, response.body, content_type,
                                 headers)

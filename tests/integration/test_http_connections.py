@@ -22,8 +22,8 @@ ANSWER_WITHIN_S = 10.0
 class Connection:
     """A raw keep-alive connection that reads whole responses (Content-Length or chunked)."""
 
-    def __init__(self, server: RunningServer) -> None:
-        address = urlsplit(server.inference)
+    def __init__(self, server: RunningServer, base: str | None = None) -> None:
+        address = urlsplit(base or server.inference)
         self.sock = socket.create_connection((address.hostname, address.port),
                                              timeout=ANSWER_WITHIN_S)
         self.buffer = b""

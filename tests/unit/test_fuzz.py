@@ -189,7 +189,7 @@ PART = (b'--XyZ\r\nContent-Disposition: form-data; name="data"; filename="a.bin"
 LONG_BOUNDARY = "multipart/form-data; boundary=" + "b" * 500
 _FORM_BUGS: tuple[type[BaseException], ...] = tuple(
     exc for exc, content_type in [(ValueError, LONG_BOUNDARY)]
-    if _still_broken(lambda c=content_type: parse_form(c, b"--"), exc))
+    if _still_broken(lambda c=content_type: parse_form(c, b"--", 1000), exc))
 bodies = (st.binary(max_size=200)
           | st.lists(st.sampled_from([PART, b"--XyZ--\r\n", b"--XyZ\r\n", b"\r\n\r\n",
                                       b"Content-Disposition: form-data\r\n", b"\xff\x00",
@@ -211,7 +211,7 @@ bodies = (st.binary(max_size=200)
 @example(content_type="application/x-www-form-urlencoded", body=b"\xff%zz&&=x")
 def test_form_parsing_raises_only_bad_request(content_type: str, body: bytes) -> None:
     try:
-        fields = parse_form(content_type, body)
+        fields = parse_form(content_type, body, 1000)
     except BadRequest:
         return
     except _FORM_BUGS as exc:
@@ -222,19 +222,19 @@ def test_form_parsing_raises_only_bad_request(content_type: str, body: bytes) ->
 
 
 def test_a_well_formed_multipart_body_is_split_into_its_fields() -> None:
-    fields = parse_form("multipart/form-data; boundary=XyZ", PART + b"--XyZ--\r\n")
+    fields = parse_form("multipart/form-data; boundary=XyZ", PART + b"--XyZ--\r\n", 1000)
     assert fields == [("data", b"PAYLOAD", "application/octet-stream")]
 
 
 def test_an_overlong_boundary_is_a_bad_request() -> None:
     with pytest.raises(BadRequest):
-        parse_form(LONG_BOUNDARY, b"--")
+        parse_form(LONG_BOUNDARY, b"--", 1000)
 
 
 @pytest.mark.parametrize("body", [PART[:-4], PART, b""], ids=["mid-part", "no-close", "empty"])
 def test_a_truncated_multipart_body_is_a_bad_request(body: bytes) -> None:
     with pytest.raises(BadRequest):
-        parse_form("multipart/form-data; boundary=XyZ", body)
+        parse_form("multipart/form-data; boundary=XyZ", body, 1000)
 
 
 # ---- archive members (frontend/archive.py) ------------------------------------------------

@@ -1,0 +1,248 @@
+"""The HTTP/1.1 connection protocol of every port: uvicorn's httptools protocol, bounded.
+
+uvicorn reads a request head without limit (a 64 MB header grew the frontend by 235 MiB and
+stalled everyone; a 32 MB URL was appended to itself piece by piece) and without a deadline
+(a slowloris connection was held forever). Here:
+
+- the request line (its URL) may take ``MAX_URL_BYTES`` (414 past it), one header line
+  ``MAX_HEADER_LINE_BYTES``, the whole head ``MAX_HEAD_BYTES`` and ``MAX_HEADERS`` lines (431);
+  a refused request is answered at once and its connection closed;
+- a request's head must arrive within ``header_timeout_s`` of its first byte (of the
+  connection, for the first request): 408, or a plain close when nothing came at all;
+- an ``Upgrade`` we do not perform (``h2c``: what ``curl --http2`` sends with its body) is
+  ignored, as TorchServe ignores it: the request and its body are read as HTTP/1.1. llhttp
+  stops at an upgrade request's head and skips its body, so the body is then read by a fresh
+  parser primed with the request's own framing.
+
+Every response a connection sends is counted by status (``Requests2XX/4XX/5XX``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import ClassVar
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from frontend.http import common
+
+logger = logging.getLogger(__name__)
+
+MAX_URL_BYTES = 8 * 1024
+MAX_HEADER_LINE_BYTES = 16 * 1024
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 100
+#: After a refusal, how long what the client still sends is read and dropped before the
+#: connection closes (closing on unread input would reset it and lose the answer).
+LINGER_S = 2.0
+
+_STATUS_TEXT = {400: "BadRequestException", 408: "RequestTimeoutException",
+                414: "RequestUriTooLongException", 431: "RequestHeaderFieldsTooLargeException"}
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request that was refused."""
+
+
+def error_response(status: int, message: str) -> bytes:
+    """A whole HTTP response carrying TorchServe's error body, closing the connection."""
+    body = common.pretty_json({"code": status, "type": _STATUS_TEXT[status], "message": message})
+    return b"".join([STATUS_LINE[status], b"content-type: application/json\r\n",
+                     b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body), body])
+
+
+class ServerProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with bounded request heads, a head deadline, ignored
+    upgrades and responses counted by status."""
+
+    header_timeout_s: ClassVar[float] = 30.0
+    #: Called with the status of every response the connection sends (None: not counted).
+    count_status: ClassVar[Callable[[int], None] | None] = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_bytes = 0
+        self._url_bytes = 0
+        self._header_lines = 0
+        #: True from a request's first byte to its parsed head.
+        self._in_head = False
+        #: True when the request being read began in the chunk being parsed.
+        self._began_in_chunk = False
+        self._refused = False
+        #: A refusal written once the requests before it are answered (pipelining).
+        self._refusal: bytes | None = None
+        #: The framing of a body that follows an ignored upgrade request's head.
+        self._upgrade_framing: bytes | None = None
+        self._replaying = False
+        self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
+            self.header_timeout_s, self._head_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        self._unset_keepalive_if_required()
+        self._began_in_chunk = False
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            self._read_past_upgrade(data[upgrade.args[0]:])
+            return
+        except httptools.HttpParserError as exc:
+            if not self._refused:  # else: our own callback stopped the parser
+                if isinstance(exc, httptools.HttpParserCallbackError):
+                    logger.error("parsing an HTTP request failed", exc_info=exc)
+                self._refuse_head(400, f"Invalid HTTP request: {exc}")
+            return
+        if self._in_head and not self._began_in_chunk:
+            # A head that spans chunks: this whole chunk belongs to it. (Where in its first
+            # chunk a head begins is not known, so that chunk is not counted: the bound is
+            # MAX_HEAD_BYTES plus one read, while URL and header lines are bounded exactly.)
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._refuse_head(431, f"request headers exceed {MAX_HEAD_BYTES} bytes")
+
+    def _read_past_upgrade(self, rest: bytes) -> None:
+        """llhttp stops after the head of a request that asks for an upgrade; we perform
+        none, so what follows is this request's body (if it declared one) and then more
+        HTTP/1.1. A fresh parser, primed with a head that declares the same framing, reads
+        on; the primed head's callbacks are ignored."""
+        self.parser = httptools.HttpRequestParser(self)
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        framing, self._upgrade_framing = self._upgrade_framing, None
+        if framing is not None:
+            self._replaying = True
+            try:
+                self.parser.feed_data(b"POST / HTTP/1.1\r\n" + framing + b"\r\n\r\n")
+            finally:
+                self._replaying = False
+        if rest:
+            self.data_received(rest)
+
+    # -- parser callbacks -------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._replaying:
+            return
+        super().on_message_begin()
+        self._in_head = self._began_in_chunk = True
+        self._head_bytes = self._url_bytes = self._header_lines = 0
+        self._stop_head_timer()
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+
+    def on_url(self, url: bytes) -> None:
+        if self._replaying:
+            return
+        self._url_bytes += len(url)
+        if self._url_bytes > MAX_URL_BYTES:
+            self._refuse_head(414, f"request URL exceeds {MAX_URL_BYTES} bytes")
+            raise _Refused
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._replaying:
+            return
+        self._header_lines += 1
+        if len(name) + len(value) > MAX_HEADER_LINE_BYTES:
+            self._refuse_head(431, f"a request header exceeds {MAX_HEADER_LINE_BYTES} bytes")
+            raise _Refused
+        if self._header_lines > MAX_HEADERS:
+            self._refuse_head(431, f"a request may carry at most {MAX_HEADERS} headers")
+            raise _Refused
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._replaying:
+            return
+        self._in_head = False
+        self._stop_head_timer()
+        if self.parser.should_upgrade():
+            self._upgrade_framing = self._body_framing()
+        self.handle_request()
+
+    def handle_request(self) -> None:
+        """The head of a request is parsed: start answering it (uvicorn's ASGI cycle)."""
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        if self._upgrade_framing is not None:
+            return  # llhttp's early end of an upgrade request: its body comes next
+        super().on_message_complete()
+
+    def _body_framing(self) -> bytes | None:
+        """The header that frames this request's body, if it has one."""
+        for name, value in self.headers:
+            if name == b"transfer-encoding" and b"chunked" in value.lower():
+                return b"transfer-encoding: chunked"
+        for name, value in self.headers:
+            if name == b"content-length" and value.strip() not in (b"", b"0"):
+                return b"content-length: " + value.strip()
+        return None
+
+    # -- refusing -----------------------------------------------------------------------------
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self._refused:
+            return
+        if self._in_head:
+            self._refuse_head(408, f"the request head did not arrive within "
+                              f"{self.header_timeout_s:g} s")
+        else:  # connected, and silent since: nothing to answer
+            self._refused = True
+            self.transport.close()
+
+    def _refuse_head(self, status: int, message: str) -> None:
+        """Answer ``status`` and close, once the requests before this one are answered."""
+        self._refused = True
+        self._stop_head_timer()
+        self.flow.pause_reading()
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
+        logger.warning("HTTP request from %s refused (%d): %s", client, status, message)
+        self._refusal = error_response(status, message)
+        self._count(status)
+        self._write_refusal()
+
+    def _write_refusal(self) -> None:
+        if self._refusal is None or self._answer_pending():
+            return
+        refusal, self._refusal = self._refusal, None
+        transport = self.transport
+        if transport.is_closing():
+            return
+        transport.write(refusal)
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        # A lingering close: the answer goes out with a FIN, and what the client is still
+        # sending is read and dropped (data_received ignores it) until it stops or for
+        # LINGER_S at most.
+        transport.write_eof()
+        self.flow.resume_reading()
+        self.loop.call_later(LINGER_S, transport.close)
+
+    def _answer_pending(self) -> bool:
+        return bool(self.pipeline) or (self.cycle is not None
+                                       and not self.cycle.response_complete)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._refusal is not None:
+            self._write_refusal()
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _count(self, status: int) -> None:
+        if self.count_status is not None:
+            self.count_status(status)
