@@ -225,6 +225,9 @@ class Context:
 
     #: Installed by the worker: sends one intermediate response to the frontend at once.
     partial_sink: Callable[[str, Any, int], None] | None = None
+    #: Intermediate responses sent during the current batch (a batch that streamed some
+    #: cannot be re-run).
+    partials_sent: int = 0
 
     def send_intermediate(self, idx: int, item: Any, status: int = 200) -> None:
         """Stream ``item`` to request ``idx`` now, before the batch's final results
@@ -232,11 +235,13 @@ class Context:
         if self.partial_sink is None:
             raise RuntimeError("intermediate responses need a running worker")
         self.partial_sink(self.request_ids[idx], item, status)
+        self.partials_sent += 1
 
     def begin_batch(self, request_ids: list[str], headers: list[Mapping[str, str]]) -> None:
         """Reset the per-batch state: ids, request headers, response statuses and headers."""
         self.request_ids = dict(enumerate(request_ids))
         self.request_processor = [RequestProcessor(h) for h in headers]
+        self.partials_sent = 0
         self.metrics.request_ids = self.request_ids
         self.input_parameters = {}
         self.request_parameters = {}

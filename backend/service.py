@@ -2,8 +2,10 @@
 
 It decodes the inputs as TorchServe does, calls the handler once per batch, checks that it
 returned one result per request and encodes each result. It returns messages, never wire
-bytes, and raises on a batch-wide failure; ``backend.errors.classify`` maps that to an
-ErrorCode.
+bytes. When the handler raises for a whole batch of several requests, the batch is re-run in
+smaller groups to find the request(s) at fault (``_isolate``), so that the others still get
+their predictions; a failure it cannot isolate is raised, and ``backend.errors.classify``
+maps it to an ErrorCode.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import logging
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +42,11 @@ BODY = "body"
 OCTET_STREAM = "application/octet-stream"
 TEXT_PLAIN = "text/plain; charset=utf-8"
 APPLICATION_JSON = "application/json"
+#: Re-running a failed batch in groups stops after this share of the response timeout (from
+#: the batch's start), leaving the rest to answer in time...
+ISOLATION_TIME_SHARE = 0.5
+#: ...or once it has re-run this many times the batch's requests.
+ISOLATION_WORK = 3
 
 
 class ModelService:
@@ -46,17 +54,79 @@ class ModelService:
 
     def __init__(
         self, entry_point: EntryPoint, context: Context, *, decode_input_request: bool = True,
-        model_version: str = "",
+        model_version: str = "", response_timeout_s: float = 120.0,
     ) -> None:
         self.entry_point = entry_point
         self.context = context
         self.decode_input_request = decode_input_request
         self.model_version = model_version
+        self.response_timeout_s = response_timeout_s
         #: v2 output datatypes declared in model-config.yaml (``outputs``).
         self.declared_outputs = open_inference.declared_datatypes(context.model_yaml_config)
 
     def predict(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
-        """Run one batch. Raises when the whole batch failed (see ``errors.classify``)."""
+        """Run one batch. Raises when the whole batch failed and the failure could not be
+        pinned on some of its requests (see ``errors.classify``)."""
+        started = time.monotonic()
+        try:
+            return self._predict(batch)
+        except Exception as exc:
+            if (len(batch.requests) < 2 or self.context.partials_sent
+                    or any(r.describe for r in batch.requests)):
+                raise
+            return self._isolate(batch, exc, started + ISOLATION_TIME_SHARE
+                                 * self.response_timeout_s)
+
+    def _isolate(self, batch: worker_pb2.PredictBatch, error: Exception,
+                 deadline: float) -> worker_pb2.PredictResult:
+        """The handler raised for the whole batch: re-run its requests in halves, and halves
+        of the halves that fail, down to single requests, so that each good request gets its
+        prediction and only the request at fault its error (TorchServe fails them all).
+
+        The extra work is capped: the requests re-run add up to at most ISOLATION_WORK times
+        the batch (one bad request among 8 re-runs 4 + 4 + 2 + 2 + 1 + 1 = 14 requests, two
+        among 8 at most 24), and nothing is re-run after ISOLATION_TIME_SHARE of the response
+        timeout; requests still grouped then get their group's error. A group that streamed
+        intermediate responses is not re-run.
+        """
+        requests = list(batch.requests)
+        logger.warning("%s failed a batch of %d requests (%s); re-running it in smaller groups "
+                       "to find the request(s) at fault", self.entry_point.name, len(requests),
+                       describe(error))
+        work_left = ISOLATION_WORK * len(requests)
+        answers: dict[str, worker_pb2.Response] = {}
+        handler_time_ms = 0.0
+        metrics: list[worker_pb2.Metric] = []
+        pending = deque((half, error) for half in _halves(requests))
+        while pending:
+            group, group_error = pending.popleft()
+            if len(group) > work_left or time.monotonic() >= deadline:
+                answers.update(self._failed(group, group_error))
+                continue
+            work_left -= len(group)
+            try:
+                result = self._predict(worker_pb2.PredictBatch(batch_id=batch.batch_id,
+                                                               requests=group))
+            except Exception as exc:
+                if len(group) == 1 or self.context.partials_sent:
+                    answers.update(self._failed(group, exc))
+                else:
+                    pending.extend((half, exc) for half in _halves(group))
+                continue
+            handler_time_ms += result.handler_time_ms
+            metrics.extend(result.metrics)
+            answers.update((response.request_id, response) for response in result.responses)
+        return worker_pb2.PredictResult(
+            batch_id=batch.batch_id, handler_time_ms=handler_time_ms, metrics=metrics,
+            responses=[answers[request.request_id] for request in requests])
+
+    def _failed(self, group: list[worker_pb2.Request], error: BaseException
+                ) -> Iterator[tuple[str, worker_pb2.Response]]:
+        for request in group:
+            response = worker_pb2.Response(request_id=request.request_id)
+            yield request.request_id, _fail(response, error, self.entry_point.name)
+
+    def _predict(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
         if any(r.describe for r in batch.requests):
             return self._describe(batch)
         requests = list(batch.requests)
@@ -284,7 +354,13 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
     )
     entry_point = load_entry_point(message.handler, model_dir, context)
     return ModelService(entry_point, context, decode_input_request=message.decode_input_request,
-                        model_version=message.model_version)
+                        model_version=message.model_version,
+                        response_timeout_s=message.response_timeout_ms / 1000 or 120.0)
+
+
+def _halves(requests: list[worker_pb2.Request]) -> list[list[worker_pb2.Request]]:
+    middle = len(requests) // 2
+    return [requests[:middle], requests[middle:]]
 
 
 @dataclass(slots=True)

@@ -120,12 +120,18 @@ class Batcher:
 
     @property
     def depth(self) -> int:
-        """Jobs waiting in the queue (including ones whose client has gone)."""
-        return len(self._queue)
+        """Jobs waiting in the queue for an answer (not those whose client has gone or whose
+        deadline passed: they leave the queue lazily, and are never dispatched)."""
+        return sum(1 for job in self._queue if job.is_live())
 
     @property
     def remaining_capacity(self) -> int:
-        return max(0, self.capacity - len(self._queue))
+        return max(0, self.capacity - self.depth)
+
+    @property
+    def is_full(self) -> bool:
+        """No room for one more job (cheap: what refuse_if_full just found)."""
+        return len(self._queue) >= self.capacity
 
     def refuse_if_full(self) -> None:
         """Raise ServiceUnavailable now if a job would be refused: lets the HTTP layer answer

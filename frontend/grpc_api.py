@@ -205,6 +205,8 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
         except ServeError:
             model = None
         self.registry.metrics.record_request(model, status, latency_s)
+        if status:
+            self.registry.metrics.count_response(status)
         self.access.write(call.peer, "gRPC", f"/{name}", "HTTP/2.0", status, latency_s, name,
                           version, job.queue_wait_s, job.batch_size)
 
@@ -373,6 +375,8 @@ class OpenInferenceServicer(_InferenceRpcs, open_inference_pb2_grpc.GRPCInferenc
         finally:
             latency_s = time.perf_counter() - started
             self.registry.metrics.record_request(model, status, latency_s)
+            if status:
+                self.registry.metrics.count_response(status)
             self.access.write(call.peer, "gRPC", f"/v2/models/{head.model_name}/infer",
                               "HTTP/2.0", status, latency_s, head.model_name or "-",
                               head.model_version or "-", job.queue_wait_s, job.batch_size)

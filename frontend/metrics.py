@@ -4,7 +4,11 @@ TorchServe's dashboards read ``ts_inference_requests_total``,
 ``ts_inference_latency_microseconds`` and ``ts_queue_latency_microseconds`` (counters of
 summed microseconds, labels ``model_name``, ``model_version``, ``hostname``), the
 ``Requests2XX/4XX/5XX`` counters and the host gauges (``CPUUtilization``, ``MemoryUsed``, …);
-those keep their exact names. Ours are ``batchserve_*``: per-model histograms of batch size,
+those keep their exact names, in HELP, TYPE and samples alike, as TorchServe's Prometheus
+client writes them (``_LegacyCounter``: no ``_total`` added). ``Requests2XX/4XX/5XX`` count
+every HTTP response on every port, as TorchServe counts them (pings, management and metrics
+calls included), plus the answers of gRPC prediction RPCs (TorchServe does not count gRPC).
+Ours are ``batchserve_*``: per-model histograms of batch size,
 queue wait, end-to-end latency and handler time, the queue depth, worker restarts, and
 rejected (503) and expired (504) requests. Custom metrics that handlers report through
 ``context.metrics`` arrive with each batch's results and are exported under their own names.
@@ -19,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import psutil
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -40,6 +44,40 @@ LEGACY = ("ts_inference_requests_total", "ts_inference_latency_microseconds",
           "ts_queue_latency_microseconds")
 
 
+class _LegacyCounter(Metric):
+    """A counter under its exact name (``Requests2XX``, ``ts_inference_latency_microseconds``,
+    a handler's ``InferenceRequestCount``): TorchServe's simpleclient writes counters so, and
+    its users' dashboards query those names. prometheus_client would name the HELP and TYPE
+    lines ``<name>_total`` over samples without it, which parsers then file as untyped."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        super().__init__(name, documentation, "counter")
+
+
+class _One:
+    """A collector of one family, to format it on its own."""
+
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._family
+
+
+def exposition(families: Iterable[Metric]) -> bytes:
+    """Prometheus text (format 0.0.4) of ``families``, by prometheus_client, with the HELP
+    and TYPE lines of legacy counters under their own names."""
+    parts = []
+    for family in families:
+        text = generate_latest(_One(family))  # type: ignore[arg-type]
+        if isinstance(family, _LegacyCounter):
+            name = family.name.encode()
+            text = text.replace(b"# HELP " + name + b"_total ", b"# HELP " + name + b" ", 1) \
+                .replace(b"# TYPE " + name + b"_total ", b"# TYPE " + name + b" ", 1)
+        parts.append(text)
+    return b"".join(parts)
+
+
 def _metric_name(name: str) -> str:
     cleaned = _INVALID.sub("_", name)
     return cleaned if cleaned[:1].isalpha() or cleaned[:1] in "_:" else f"_{cleaned}"
@@ -56,12 +94,12 @@ class _TorchServeCounters(Collector):
     def collect(self) -> Iterator[Metric]:
         labels = ["model_name", "model_version", "hostname"]
         families = [
-            Metric("ts_inference_requests_total",
-                   "Torchserve prometheus counter metric with unit: Count", "counter"),
-            Metric("ts_inference_latency_microseconds",
-                   "Torchserve prometheus counter metric with unit: Microseconds", "counter"),
-            Metric("ts_queue_latency_microseconds",
-                   "Torchserve prometheus counter metric with unit: Microseconds", "counter"),
+            _LegacyCounter("ts_inference_requests_total",
+                           "Torchserve prometheus counter metric with unit: Count"),
+            _LegacyCounter("ts_inference_latency_microseconds",
+                           "Torchserve prometheus counter metric with unit: Microseconds"),
+            _LegacyCounter("ts_queue_latency_microseconds",
+                           "Torchserve prometheus counter metric with unit: Microseconds"),
         ]
         for (model, version), values in self.per_model.items():
             label_values = dict(zip(labels, (model, version, HOSTNAME), strict=True))
@@ -69,8 +107,7 @@ class _TorchServeCounters(Collector):
                 family.add_sample(family.name, label_values, value)
         yield from families
         for name, count in self.by_status.items():
-            family = Metric(name, "Torchserve prometheus counter metric with unit: Count",
-                            "counter")
+            family = _LegacyCounter(name, "Torchserve prometheus counter metric with unit: Count")
             family.add_sample(name, {"Level": "Host", "Hostname": HOSTNAME}, count)
             yield family
 
@@ -179,10 +216,11 @@ class _CustomMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         for (name, kind), series in list(self.values.items()):
-            family = Metric(name, f"Handler metric with unit: {self.units[(name, kind)]}", kind)
-            sample_name = f"{name}_total" if kind == "counter" else name
+            documentation = f"Handler metric with unit: {self.units[(name, kind)]}"
+            family = _LegacyCounter(name, documentation) if kind == "counter" \
+                else Metric(name, documentation, kind)
             for labels, value in series.items():
-                family.add_sample(sample_name, dict(labels), value)
+                family.add_sample(name, dict(labels), value)
             yield family
 
 
@@ -229,16 +267,25 @@ class ServerMetrics:
                 self._custom.record(model, metric)
 
     def count_response(self, status: int) -> None:
-        """One HTTP response sent, on any port (TorchServe's Requests2XX/4XX/5XX)."""
+        """One response sent: an HTTP response on any port, or a gRPC prediction's answer
+        (TorchServe's Requests2XX/4XX/5XX; as TorchServe, what is neither 2xx nor 4xx is 5XX).
+        """
         bucket = "Requests2XX" if 200 <= status < 300 else "Requests4XX" \
             if 400 <= status < 500 else "Requests5XX"
         self._ts.by_status[bucket] += 1
 
+    def exposition(self, names: set[str] | None = None) -> bytes:
+        """The metrics page; with ``names``, only the families TorchServe's ``?name[]=``
+        filter names (matched on a family's or one of its samples' names)."""
+        families = self.registry.collect()
+        if names:
+            families = (family for family in families if family.name in names
+                        or any(sample.name in names for sample in family.samples))
+        return exposition(families)
+
     def record_request(self, model: Model | None, status: int, latency_s: float) -> None:
-        """One prediction request answered (``model`` None when it named no known model)."""
-        bucket = "Requests2XX" if status < 300 else "Requests4XX" if status < 500 \
-            else "Requests5XX"
-        self._ts.by_status[bucket] += 1
+        """One prediction request answered (``model`` None when it named no known model;
+        ``status`` 0 when its client left before the answer)."""
         if model is None:
             return
         key = (model.name, model.version)

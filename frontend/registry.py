@@ -152,6 +152,7 @@ class Model:
                 envelope=config.service_envelope,
                 decode_input_request=config.decode_input_request,
                 server_version=SERVER_VERSION,
+                response_timeout_ms=settings.response_timeout_s * 1000,
             ),
             run_dir=run_dir,
             startup_timeout_s=settings.startup_timeout_s,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 
 import uvicorn
 
@@ -50,10 +49,22 @@ class CombinedApp:
         await common.send_error(send, last_error)
 
 
-@dataclass(frozen=True, slots=True)
-class Listener:
-    name: str
-    address: Address
+class CountedResponses:
+    """An ASGI app whose responses are counted by status (Requests2XX/4XX/5XX); the fast
+    path and refused request heads count theirs in the connection protocol."""
+
+    def __init__(self, app: common.AsgiApp, count: Callable[[int], None]) -> None:
+        self.app = app
+        self.count = count
+
+    async def __call__(self, scope: common.Scope, receive: common.Receive,
+                       send: common.Send) -> None:
+        async def counted(message: common.Message) -> None:
+            if message["type"] == "http.response.start":
+                self.count(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counted)
 
 
 def bind(address: Address) -> socket.socket:
@@ -121,7 +132,7 @@ class HttpListeners:
             apps = app.apps if isinstance(app, CombinedApp) else [app]
             inference = next((a for a in apps if isinstance(a, InferenceApp)), None)
             config = uvicorn.Config(
-                app,  # type: ignore[arg-type]
+                CountedResponses(app, self._metrics.count_response),  # type: ignore[arg-type]
                 http=protocol_for(inference, self._header_timeout_s,
                                   self._metrics.count_response),
                 interface="asgi3",

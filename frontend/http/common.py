@@ -17,6 +17,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
+AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 JSON = b"application/json"
 #: A client's own deadline for its prediction, in seconds.

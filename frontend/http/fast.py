@@ -210,7 +210,7 @@ class PredictionsProtocol(ServerProtocol):
                       common.pretty_json(error.to_body()), headers)
         model = prediction.model
         if (isinstance(error, ServiceUnavailable) and model is not None
-                and model.batcher.remaining_capacity == 0 and not self.transport.is_closing()):
+                and model.batcher.is_full and not self.transport.is_closing()):
             # Overload: this client has its 503; its next request is not read until the queue
             # has room. Reading (and refusing) every connection on every turn of the loop
             # would leave the worker one batch per turn; backpressure keeps it fed.
@@ -253,6 +253,7 @@ class PredictionsProtocol(ServerProtocol):
 
     def _complete(self, prediction: _Prediction, status: int) -> None:
         prediction.response_complete = True
+        self._count(status)
         if not prediction.keep_alive:
             self.transport.close()
         self._record(prediction, status)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from urllib.parse import parse_qsl
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from frontend.http import common
 from frontend.metrics import LEGACY, ServerMetrics
@@ -29,21 +27,6 @@ class MetricsApp(common.Routes):
                  if key in ("name[]", "name")]
         if self.legacy:
             names = [n for n in names if n in LEGACY] if names else list(LEGACY)
-        registry = self.metrics.registry
-        body = generate_latest(_Only(registry, set(names)) if names else registry)
+        body = self.metrics.exposition(set(names))
         await common.send_bytes(send, 200, body, CONTENT_TYPE_LATEST.encode())
         return True
-
-
-class _Only:
-    """The families of ``registry`` that TorchServe's ``?name[]=`` filter names (matched on a
-    family's or one of its samples' names)."""
-
-    def __init__(self, registry: CollectorRegistry, names: set[str]) -> None:
-        self._registry = registry
-        self._names = names
-
-    def collect(self) -> Iterator[Metric]:
-        for family in self._registry.collect():
-            if family.name in self._names or any(s.name in self._names for s in family.samples):
-                yield family

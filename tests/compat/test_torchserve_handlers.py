@@ -3,6 +3,7 @@ torch-model-archiver 0.12, serve over HTTP from our worker through its ``ts`` sh
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,33 @@ def test_prediction_exception_status_reaches_the_client(model_store: Path, start
     assert refused.status_code == 418, refused.text
     assert refused.json()["message"] == "I'm a teapot, not a coffee machine"
     assert (served.status_code, served.content) == (200, b"coffee")
+
+
+def test_one_corrupt_image_fails_only_its_own_request_in_a_batch(
+        model_store: Path, start_server) -> None:
+    import requests
+
+    from tests.integration.vision_fixtures import LABELS, jpeg, tiny_model_files
+
+    model_file, weights, labels = tiny_model_files(model_store / "src")
+    torchserve_archive(model_store, "tsbatch", "--model-file", str(model_file),
+                       "--serialized-file", str(weights),
+                       "--handler", str(TS_HANDLERS / "custom_classifier.py"),
+                       "--extra-files", str(labels))
+    server = start_server()
+    requests.post(f"{server.management}/models", params={
+        "url": "tsbatch.mar", "batch_size": 4, "max_batch_delay": 5000, "batch_policy": "fixed",
+        "initial_workers": 1, "synchronous": "true"}, timeout=120).raise_for_status()
+    bodies = [jpeg(3), jpeg(4), b"not an image at all", jpeg(5)]
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda body: server.predict("tsbatch", body), bodies))
+
+    # The four rode in one batch, which the handler failed as a whole (TorchServe answers all
+    # four with the bad image's error); here only the bad image is refused.
+    assert server.describe("tsbatch")["batching"]["recentBatchSizes"] == [4]
+    assert [a.status_code for a in answers] == [200, 200, 400, 200], [a.text for a in answers]
+    assert "not an image" in answers[2].json()["message"]
+    for answer in (answers[0], answers[1], answers[3]):
+        (label, _), = answer.json().items()
+        assert label in {name for _, name in LABELS.values()}

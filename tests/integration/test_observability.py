@@ -41,11 +41,13 @@ def test_metrics_count_what_happened(build_mar, start_server) -> None:
 
     samples = _samples(server)
     model = {"model_name": "metered", "model_version": "1.0"}
+    # prometheus_client's parser names every counter's samples <family>_total.
     assert _value(samples, "ts_inference_requests_total", **model) == 40
-    assert _value(samples, "ts_inference_latency_microseconds", **model) > 0
-    assert _value(samples, "ts_queue_latency_microseconds", **model) >= 0
-    assert _value(samples, "Requests2XX") == 40
-    assert _value(samples, "Requests4XX") == 1
+    assert _value(samples, "ts_inference_latency_microseconds_total", **model) > 0
+    assert _value(samples, "ts_queue_latency_microseconds_total", **model) >= 0
+    # As TorchServe counts them: every HTTP response, the registration's included.
+    assert _value(samples, "Requests2XX_total") == 41
+    assert _value(samples, "Requests4XX_total") == 1
     batching = server.describe("metered")["batching"]
     assert _value(samples, "batchserve_batch_size_count", **model) == batching["batchesTotal"]  # type: ignore[index]
     assert _value(samples, "batchserve_batch_size_sum", **model) == 40
@@ -68,9 +70,12 @@ def test_refused_requests_are_counted(build_mar, start_server, tmp_path: Path) -
         (held,) = server.hold_gate(pool, gate)
         expired = server.predict("gate", b"/x", headers={"X-Request-Timeout": "0.1"})
         assert expired.status_code == 504
+        # The expired request is no longer pending (it waits in the queue only to be dropped),
+        # so the request counted here is the one just sent.
+        assert server.describe("gate")["jobQueueStatus"]["pendingRequests"] == 0  # type: ignore[index]
         queued = pool.submit(server.predict, "gate", str(gate).encode())
         server.wait_for(
-            lambda: server.describe("gate")["jobQueueStatus"]["pendingRequests"] >= 1,  # type: ignore[index]
+            lambda: server.describe("gate")["jobQueueStatus"]["pendingRequests"] == 1,  # type: ignore[index]
             "a queued request")
         assert server.predict("gate", b"/y").status_code == 503
         gate.touch()
@@ -162,4 +167,39 @@ def test_metrics_can_be_filtered_by_name(build_mar, start_server) -> None:
                         params=[("name[]", "ts_inference_requests_total"),
                                 ("name[]", "Requests2XX")], timeout=10).text
     names = {family.name for family in text_string_to_metric_families(text)}
-    assert names == {"ts_inference_requests_total", "Requests2XX"}
+    assert names == {"ts_inference_requests", "Requests2XX"}  # the parser drops _total
+
+
+def test_the_metrics_page_reads_as_torchserve_writes_it(build_mar, start_server) -> None:
+    import grpc
+
+    from protos import inference_pb2, inference_pb2_grpc
+
+    build_mar("metered", "metered")
+    server = start_server("metered.mar")
+    assert server.predict("metered", b"x").status_code == 200
+    assert requests.get(f"{server.inference}/ping", timeout=10).status_code == 200
+    assert requests.get(f"{server.management}/models", timeout=10).status_code == 200
+    assert requests.get(f"{server.inference}/nothing-here", timeout=10).status_code == 404
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_inference_port}") as channel:
+        inference_pb2_grpc.InferenceAPIsServiceStub(channel).Predictions(
+            inference_pb2.PredictionsRequest(model_name="metered", input={"body": b"y"}),
+            timeout=30)
+    assert requests.get(f"{server.metrics}/metrics", timeout=10).status_code == 200
+    text = requests.get(f"{server.metrics}/metrics", timeout=10).text
+
+    families = list(text_string_to_metric_families(text))
+    names = [family.name for family in families]
+    assert len(names) == len(set(names)), "a family appears twice"
+    untyped = [family.name for family in families if family.type in ("unknown", "untyped")]
+    assert untyped == [], f"families Prometheus cannot type: {untyped}"
+    for name in ("ts_inference_requests_total", "ts_inference_latency_microseconds",
+                 "ts_queue_latency_microseconds", "Requests2XX", "Requests4XX", "Requests5XX",
+                 "ItemsSeen"):
+        assert f"# HELP {name} " in text and f"# TYPE {name} counter\n" in text, name
+        assert f"\n{name}{{" in text, name  # the samples carry the same name
+    assert "_total_total" not in text
+    by_status = {family.name: family.samples[0].value for family in families
+                 if family.name.startswith("Requests")}
+    # 2XX: the HTTP and gRPC predictions, the ping, the list, the first scrape; 4XX: the 404.
+    assert by_status == {"Requests2XX": 5, "Requests4XX": 1, "Requests5XX": 0}

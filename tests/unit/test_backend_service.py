@@ -369,12 +369,16 @@ def test_wrong_number_of_results_is_a_batch_size_mismatch(tmp_path: Path) -> Non
     service = load(tmp_path, "wrong_length.py", "wrong_length.py")
 
     with pytest.raises(BatchSizeMismatch) as caught:
-        service.predict(bodies([b"a", b"b"]))
+        service.predict(bodies([b"a"]))
 
     assert classify(caught.value) == (
         worker_pb2.BATCH_SIZE_MISMATCH,
-        "wrong_length.py:handle returned 3 results for a batch of 2 requests",
+        "wrong_length.py:handle returned 2 results for a batch of 1 requests",
     )
+    # In a batch of several, every request is tried alone, and fails alone.
+    result = service.predict(bodies([b"a", b"b"]))
+    assert [r.error for r in result.responses] == [
+        "wrong_length.py:handle returned 2 results for a batch of 1 requests"] * 2
 
 
 def test_output_that_is_not_a_list_is_rejected(tmp_path: Path) -> None:
@@ -400,7 +404,7 @@ def test_handler_exception_maps_to_internal_with_type_and_message(tmp_path: Path
     service = load(tmp_path, "raises.py", "raises.py")
 
     with pytest.raises(RuntimeError) as caught:
-        service.predict(bodies([b"a", b"b"]))
+        service.predict(bodies([b"a"]))
 
     assert classify(caught.value) == (worker_pb2.INTERNAL, "RuntimeError: boom")
 
@@ -409,7 +413,7 @@ def test_invalid_input_and_out_of_memory_have_their_own_codes(tmp_path: Path) ->
     service = load(tmp_path, "raises.py", "raises.py")
 
     with pytest.raises(InvalidInput) as invalid:
-        service.predict(bodies([b"ok", b"invalid"]))
+        service.predict(bodies([b"invalid"]))
     with pytest.raises(MemoryError) as oom:
         service.predict(bodies([b"oom"]))
 
@@ -621,3 +625,77 @@ def test_initialize_failure_propagates_with_its_type(tmp_path: Path) -> None:
 def test_service_envelope_is_refused_until_supported(tmp_path: Path) -> None:
     with pytest.raises(HandlerLoadError, match="service_envelope 'kserve' is not supported"):
         load(tmp_path, "echo.py", "echo.py", envelope="kserve")
+
+
+# --- a batch that fails as a whole ----------------------------------------------------------
+
+
+ISOLATING = """
+    import time
+
+    calls = []
+
+    def handle(data, context):
+        if data is None:
+            return None
+        bodies = [row["body"] for row in data]
+        calls.append(len(bodies))
+        bad = [b for b in bodies if b.startswith(b"bad")]
+        if bad:
+            time.sleep(0.002)  # failing takes a moment: the time cap's test counts on it
+            raise ValueError(f"cannot read {bad[0].decode()}")
+        return [b.upper() for b in bodies]
+"""
+
+
+def _isolating(tmp_path: Path, response_timeout_ms: int = 120_000) -> ModelService:
+    model_dir = model_dir_with(tmp_path, files={"isolating.py": ISOLATING})
+    return load_service(load_message(model_dir, "isolating.py",
+                                     response_timeout_ms=response_timeout_ms))
+
+
+def _calls(service: ModelService) -> list[int]:
+    return sys.modules[service.entry_point.handle.__module__].calls  # type: ignore[no-any-return]
+
+
+def test_a_batch_failed_by_one_request_answers_the_others(tmp_path: Path) -> None:
+    service = _isolating(tmp_path)
+    batch = bodies([b"a", b"b", b"bad1", b"c", b"d", b"e", b"f", b"g"])
+
+    result = service.predict(batch)
+
+    assert [r.body for r in result.responses] == [b"A", b"B", b"", b"C", b"D", b"E", b"F", b"G"]
+    assert [r.status for r in result.responses if r.error] == [500]
+    assert result.responses[2].error == "cannot read bad1"
+    assert [r.request_id for r in result.responses] == [r.request_id for r in batch.requests]
+    # The whole batch, then halves, quarters and singles down the failing side only.
+    assert _calls(service) == [8, 4, 4, 2, 2, 1, 1]
+
+
+def test_several_bad_requests_are_each_found_within_the_cap(tmp_path: Path) -> None:
+    service = _isolating(tmp_path)
+
+    result = service.predict(bodies([b"bad1", b"a", b"b", b"bad2"]))
+
+    assert [r.error or r.body.decode() for r in result.responses] == [
+        "cannot read bad1", "A", "B", "cannot read bad2"]
+    assert sum(_calls(service)[1:]) <= 3 * 4  # re-runs add up to at most 3 batches
+
+
+def test_when_every_request_fails_the_extra_work_is_capped(tmp_path: Path) -> None:
+    service = _isolating(tmp_path)
+
+    result = service.predict(bodies([b"bad%d" % i for i in range(16)]))
+
+    assert all(r.error.startswith("cannot read bad") for r in result.responses)
+    assert sum(_calls(service)[1:]) <= 3 * 16  # not the 4 * 16 of a complete search
+
+
+def test_no_isolation_past_its_share_of_the_response_timeout(tmp_path: Path) -> None:
+    service = _isolating(tmp_path, response_timeout_ms=1)
+
+    result = service.predict(bodies([b"a", b"bad1"]))
+
+    # No time left to re-run anything: both requests carry the batch's error.
+    assert [r.error for r in result.responses] == ["cannot read bad1"] * 2
+    assert _calls(service) == [2]

@@ -219,7 +219,12 @@ def test_image_classifier_returns_topk_labels_and_rejects_a_bad_image(tmp_path: 
     assert set(answer) == {label for _, label in LABELS.values()}  # 3 classes < topk 5
     assert sum(answer.values()) == pytest.approx(1.0)
     with pytest.raises(InvalidInput, match="not an image"):
-        service.predict(batch(jpeg(4), b"not an image"))
+        service.predict(batch(b"not an image"))
+    # TorchServe fails a whole batch for one bad image; here only that request fails.
+    mixed = service.predict(batch(jpeg(4), b"not an image", jpeg(5)))
+    assert [r.status for r in mixed.responses] == [200, 400, 200]
+    assert "not an image" in mixed.responses[1].error
+    assert set(json.loads(mixed.responses[2].body)) <= {label for _, label in LABELS.values()}
 
 
 # --- intermediate responses ---------------------------------------------------------------------
