@@ -151,3 +151,41 @@ def test_a_worker_that_dies_while_a_child_holds_its_socket_fails_its_batch_promp
                     or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, "the orphan")
     server.wait_for(lambda: _ready_with_new_pid(server, "forker", pid), "a new worker")
     assert server.predict("forker", b"again").content == b"again"
+
+
+def test_a_worker_restart_that_hits_emfile_is_retried_until_descriptors_are_free(
+        build_mar, server_process) -> None:
+    """The report's reproduction: lower the frontend's RLIMIT_NOFILE, hold many idle
+    connections, kill -9 the worker, release the connections."""
+    import resource
+    import socket
+    from urllib.parse import urlsplit
+
+    build_mar("echo", "echo")
+    server = server_process("echo=echo.mar")
+    frontend = server.process.pid
+    described = requests.get(f"{server.management}/models/echo", timeout=10).json()[0]
+    pid = described["workers"][0]["pid"]
+    limit = len(os.listdir(f"/proc/{frontend}/fd")) + 20
+    resource.prlimit(frontend, resource.RLIMIT_NOFILE, (limit, limit))
+    address = urlsplit(server.inference)
+    held = [socket.create_connection((address.hostname, address.port)) for _ in range(100)]
+    try:
+        server.wait_for(lambda: len(os.listdir(f"/proc/{frontend}/fd")) >= limit - 2,
+                        "the frontend to run out of descriptors")
+        os.kill(pid, signal.SIGKILL)
+        server.wait_for(lambda: "could not be started" in server.log_text(),
+                        "a restart to fail for want of descriptors")
+    finally:
+        for connection in held:
+            connection.close()
+
+    def recovered() -> bool:
+        worker = requests.get(f"{server.management}/models/echo",
+                              timeout=10).json()[0]["workers"][0]
+        return worker["status"] == "READY" and worker["pid"] not in (pid, -1)
+
+    server.wait_for(recovered, "the worker to come back", timeout_s=60)
+    assert requests.post(f"{server.inference}/predictions/echo", data=b"back",
+                         timeout=30).content == b"back"
+    assert server.is_alive()
