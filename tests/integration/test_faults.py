@@ -24,6 +24,15 @@ def _ready_with_new_pid(server: RunningServer, model: str, old_pid: int) -> bool
     return worker["status"] == "READY" and worker["pid"] not in (old_pid, -1)
 
 
+def _register_one_worker(server: RunningServer, model: str, response_timeout_s: int) -> int:
+    """Register ``model``.mar with one worker and this response timeout; the worker's pid."""
+    requests.post(f"{server.management}/models",
+                  params={"url": f"{model}.mar", "response_timeout": response_timeout_s,
+                          "initial_workers": 1, "synchronous": "true"},
+                  timeout=60).raise_for_status()
+    return int(_worker(server, model)["pid"])  # type: ignore[call-overload]
+
+
 def test_kill_9_fails_the_batch_in_flight_fast_and_the_worker_comes_back(
         build_mar, start_server, tmp_path: Path) -> None:
     build_mar("gate", "gate")
@@ -49,10 +58,7 @@ def test_kill_9_fails_the_batch_in_flight_fast_and_the_worker_comes_back(
 def test_a_hung_handler_answers_504_and_its_worker_is_replaced(build_mar, start_server) -> None:
     build_mar("sleepy", "sleep")
     server = start_server()
-    requests.post(f"{server.management}/models",
-                  params={"url": "sleepy.mar", "response_timeout": 1, "initial_workers": 1,
-                          "synchronous": "true"}, timeout=60).raise_for_status()
-    pid = int(_worker(server, "sleepy")["pid"])  # type: ignore[call-overload]
+    pid = _register_one_worker(server, "sleepy", response_timeout_s=1)
     started = time.monotonic()
     hung = server.predict("sleepy", b"30")
     assert hung.status_code == 504
@@ -135,10 +141,7 @@ def test_a_worker_that_dies_while_a_child_holds_its_socket_fails_its_batch_promp
         build_mar, start_server, tmp_path: Path, mode: str, code: int) -> None:
     build_mar("forker", "forker")
     server = start_server()
-    requests.post(f"{server.management}/models",
-                  params={"url": "forker.mar", "response_timeout": 60, "initial_workers": 1,
-                          "synchronous": "true"}, timeout=60).raise_for_status()
-    pid = int(_worker(server, "forker")["pid"])  # type: ignore[call-overload]
+    pid = _register_one_worker(server, "forker", response_timeout_s=60)
     pid_file = tmp_path / "child.pid"
     started = time.monotonic()
     answer = server.predict("forker", f"{mode}:{pid_file}".encode())
