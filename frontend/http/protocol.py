@@ -77,8 +77,13 @@ class ServerProtocol(HttpToolsProtocol):
         #: The framing of a body that follows an ignored upgrade request's head.
         self._upgrade_framing: bytes | None = None
         self._replaying = False
+        #: loop.time() when the head being read began (or the connection was made).
+        self._head_since = self.loop.time()
+        self._spoken = False
+        # One timer per connection, not per request: it looks at the head in progress when it
+        # fires and sets itself again for what is left of that head's time.
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
-            self.header_timeout_s, self._head_timed_out)
+            self.header_timeout_s, self._check_head)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
@@ -133,10 +138,9 @@ class ServerProtocol(HttpToolsProtocol):
         if self._replaying:
             return
         super().on_message_begin()
-        self._in_head = self._began_in_chunk = True
+        self._in_head = self._began_in_chunk = self._spoken = True
         self._head_bytes = self._url_bytes = self._header_lines = 0
-        self._stop_head_timer()
-        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+        self._head_since = self.loop.time()
 
     def on_url(self, url: bytes) -> None:
         if self._replaying:
@@ -163,7 +167,6 @@ class ServerProtocol(HttpToolsProtocol):
         if self._replaying:
             return
         self._in_head = False
-        self._stop_head_timer()
         if self.parser.should_upgrade():
             self._upgrade_framing = self._body_framing()
         self.handle_request()
@@ -189,11 +192,19 @@ class ServerProtocol(HttpToolsProtocol):
 
     # -- refusing -----------------------------------------------------------------------------
 
-    def _head_timed_out(self) -> None:
+    def _check_head(self) -> None:
         self._head_timer = None
         if self.transport.is_closing() or self._refused:
             return
-        if self._in_head:
+        if not self._in_head and self._spoken:
+            # Answering a request, or idle between requests (uvicorn's keep-alive timeout
+            # bounds that): nothing to time; look again later.
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._check_head)
+            return
+        remaining_s = self._head_since + self.header_timeout_s - self.loop.time()
+        if remaining_s > 0:
+            self._head_timer = self.loop.call_later(remaining_s, self._check_head)
+        elif self._in_head:
             self._refuse_head(408, f"the request head did not arrive within "
                               f"{self.header_timeout_s:g} s")
         else:  # connected, and silent since: nothing to answer
