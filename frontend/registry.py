@@ -160,6 +160,8 @@ class Model:
             max_response_bytes=config.max_response_size_bytes,
         )
         self.workers: list[Worker] = []
+        #: Set when a worker fails: all of them may be down (only then is it worked out).
+        self._maybe_down = False
         self.recent_batch_sizes: collections.deque[int] = collections.deque(maxlen=64)
         self.batches_total = 0
         self.requests_total = 0
@@ -178,8 +180,10 @@ class Model:
             raise ServiceUnavailable(
                 f'Model "{self.name}" has no worker to serve inference request. '
                 "Please use scale workers API to add workers.")
-        if self._all_workers_down():
-            raise self._down_error()
+        if self._maybe_down:  # only after a worker failed: no cost on the hot path
+            if self._all_workers_down():
+                raise self._down_error()
+            self._maybe_down = False
         self.batcher.submit(job)
 
     def _all_workers_down(self) -> bool:
@@ -195,6 +199,7 @@ class Model:
     def _worker_down(self) -> None:
         """A worker died or failed to start: when none is left that could take a batch soon,
         what waits in the queue is answered now (503) instead of at its deadline."""
+        self._maybe_down = True
         if self._all_workers_down() and self.batcher.depth:
             self.batcher.fail_queued(self._down_error())
 

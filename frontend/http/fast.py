@@ -253,7 +253,7 @@ class PredictionsProtocol(ServerProtocol):
 
     def _complete(self, prediction: _Prediction, status: int) -> None:
         prediction.response_complete = True
-        self._count(status)
+        self.count_status(status)
         if not prediction.keep_alive:
             self.transport.close()
         self._record(prediction, status)

@@ -6,7 +6,10 @@ stalled everyone; a 32 MB URL was appended to itself piece by piece) and without
 
 - the request line (its URL) may take ``MAX_URL_BYTES`` (414 past it), one header line
   ``MAX_HEADER_LINE_BYTES``, the whole head ``MAX_HEAD_BYTES`` and ``MAX_HEADERS`` lines (431);
-  a refused request is answered at once and its connection closed;
+  a refused request is answered at once and its connection closed. The head's bytes are
+  counted as they arrive (a head that spans reads); the lines are checked once the head is
+  parsed, and only when its read was large enough to hold an oversized line (the common
+  request pays one comparison);
 - a request's head must arrive within ``header_timeout_s`` of its first byte (of the
   connection, for the first request): 408, or a plain close when nothing came at all;
 - an ``Upgrade`` we do not perform (``h2c``: what ``curl --http2`` sends with its body) is
@@ -39,12 +42,12 @@ MAX_HEADERS = 100
 #: connection closes (closing on unread input would reset it and lose the answer).
 LINGER_S = 2.0
 
-_STATUS_TEXT = {400: "BadRequestException", 408: "RequestTimeoutException",
-                414: "RequestUriTooLongException", 431: "RequestHeaderFieldsTooLargeException"}
-
-
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing a request that was refused."""
+
+
+_STATUS_TEXT = {400: "BadRequestException", 408: "RequestTimeoutException",
+                414: "RequestUriTooLongException", 431: "RequestHeaderFieldsTooLargeException"}
 
 
 def error_response(status: int, message: str) -> bytes:
@@ -65,8 +68,8 @@ class ServerProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_bytes = 0
-        self._url_bytes = 0
-        self._header_lines = 0
+        #: The size of the read being parsed.
+        self._read_bytes = 0
         #: True from a request's first byte to its parsed head.
         self._in_head = False
         #: True when the request being read began in the chunk being parsed.
@@ -76,7 +79,6 @@ class ServerProtocol(HttpToolsProtocol):
         self._refusal: bytes | None = None
         #: The framing of a body that follows an ignored upgrade request's head.
         self._upgrade_framing: bytes | None = None
-        self._replaying = False
         #: loop.time() when the head being read began (or the connection was made).
         self._head_since = self.loop.time()
         self._spoken = False
@@ -96,77 +98,57 @@ class ServerProtocol(HttpToolsProtocol):
             return
         self._unset_keepalive_if_required()
         self._began_in_chunk = False
+        self._read_bytes = len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
             self._read_past_upgrade(data[upgrade.args[0]:])
             return
         except httptools.HttpParserError as exc:
-            if not self._refused:  # else: our own callback stopped the parser
+            if not self._refused:  # else: our own callback refused the request
                 if isinstance(exc, httptools.HttpParserCallbackError):
                     logger.error("parsing an HTTP request failed", exc_info=exc)
                 self._refuse_head(400, f"Invalid HTTP request: {exc}")
             return
         if self._in_head and not self._began_in_chunk:
-            # A head that spans chunks: this whole chunk belongs to it. (Where in its first
-            # chunk a head begins is not known, so that chunk is not counted: the bound is
-            # MAX_HEAD_BYTES plus one read, while URL and header lines are bounded exactly.)
+            # A head that spans reads: this whole read belongs to it. (Where in its first read
+            # a head begins is not known, so that read is not counted: the bound is
+            # MAX_HEAD_BYTES plus one read; its lines are checked when it is complete.)
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
-                self._refuse_head(431, f"request headers exceed {MAX_HEAD_BYTES} bytes")
+                if len(self.url) > MAX_URL_BYTES:  # still in the request line
+                    self._refuse_head(414, f"request URL exceeds {MAX_URL_BYTES} bytes")
+                else:
+                    self._refuse_head(431, f"request headers exceed {MAX_HEAD_BYTES} bytes")
 
     def _read_past_upgrade(self, rest: bytes) -> None:
         """llhttp stops after the head of a request that asks for an upgrade; we perform
         none, so what follows is this request's body (if it declared one) and then more
         HTTP/1.1. A fresh parser, primed with a head that declares the same framing, reads
-        on; the primed head's callbacks are ignored."""
-        self.parser = httptools.HttpRequestParser(self)
-        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        on; the primed head's callbacks are dropped (``_AfterUpgrade``)."""
         framing, self._upgrade_framing = self._upgrade_framing, None
-        if framing is not None:
-            self._replaying = True
-            try:
-                self.parser.feed_data(b"POST / HTTP/1.1\r\n" + framing + b"\r\n\r\n")
-            finally:
-                self._replaying = False
+        if framing is None:
+            self.parser = httptools.HttpRequestParser(self)
+        else:
+            self.parser = httptools.HttpRequestParser(_AfterUpgrade(self))
+            self.parser.feed_data(b"POST / HTTP/1.1\r\n" + framing + b"\r\n\r\n")
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
         if rest:
             self.data_received(rest)
 
     # -- parser callbacks -------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self._replaying:
-            return
         super().on_message_begin()
         self._in_head = self._began_in_chunk = self._spoken = True
-        self._head_bytes = self._url_bytes = self._header_lines = 0
+        self._head_bytes = 0
         self._head_since = self.loop.time()
 
-    def on_url(self, url: bytes) -> None:
-        if self._replaying:
-            return
-        self._url_bytes += len(url)
-        if self._url_bytes > MAX_URL_BYTES:
-            self._refuse_head(414, f"request URL exceeds {MAX_URL_BYTES} bytes")
-            raise _Refused
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self._replaying:
-            return
-        self._header_lines += 1
-        if len(name) + len(value) > MAX_HEADER_LINE_BYTES:
-            self._refuse_head(431, f"a request header exceeds {MAX_HEADER_LINE_BYTES} bytes")
-            raise _Refused
-        if self._header_lines > MAX_HEADERS:
-            self._refuse_head(431, f"a request may carry at most {MAX_HEADERS} headers")
-            raise _Refused
-        super().on_header(name, value)
-
     def on_headers_complete(self) -> None:
-        if self._replaying:
-            return
         self._in_head = False
+        if ((self._head_bytes or self._read_bytes > MAX_URL_BYTES
+                or len(self.headers) > MAX_HEADERS) and self._head_too_large()):
+            raise _Refused
         if self.parser.should_upgrade():
             self._upgrade_framing = self._body_framing()
         self.handle_request()
@@ -179,6 +161,16 @@ class ServerProtocol(HttpToolsProtocol):
         if self._upgrade_framing is not None:
             return  # llhttp's early end of an upgrade request: its body comes next
         super().on_message_complete()
+
+    def _head_too_large(self) -> bool:
+        """Refuse a parsed head whose URL, one line or number of lines is over its limit."""
+        if len(self.url) > MAX_URL_BYTES:
+            self._refuse_head(414, f"request URL exceeds {MAX_URL_BYTES} bytes")
+        elif len(self.headers) > MAX_HEADERS:
+            self._refuse_head(431, f"a request may carry at most {MAX_HEADERS} headers")
+        elif any(len(name) + len(value) > MAX_HEADER_LINE_BYTES for name, value in self.headers):
+            self._refuse_head(431, f"a request header exceeds {MAX_HEADER_LINE_BYTES} bytes")
+        return self._refused
 
     def _body_framing(self) -> bytes | None:
         """The header that frames this request's body, if it has one."""
@@ -257,3 +249,37 @@ class ServerProtocol(HttpToolsProtocol):
     def _count(self, status: int) -> None:
         if self.count_status is not None:
             self.count_status(status)
+
+
+class _AfterUpgrade:
+    """The callbacks of the parser that reads on after an ignored upgrade: the head it is
+    primed with (to read the request's body) is not a request, so its callbacks are dropped;
+    everything after it goes to the connection's protocol."""
+
+    def __init__(self, protocol: ServerProtocol) -> None:
+        self._protocol = protocol
+        self._priming = True
+
+    def on_message_begin(self) -> None:
+        if not self._priming:
+            self._protocol.on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        if not self._priming:
+            self._protocol.on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._priming:
+            self._protocol.on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._priming:
+            self._priming = False
+        else:
+            self._protocol.on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._protocol.on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._protocol.on_message_complete()
