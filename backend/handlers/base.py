@@ -15,6 +15,7 @@ from backend.context import Context
 from backend.device import select_device
 from backend.errors import BatchSizeMismatch
 from backend.handlers.labels import INDEX_TO_NAME, LabelMap, load_label_mapping
+from backend.tuning import Tuning, forward_context, read_tuning, tune_model, warm_up, warmup_sizes
 from backend.weights import load_model
 
 
@@ -40,16 +41,38 @@ class BaseHandler:
         self.model: torch.nn.Module | None = None
         self.mapping: LabelMap | None = None
         self.initialized = False
+        self.tuning = Tuning()
+        #: The model before torch.compile (served instead if the compiled one fails).
+        self._uncompiled: torch.nn.Module | None = None
 
     def initialize(self, context: Context) -> None:
         properties = context.system_properties
         model_dir = Path(properties["model_dir"])
         self.context = context
         self.device = select_device(properties.get("gpu_id"))
-        self.model = load_model(model_dir, context.manifest, self.device)
-        self.model.eval()
+        self.tuning = read_tuning(context.model_yaml_config)
+        self.set_model(load_model(model_dir, context.manifest, self.device))
         self.mapping = load_label_mapping(model_dir / INDEX_TO_NAME)
         self.initialized = True
+
+    def set_model(self, model: torch.nn.Module) -> None:
+        """Serve ``model``, tuned as model-config.yaml asks (``backend.tuning``)."""
+        model.eval()
+        tuned = tune_model(model, self.device, self.tuning)
+        self._uncompiled = model if tuned is not model and self.tuning.compile_options else None
+        self.model = tuned
+
+    def warm_up(self, batch: Any, batch_size: int) -> None:
+        """Run ``batch(n)`` (the requests of a batch of n, as ``handle`` takes them) through
+        ``handle`` once per warm-up batch size; a compiled model that fails there is replaced
+        by the model it was compiled from."""
+        context = self.context
+        assert context is not None
+        sizes = warmup_sizes(self.tuning, self.device, batch_size)
+        if not warm_up(lambda size: self.handle(batch(size), context), sizes) \
+                and self._uncompiled is not None:
+            self.model, self._uncompiled = self._uncompiled, None
+            warm_up(lambda size: self.handle(batch(size), context), sizes)
 
     def preprocess(self, data: list[Any]) -> Any:
         return torch.as_tensor(data, device=self.device)
@@ -66,7 +89,7 @@ class BaseHandler:
         """One batch in, one result per request out."""
         self.context = context
         inputs = self.preprocess(data)
-        with torch.inference_mode():
+        with forward_context(self.device, self.tuning):
             outputs = self.inference(inputs)
         return self.postprocess(outputs)
 

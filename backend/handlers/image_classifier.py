@@ -33,7 +33,7 @@ class ImageClassifier(VisionHandler):
 def top_k_labels(logits: Any, topk: int, mapping: LabelMap | None) -> list[dict[str, float]]:
     """Per row of ``[N, classes]`` logits: ``{label: probability}`` for the ``topk`` most
     probable classes (all of them when there are fewer), highest first."""
-    probabilities = torch.softmax(logits, dim=1)
+    probabilities = torch.softmax(logits.float(), dim=1)  # bf16/fp16 logits under amp
     k = min(topk, probabilities.shape[1])
     top_probabilities, top_classes = torch.topk(probabilities, k, dim=1)
     return [

@@ -1,31 +1,40 @@
-"""Image decoding shared by the vision handlers, and VisionHandler, which keeps bad images apart.
+"""Reading images out of requests, and VisionHandler, which keeps bad images apart.
 
 A request carries its image under TorchServe's ``data`` (form field) or ``body`` input: raw
 bytes, base64 text, or a JSON object whose ``data`` (or ``body``) is base64 text. An input that
 is not a usable image fails only its own request (``InvalidInput``, status 400); the model runs
-once, on the batch's good images.
+once, on the batch's good images. How images become the model's input (decoded on the model's
+device, or by Pillow as TorchServe does) is ``backend.handlers.images``.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import io
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from torchvision import transforms
 
 from backend.context import Context
-from backend.errors import InvalidInput, describe
+from backend.errors import InvalidInput
 from backend.handlers.base import BaseHandler
+from backend.handlers.images import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    PIL,
+    TENSOR,
+    ImagePipeline,
+    check_pixel_limit,
+    decode_rgb,
+)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+__all__ = ["IMAGENET_TRANSFORM", "VisionHandler", "check_pixel_limit", "decode_image",
+           "image_bytes"]
 
 # Resize the short side to 256, crop the middle 224x224: what ImageNet classifiers expect.
 IMAGENET_TRANSFORM = transforms.Compose(
@@ -36,6 +45,8 @@ IMAGENET_TRANSFORM = transforms.Compose(
         transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
     ]
 )
+#: A decoded RGB image (Pillow's path).
+decode_image = decode_rgb
 
 _DATA_URL_MARK = ";base64,"
 
@@ -74,41 +85,6 @@ def decode_base64(text: str) -> bytes:
     return data
 
 
-def decode_image(data: bytes) -> Image.Image:
-    """Decode an encoded image fully and convert it to RGB. Raises InvalidInput."""
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            check_pixel_limit(image)
-            image.load()  # decode it all now, so that truncated data fails here
-            return image.convert("RGB")
-    except InvalidInput:
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        # NOTE: Pillow only warns between MAX_IMAGE_PIXELS and twice that; where warnings are
-        # errors (the test suite) the warning arrives here as an exception.
-        raise InvalidInput(
-            f"image has too many pixels, more than the limit of {Image.MAX_IMAGE_PIXELS}: {exc}"
-        ) from None
-    except UnidentifiedImageError:
-        raise InvalidInput(
-            f"not an image: {len(data)} bytes in no format Pillow can read "
-            f"(they start with {data[:12]!r})"
-        ) from None
-    except Exception as exc:  # anything the decoder raises means the data is damaged
-        raise InvalidInput(f"corrupt or truncated image: {describe(exc)}") from None
-
-
-def check_pixel_limit(image: Image.Image) -> None:
-    """Enforce ``Image.MAX_IMAGE_PIXELS`` (None: no limit) before decoding any pixel."""
-    limit = Image.MAX_IMAGE_PIXELS
-    pixels = image.width * image.height
-    if limit is not None and pixels > limit:
-        raise InvalidInput(
-            f"image has too many pixels: {image.width}x{image.height} = {pixels}, more than "
-            f"the limit of {limit}"
-        )
-
-
 def usable_cpus() -> int:
     """How many CPUs this process may run on (a worker can be pinned to a few)."""
     try:
@@ -128,8 +104,10 @@ def _one_torch_thread() -> None:
 class VisionHandler(BaseHandler):
     """Decodes and transforms each request's image, runs the model on the good ones only.
 
-    ``image_processing`` turns one RGB PIL image into the model's input tensor; ``preprocess``
-    gathers those tensors into the model's batch input (one stacked tensor by default).
+    ``image_processing`` turns one RGB PIL image into the model's input tensor (Pillow's path);
+    a handler that keeps the ImageNet transform gets the tensor path (``image_decode``,
+    ``backend.handlers.images``) unless its model config asks for ``pil``. ``preprocess``
+    gathers the images into the model's batch input (one stacked tensor by default).
     """
 
     image_processing: Callable[[Image.Image], torch.Tensor] = IMAGENET_TRANSFORM
@@ -137,6 +115,7 @@ class VisionHandler(BaseHandler):
     def __init__(self) -> None:
         super().__init__()
         self._pool: ThreadPoolExecutor | None = None
+        self.pipeline: ImagePipeline | None = None
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
@@ -145,11 +124,21 @@ class VisionHandler(BaseHandler):
             # As TorchServe does: the limit is Pillow's process-wide setting.
             Image.MAX_IMAGE_PIXELS = None
         # Decoding and resizing spend their time in Pillow and torch, which release the GIL,
-        # so the images of one batch are prepared in parallel.
-        threads = min(usable_cpus(), max(1, int(properties.get("batch_size") or 1)))
+        # so the images of one batch are prepared in parallel, on this worker's share of the
+        # cores (``cpu_threads``, set by the frontend).
+        batch_size = max(1, int(properties.get("batch_size") or 1))
+        threads = min(int(properties.get("cpu_threads") or usable_cpus()), batch_size)
         if threads > 1:
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="image-decode",
                                             initializer=_one_torch_thread)
+        default = TENSOR if type(self).image_processing is IMAGENET_TRANSFORM else PIL
+        mode = self.tuning.image_decode or default
+        if mode == TENSOR and default == PIL:
+            mode = PIL  # a handler's own transform works on PIL images
+        self.pipeline = ImagePipeline(self.device, mode, self._pool,
+                                      channels_last=self.tuning.channels_last,
+                                      pil_transform=self.image_processing)
+        self.warm_up(lambda size: [{"body": WARMUP_JPEG}] * size, batch_size)
 
     def handle(self, data: list[Any], context: Context) -> list[Any]:
         """One result per request: a prediction, or the InvalidInput of a bad image."""
@@ -157,16 +146,28 @@ class VisionHandler(BaseHandler):
 
     def load_images(self, data: list[Any]) -> list[torch.Tensor | InvalidInput]:
         """Each request's image as a tensor, or the InvalidInput saying what is wrong with it."""
-        if self._pool is None or len(data) < 2:
-            return [self._load_image(row) for row in data]
-        return list(self._pool.map(self._load_image, data))
-
-    def _load_image(self, row: Any) -> torch.Tensor | InvalidInput:
-        try:
-            image = decode_image(image_bytes(row))
-        except InvalidInput as exc:
-            return exc
-        return self.image_processing(image)
+        assert self.pipeline is not None, "initialize first"
+        return self.pipeline.load([_image_or_error(row) for row in data])
 
     def preprocess(self, data: list[Any]) -> Any:
-        return torch.stack(data).to(self.device)
+        assert self.pipeline is not None, "initialize first"
+        return self.pipeline.batch(data)
+
+
+def _image_or_error(row: Any) -> bytes | InvalidInput:
+    try:
+        return image_bytes(row)
+    except InvalidInput as exc:
+        return exc
+
+
+def _warmup_jpeg() -> bytes:
+    """A small JPEG, made here, for the warm-up to decode (nvJPEG initialises on first use)."""
+    import io
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (320, 240), (120, 80, 40)).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+WARMUP_JPEG = _warmup_jpeg()

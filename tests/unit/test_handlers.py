@@ -596,3 +596,32 @@ def test_resnet152_example_batches_consistently(tmp_path: Path) -> None:
     # The calibrated random weights answer like a classifier: unsure, and per picture.
     assert all(0.3 < max(prediction.values()) < 0.7 for prediction in alone.values())
     assert len({frozenset(prediction) for prediction in alone.values()}) == 3
+
+
+def test_resnet152_tensor_and_pil_decoding_agree(tmp_path: Path) -> None:
+    """The documented tolerance between ``image_decode: tensor`` (the default) and Pillow's
+    pixel-exact TorchServe path: the same top-5 labels, probabilities within 2e-3."""
+    sys.path.insert(0, str(RESNET_EXAMPLE))
+    from make_weights import write_weights
+
+    services = {}
+    for mode in ("tensor", "pil"):
+        model_dir = tmp_path / mode
+        model_dir.mkdir()
+        if not services:
+            write_weights(model_dir / "resnet152.pt")
+        else:
+            (model_dir / "resnet152.pt").write_bytes((tmp_path / "tensor" / "resnet152.pt")
+                                                     .read_bytes())
+        for name in ("model.py", "index_to_name.json"):
+            (model_dir / name).write_bytes((RESNET_EXAMPLE / name).read_bytes())
+        (model_dir / "model-config.yaml").write_text(f"handler:\n  image_decode: {mode}\n")
+        services[mode] = load(model_dir, manifest_json=json.dumps({"model": {
+            "modelName": "resnet", "handler": "image_classifier", "modelFile": "model.py",
+            "serializedFile": "resnet152.pt", "configFile": "model-config.yaml"}}))
+        assert handler_of(services[mode]).pipeline.mode == mode
+    images = [(RESNET_EXAMPLE / f"{name}.jpg").read_bytes() for name in ("kitten", "dog", "croco")]
+    answers = {mode: predictions(service.predict(batch(*(request(i) for i in images))))
+               for mode, service in services.items()}
+    for tensor_answer, pil_answer in zip(answers["tensor"], answers["pil"], strict=True):
+        assert_same_prediction(tensor_answer, pil_answer, 2e-3)

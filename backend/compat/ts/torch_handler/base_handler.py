@@ -6,11 +6,12 @@ model loading hooks ``_load_pickled_model``/``_load_torchscript_model``), call
 ``self.mapping``, ``self.context`` and ``self.initialized``. Device choice, weight loading and
 label files come from ``backend.device``, ``backend.weights`` and ``backend.handlers.labels``.
 
+The model config's ``pt2`` (torch.compile) is applied as TorchServe 0.12 applies it, and
+batchserve's ``handler`` options ``amp`` and ``channels_last`` too (``backend.tuning``).
 Deliberately missing, with the reason given where a handler asks for it: ONNX, AOTInductor
 ``.so`` and ``.pt2`` models (``ModelLoadError``), Captum explanations (``get_insights`` answers
-501 unless the handler defines its own), ``pt2`` compile options in the model config (logged and
-ignored), IPEX and OpenVINO (never applied), the torch profiler (``ENABLE_TORCH_PROFILER`` is not
-read) and XLA/MPS/XPU devices (CUDA or CPU only).
+501 unless the handler defines its own), IPEX and OpenVINO (never applied), the torch profiler
+(``ENABLE_TORCH_PROFILER`` is not read) and XLA/MPS/XPU devices (CUDA or CPU only).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from backend.device import select_device
 from backend.errors import ModelLoadError
 from backend.handlers.base import BaseHandler as _BackendBaseHandler
 from backend.handlers.labels import INDEX_TO_NAME
+from backend.tuning import forward_context, read_tuning
 from backend.weights import load_eager, load_torchscript
 
 from ..handler_utils.timer import timed
@@ -62,6 +64,7 @@ class BaseHandler(_BackendBaseHandler):
         """Pick the device, load the model the manifest names, read ``index_to_name.json``."""
         self.context = context
         self.model_yaml_config = context.model_yaml_config
+        self.tuning = read_tuning(self.model_yaml_config)
         properties = context.system_properties
         self.device = select_device(properties.get("gpu_id"))
         self.map_location = self.device.type
@@ -91,10 +94,7 @@ class BaseHandler(_BackendBaseHandler):
                     f"not load {_UNSUPPORTED_FORMATS[suffix]}; load it in your own initialize"
                 )
             self.model = self._load_torchscript_model(self.model_pt_path)
-        self.model.eval()
-
-        if "pt2" in self.model_yaml_config:
-            logger.warning("ignoring the model config's pt2 options: torch.compile is not applied")
+        self.set_model(self.model)
         self.mapping = load_label_mapping(os.path.join(model_dir, INDEX_TO_NAME))
         self.initialized = True
 
@@ -125,7 +125,7 @@ class BaseHandler(_BackendBaseHandler):
     def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         if self.model is None:
             raise RuntimeError(f"{type(self).__name__} has no model: call initialize first")
-        with torch.inference_mode():
+        with forward_context(self.device, self.tuning):
             if isinstance(data, torch.Tensor):
                 data = data.to(self.device)
             return self.model(data, *args, **kwargs)

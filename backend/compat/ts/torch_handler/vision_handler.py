@@ -4,7 +4,10 @@
 text, or a JSON array of pixel values), applies the class's ``image_processing`` to the PIL
 image and stacks the results. As in TorchServe the image keeps its own mode (a grayscale PNG
 stays single-channel) and one bad image fails the whole batch, here with ``InvalidInput``
-(400). Reading the bytes and the pixel limit come from ``backend.handlers.vision``. No Captum:
+(400; the worker then re-runs the batch without it). A class that keeps TorchServe's ImageNet
+transform gets batchserve's tensor path instead (``backend.handlers.images``: decoded on the
+model's device, every image as RGB) unless its model config says ``image_decode: pil``.
+Reading the bytes and the pixel limit come from ``backend.handlers.vision``. No Captum:
 ``get_insights`` is not provided.
 """
 
@@ -19,7 +22,8 @@ from PIL import Image, UnidentifiedImageError
 
 from backend.context import Context
 from backend.errors import InvalidInput, describe
-from backend.handlers.vision import check_pixel_limit, image_bytes
+from backend.handlers.images import TENSOR, ImagePipeline
+from backend.handlers.vision import IMAGENET_TRANSFORM, check_pixel_limit, image_bytes
 
 from ..handler_utils.timer import timed
 from .base_handler import BaseHandler
@@ -35,20 +39,36 @@ class VisionHandler(BaseHandler):
         if not context.system_properties.get("limit_max_image_pixels", True):
             # As TorchServe does: the limit is Pillow's process-wide setting.
             Image.MAX_IMAGE_PIXELS = None
+        self._pipeline: ImagePipeline | None = None
+        if (getattr(type(self), "image_processing", None) is IMAGENET_TRANSFORM
+                and (self.tuning.image_decode or TENSOR) == TENSOR):
+            self._pipeline = ImagePipeline(self.device, TENSOR,
+                                           channels_last=self.tuning.channels_last)
 
     @timed
     def preprocess(self, data: list[Any]) -> torch.Tensor:
         processing = getattr(self, "image_processing", None)
         if processing is None:
             raise TypeError(f"{type(self).__name__} must set image_processing (a transform)")
+        pipeline = getattr(self, "_pipeline", None)
+        if pipeline is not None and not any(isinstance(_value(row), list) for row in data):
+            loaded = pipeline.load([image_bytes(row) for row in data])
+            for image in loaded:
+                if isinstance(image, InvalidInput):
+                    raise image  # TorchServe's rule: one bad image fails the batch
+            return pipeline.batch(loaded)  # type: ignore[arg-type]
         images: list[torch.Tensor] = []
         for row in data:
-            value = (row.get("data") or row.get("body")) if isinstance(row, Mapping) else row
+            value = _value(row)
             if isinstance(value, list):  # a JSON array: the pixels themselves
                 images.append(torch.as_tensor(value, dtype=torch.float32))
             else:
                 images.append(processing(open_image(image_bytes(row))))
         return torch.stack(images).to(self.device)
+
+
+def _value(row: Any) -> Any:
+    return (row.get("data") or row.get("body")) if isinstance(row, Mapping) else row
 
 
 def open_image(data: bytes) -> Image.Image:
