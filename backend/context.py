@@ -192,6 +192,7 @@ class Context:
         limit_max_image_pixels: bool = True,
         metrics: Metrics | None = None,
         model_yaml_config: dict[str, Any] | None = None,
+        cpu_threads: int | None = None,
     ) -> None:
         self.model_name = model_name
         self.manifest: dict[str, Any] = manifest if manifest is not None else {}
@@ -202,6 +203,8 @@ class Context:
             "server_name": "MMS",
             "server_version": mms_version,
             "limit_max_image_pixels": limit_max_image_pixels,
+            # batchserve: this worker's share of the machine's cores (None: every core).
+            "cpu_threads": cpu_threads,
         }
         self.metrics = metrics if metrics is not None else Metrics()
         self.model_yaml_config: dict[str, Any] = model_yaml_config or {}

@@ -351,6 +351,7 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
         mms_version=message.server_version,
         limit_max_image_pixels=message.limit_max_image_pixels,
         model_yaml_config=read_model_yaml_config(model_dir, manifest),
+        cpu_threads=message.cpu_threads or None,
     )
     entry_point = load_entry_point(message.handler, model_dir, context)
     return ModelService(entry_point, context, decode_input_request=message.decode_input_request,

@@ -8,7 +8,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,7 @@ class Model:
         cpus: CpuAssigner | None,
         metrics: ServerMetrics,
         loaded_at_startup: bool,
+        cpu_share: Callable[[int], int] = lambda adding: 0,
     ) -> None:
         self.name = name
         self.version = version
@@ -134,6 +135,8 @@ class Model:
         self._gpus = gpus
         self._cpus = cpus
         self._metrics = metrics
+        #: Each new worker's share of the cores, given how many are being added.
+        self._cpu_share = cpu_share
         self.batcher = Batcher(
             max_batch_size=settings.batch_size,
             capacity=settings.job_queue_size,
@@ -205,10 +208,11 @@ class Model:
 
     def start_workers(self, count: int) -> list[Worker]:
         started = []
+        threads = self._cpu_share(count)
         for _ in range(count):
             gpu = self._gpus.next(self.settings.device_ids)
             cpus = self._cpus.next() if self._cpus is not None else None
-            worker = Worker(self.launch, self.batcher, gpu, cpus, self._record_batch,
+            worker = Worker(self.launch, self.batcher, gpu, cpus, threads, self._record_batch,
                             self._worker_down)
             self.workers.append(worker)
             started.append(worker)
@@ -288,6 +292,7 @@ class ModelRegistry:
         self._cpus = CpuAssigner.detect(config.cpu_cores_per_worker) if config.cpu_affinity \
             else None
         self._models: dict[str, dict[str, Model]] = {}
+        self._cores = len(os.sched_getaffinity(0))
         self._defaults: dict[str, str] = {}
         self.metrics = ServerMetrics(self, str(config.model_store or "."))
 
@@ -373,6 +378,12 @@ class ModelRegistry:
             raise BadRequest("response_timeout and startup_timeout must be >= 1 second")
         return settings
 
+    def _cpu_share(self, adding: int) -> int:
+        """Threads for each of ``adding`` new workers: the cores this process may use, shared
+        among every worker of every model on this host (the new ones included)."""
+        workers = sum(len(model.workers) for model in self) + adding
+        return max(1, self._cores // max(1, workers))
+
     def _default_workers(self) -> int:
         if self.config.default_workers_per_model > 0:
             return self.config.default_workers_per_model
@@ -435,7 +446,8 @@ class ModelRegistry:
         for key in ("inputs", "outputs"):  # Open Inference Protocol metadata; fail early
             tensor_metadata(unpacked.model_config, key)
         model = Model(name, version, unpacked, handler, settings, self.config, self.run_dir,
-                      self._gpus, self._cpus, self.metrics, request.loaded_at_startup)
+                      self._gpus, self._cpus, self.metrics, request.loaded_at_startup,
+                      self._cpu_share)
         versions = self._models.setdefault(name, {})
         versions[version] = model
         is_default = self.config.models.get(name, {}).get(version, ModelDefaults())

@@ -286,6 +286,7 @@ class Worker:
         batcher: Batcher,
         gpu_id: int | None,
         cpus: tuple[int, ...] | None = None,
+        threads: int = 0,
         on_batch: Callable[[list[Job], worker_pb2.PredictResult | None], None] | None = None,
         on_down: Callable[[], None] | None = None,
     ) -> None:
@@ -294,6 +295,8 @@ class Worker:
         self.name = f"W-{number}-{launch.load.model_name}_{launch.load.model_version}"
         self.gpu_id = gpu_id
         self.cpus = cpus
+        #: Its share of the cores (0: not set): its thread pools are sized to it.
+        self.threads = len(cpus) if cpus else threads
         self.state = WorkerState.STARTING
         self.pid: int | None = None
         self.start_time = time.time()
@@ -501,9 +504,11 @@ class Worker:
 
     def _environment(self) -> dict[str, str]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if self.cpus:
-            # The worker's math libraries size their thread pools to its own cores.
-            threads = str(len(self.cpus))
+        if self.threads:
+            # The worker's math libraries (torch's intra-op pool among them) size their thread
+            # pools to its share of the cores: workers that each took every core would fight
+            # over them, and more workers would be slower than one.
+            threads = str(self.threads)
             env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
         return env
 
@@ -516,6 +521,7 @@ class Worker:
         load.CopyFrom(launch.load)
         load.worker_id = self.id
         load.gpu_id = -1 if self.gpu_id is None else self.gpu_id
+        load.cpu_threads = self.threads
         try:
             reply = await connection.request(Frame(Kind.LOAD, load.SerializeToString()),
                                              launch.startup_timeout_s)
@@ -742,6 +748,7 @@ class Worker:
             **({"gpuId": self.gpu_id} if self.gpu_id is not None else {}),
             "restarts": self.restarts,
             **({"cpus": list(self.cpus)} if self.cpus else {}),
+            **({"cpuThreads": self.threads} if self.threads else {}),
             **({"lastError": self.last_error} if self.last_error else {}),
         }
 

@@ -203,3 +203,17 @@ def test_the_metrics_page_reads_as_torchserve_writes_it(build_mar, start_server)
                  if family.name.startswith("Requests")}
     # 2XX: the HTTP and gRPC predictions, the ping, the list, the first scrape; 4XX: the 404.
     assert by_status == {"Requests2XX": 5, "Requests4XX": 1, "Requests5XX": 0}
+
+
+def test_each_worker_gets_its_share_of_the_cores(build_mar, start_server) -> None:
+    build_mar("echo", "echo")
+    cores = len(os.sched_getaffinity(0))
+    server = start_server("echo.mar", default_workers_per_model=2)
+    requests.post(f"{server.management}/models", params={
+        "url": "echo.mar", "model_name": "second", "initial_workers": 2, "synchronous": "true"},
+        timeout=60).raise_for_status()
+    for model, share in (("echo", max(1, cores // 2)), ("second", max(1, cores // 4))):
+        for worker in server.describe(model)["workers"]:  # type: ignore[union-attr]
+            assert worker["cpuThreads"] == share  # type: ignore[index]
+            environ = psutil.Process(worker["pid"]).environ()  # type: ignore[index]
+            assert environ["OMP_NUM_THREADS"] == str(share)
