@@ -108,6 +108,8 @@ class Batcher:
         self._closed: ServeError | None = None
         #: Free workers, first come first served.
         self._parked: collections.deque[Take] = collections.deque()
+        #: Busy workers with room for one more batch, if it is full (``park_for_full``).
+        self._parked_full: collections.deque[Take] = collections.deque()
         #: When the parked workers found the first job of the batch being collected.
         self._collecting_since: float | None = None
         #: The timer that asks the policy again when its wait runs out, and when.
@@ -170,7 +172,7 @@ class Batcher:
         self._queue.append(job)
         self._queued_weight += job.weight
         self._emptied.clear()
-        if self._parked:
+        if self._parked or self._parked_full:
             self._release()
 
     def _drop_finished(self) -> None:
@@ -202,18 +204,63 @@ class Batcher:
         self._parked.append(take)
         self._release()
 
+    def park_for_full(self, take: Take) -> None:
+        """A worker with a batch in flight and room for one more waits for a *full* batch
+        (more than one request, ``max_batch_size`` items): ``take`` is called as ``park``'s
+        is. Free workers come first; while any is parked, the policy decides for them."""
+        if self._closed is not None:
+            take(self._closed)
+            return
+        self._parked_full.append(take)
+        self._release()
+
     def unpark(self, take: Take) -> bool:
         """Withdraw a parked worker; False if it was not parked (it got a batch already)."""
         try:
             self._parked.remove(take)
         except ValueError:
-            return False
+            try:
+                self._parked_full.remove(take)
+            except ValueError:
+                return False
+            return True
         if not self._parked:
             self._collecting_since = None
         return True
 
+    def take_full(self) -> list[Job] | None:
+        """A full batch if the queue holds one (and batches hold more than one request),
+        for a worker that has a batch in flight; else None. Never waits."""
+        if (self.max_batch_size < 2 or self._queued_weight < self.max_batch_size
+                or self._closed is not None):
+            return None
+        now = self._clock()
+        self._expire(now)
+        if self._queued_weight < self.max_batch_size:
+            return None
+        jobs = self._take(now)
+        if not self._queue:
+            self._collecting_since = None
+        return jobs
+
     def _release(self) -> None:
-        """Hand batches to parked workers for as long as the policy says go."""
+        """Hand batches to parked workers: to free ones as long as the policy says go, then
+        full batches to busy ones with room."""
+        self._release_free()
+        while self._parked_full and not self._parked:
+            jobs = self.take_full()
+            if jobs is None:
+                return
+            self._hand(self._parked_full.popleft(), jobs)
+
+    def _hand(self, take: Take, jobs: list[Job]) -> None:
+        try:
+            take(jobs)
+        except Exception:  # a worker's callback must not stop the others' batches
+            logger.exception("a worker failed to take its batch")
+            fail_jobs(jobs, ServiceUnavailable("the worker could not take the batch"))
+
+    def _release_free(self) -> None:
         while self._parked:
             now = self._clock()
             self._expire(now)
@@ -229,12 +276,7 @@ class Batcher:
                 return
             jobs = self._take(now)
             self._collecting_since = now if self._queue else None
-            take = self._parked.popleft()
-            try:
-                take(jobs)
-            except Exception:  # a worker's callback must not stop the others' batches
-                logger.exception("a worker failed to take its batch")
-                fail_jobs(jobs, ServiceUnavailable("the worker could not take the batch"))
+            self._hand(self._parked.popleft(), jobs)
 
     def _wake_in(self, now: float, wait_s: float) -> None:
         at = now + wait_s
@@ -333,7 +375,7 @@ class Batcher:
                 self._queued_weight += job.weight
         if self._queue:
             self._emptied.clear()
-            if self._parked:
+            if self._parked or self._parked_full:
                 self._release()
 
     def fail_queued(self, error: ServeError) -> None:
@@ -356,7 +398,8 @@ class Batcher:
         if self._wake is not None:
             self._wake.cancel()
             self._wake = None
-        parked, self._parked = self._parked, collections.deque()
+        parked = [*self._parked, *self._parked_full]
+        self._parked, self._parked_full = collections.deque(), collections.deque()
         for take in parked:
             take(error)
         self._make_room(len(self._room_waiters))

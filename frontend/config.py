@@ -195,6 +195,9 @@ class ServerConfig:
     unregister_model_timeout_s: int = 120
     max_request_size_bytes: int = 6553500
     max_response_size_bytes: int = 6553500
+    #: Batches a worker may hold at once: while one computes, the next (full) one is already
+    #: there to be prepared. 1 is TorchServe's one batch per worker.
+    batches_in_flight: int = 2
     #: The most inputs one request may carry: form fields, gRPC ``input`` entries, KServe v2
     #: input tensors (400 past it).
     max_request_inputs: int = 1000
@@ -257,6 +260,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "unregister_model_timeout": ("unregister_model_timeout_s", _parse_non_negative_int),
     "max_request_size": ("max_request_size_bytes", _parse_positive_int),
     "max_response_size": ("max_response_size_bytes", _parse_positive_int),
+    "batches_in_flight": ("batches_in_flight", _parse_positive_int),
     "max_request_inputs": ("max_request_inputs", _parse_positive_int),
     "max_request_instances": ("max_request_instances", _parse_positive_int),
     "request_header_timeout": ("request_header_timeout_s", _parse_positive_float),

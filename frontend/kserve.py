@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from frontend.errors import BadRequest
-from frontend.workers import WorkerState
 
 if TYPE_CHECKING:
     from frontend.registry import Model
@@ -32,7 +31,7 @@ EXPLAIN_HEADER = "explain"
 
 def is_model_ready(model: Model) -> bool:
     """A model version is ready when one of its workers can take a batch."""
-    return any(worker.state in (WorkerState.READY, WorkerState.BUSY) for worker in model.workers)
+    return any(worker.is_up for worker in model.workers)
 
 
 def is_server_ready(models: Iterable[Model]) -> bool:

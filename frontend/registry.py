@@ -30,7 +30,7 @@ from frontend.gpus import CpuAssigner, GpuAssigner
 from frontend.kserve import tensor_metadata
 from frontend.metrics import ServerMetrics
 from frontend.policies import PolicyName, batch_settings_from_aliases, make_policy
-from frontend.workers import Worker, WorkerLaunch, WorkerStartError, WorkerState
+from frontend.workers import Worker, WorkerLaunch, WorkerStartError
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -161,6 +161,7 @@ class Model:
             startup_timeout_s=settings.startup_timeout_s,
             response_timeout_s=settings.response_timeout_s,
             max_response_bytes=config.max_response_size_bytes,
+            batches_in_flight=config.batches_in_flight,
         )
         self.workers: list[Worker] = []
         #: Set when a worker fails: all of them may be down (only then is it worked out).
@@ -244,7 +245,7 @@ class Model:
         if not failing:
             return "Healthy"
         live = sum(1 for w in self.workers
-                   if w.state in (WorkerState.READY, WorkerState.BUSY) and not w.is_unhealthy)
+                   if w.is_up and not w.is_unhealthy)
         return "Partial Healthy" if live >= max(1, self.settings.min_workers) else "Unhealthy"
 
     def is_healthy(self) -> bool:
@@ -271,7 +272,7 @@ class Model:
             "batching": {
                 "policy": s.batch_policy,
                 "queueDepth": self.batcher.depth,
-                "inFlightBatches": sum(1 for w in self.workers if w.state is WorkerState.BUSY),
+                "inFlightBatches": sum(w.in_flight for w in self.workers),
                 "batchesTotal": self.batches_total,
                 "requestsTotal": self.requests_total,
                 "recentBatchSizes": sizes,

@@ -19,12 +19,13 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from frontend.batching import Batcher, Job, Take, fail_jobs
+from frontend.batching import Batcher, Job, fail_jobs
+from frontend.dispatch import Dispatcher, InFlight
 from frontend.errors import (
     BatchSizeMismatch,
     GatewayTimeout,
@@ -60,8 +61,7 @@ WORKER_ERRORS: dict[int, type[ServeError]] = {
 
 class WorkerState(enum.Enum):
     STARTING = "STARTING"
-    READY = "READY"
-    BUSY = "BUSY"
+    READY = "READY"  # serving batches (describe's inFlightBatches says how many it holds)
     BACKOFF = "RESTARTING"
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
@@ -81,6 +81,8 @@ class WorkerLaunch:
     response_timeout_s: float
     #: max_response_size: a larger response (or streamed part) fails its own request.
     max_response_bytes: int = 6553500
+    #: Batches outstanding on a worker at once (the second only when full): see dispatch.py.
+    batches_in_flight: int = 2
     python: str = sys.executable
 
 
@@ -92,7 +94,8 @@ def backoff_s(failures: int) -> float:
 
 
 class WorkerConnection:
-    """One live worker process and its socket; at most one request frame outstanding."""
+    """One live worker process and its socket. Frames sent are answered in order: each
+    sender's ``on_reply`` is called with its reply as the replies are read."""
 
     def __init__(
         self,
@@ -106,9 +109,11 @@ class WorkerConnection:
         self._reader = reader
         self._writer = writer
         loop = asyncio.get_running_loop()
-        #: Called with the reply to the frame outstanding (or with the error that ends it).
-        self._on_reply: Callable[[Frame | BaseException], None] | None = None
-        #: Receives each intermediate response (PARTIAL frame) of the batch in flight.
+        #: Called, oldest first, with the replies to the frames outstanding (or with the error
+        #: that ends them).
+        self._replies: collections.deque[Callable[[Frame | BaseException], None]] = (
+            collections.deque())
+        #: Receives each intermediate response (PARTIAL frame) of the batches in flight.
         self.on_partial: Callable[[worker_pb2.Response], None] | None = None
         self.closed: asyncio.Future[None] = loop.create_future()
         self._read_task = loop.create_task(self._read_loop())
@@ -138,7 +143,7 @@ class WorkerConnection:
                 if frame.kind is Kind.PARTIAL:
                     if self.on_partial is not None:
                         self.on_partial(worker_pb2.Response.FromString(frame.payload))
-                elif self._on_reply is not None:
+                elif self._replies:
                     self._reply(frame)
                 else:
                     logger.warning("%s sent an unexpected %s frame", self.name, frame.kind.name)
@@ -151,15 +156,14 @@ class WorkerConnection:
             code = await self._exit_code(0.5)
             if code is not None:
                 reason = f"exited with code {code}"
-            if self._on_reply is not None:
+            while self._replies:
                 self._reply(WorkerDied(
                     f"Worker died: {self.name} (pid {self.process.pid}) {reason}"))
             if not self.closed.done():
                 self.closed.set_result(None)
 
     def _reply(self, outcome: Frame | BaseException) -> None:
-        on_reply, self._on_reply = self._on_reply, None
-        assert on_reply is not None
+        on_reply = self._replies.popleft()
         try:
             on_reply(outcome)
         except Exception:  # the reader must go on whatever a callback does
@@ -177,17 +181,16 @@ class WorkerConnection:
         WorkerDied if the worker is gone already."""
         if self.closed.done():
             raise WorkerDied(f"Worker died: {self.name} is gone")
-        if self._on_reply is not None:
-            raise RuntimeError(f"{self.name} has a frame outstanding already")
         try:
             write_frame(self._writer, frame)
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerDied(f"Worker died: {self.name}: {exc}") from None
-        self._on_reply = on_reply
+        self._replies.append(on_reply)
 
-    def forget_reply(self) -> None:
-        """Stop waiting for the outstanding reply (its sender gave up on it)."""
-        self._on_reply = None
+    def forget_replies(self) -> None:
+        """Stop waiting for the outstanding replies (their senders gave up on them; the
+        worker is being killed)."""
+        self._replies.clear()
 
     async def request(self, frame: Frame, timeout_s: float) -> Frame:
         """Send one frame and wait for the worker's reply frame."""
@@ -212,7 +215,7 @@ class WorkerConnection:
         finally:
             timer.cancel()
             if not reply.done():
-                self.forget_reply()
+                self.forget_replies()
 
     def kill(self) -> None:
         if self.process.returncode is None:
@@ -236,28 +239,6 @@ class WorkerConnection:
         with contextlib.suppress(asyncio.CancelledError):
             await self._read_task
         self._exit_task.cancel()
-
-
-@dataclass(slots=True, eq=False)
-class _Batch:
-    """A batch sent to a worker: its jobs, when it left, and its response-timeout timer."""
-
-    jobs: list[Job]
-    timeout_s: float
-    started: float = field(default_factory=time.monotonic)
-    timer: asyncio.TimerHandle | None = None
-
-
-def _partial_router(jobs: list[Job], max_bytes: int
-                    ) -> Callable[[worker_pb2.Response], None]:
-    def route(part: worker_pb2.Response) -> None:
-        for job in jobs:
-            if job.request.request_id == part.request_id:
-                job.add_part(bounded(part, max_bytes))
-                return
-        logger.warning("intermediate response for unknown request %s", part.request_id)
-
-    return route
 
 
 def _expire(reply: asyncio.Future[Frame], timeout_s: float, name: str) -> None:
@@ -314,6 +295,7 @@ class Worker:
         self._stop_requested: asyncio.Future[None] = loop.create_future()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self._log_tasks: list[asyncio.Task[None]] = []
+        self._dispatcher: Dispatcher | None = None
         self._on_down = on_down or (lambda: None)
         self._task: asyncio.Task[None]
         self._supervise()
@@ -541,133 +523,61 @@ class Worker:
     async def _serve(self, connection: WorkerConnection) -> None:
         """Run batches on the worker until it is to stop (returns) or is gone (WorkerDied).
 
-        Everything here happens in callbacks, without a task per batch: a free worker parks
-        in the batcher and is handed its batch by the arrival (or timer) that releases it,
-        and when a reply is read the next ready batch is sent at once, before that reply's
-        answers are delivered. So no event-loop turn passes between two batches and the
-        worker does not wait behind the frontend's other work (writing responses, turning
-        away an overload); there is still one batch in flight per worker.
+        A ``Dispatcher`` does the work, in callbacks: it parks in the batcher, sends up to
+        ``batches_in_flight`` batches, and routes the replies (``frontend/dispatch.py``).
         """
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
-        timeout_s = self._launch.response_timeout_s
-        current: _Batch | None = None  # the batch in flight
-        parked: Take | None = None
+        max_bytes = self._launch.max_response_bytes
 
-        def end(error: BaseException | None = None) -> None:
-            if not finished.done():
-                if error is None:
-                    finished.set_result(None)
-                else:
-                    finished.set_exception(error)
-
-        def must_stop() -> bool:
-            return self._stop_requested.done() or connection.closed.done()
-
-        def next_batch() -> None:
-            """Send the batch that is ready, or park until one is."""
-            nonlocal parked
-            if must_stop():
-                end(self._gone_while_idle(connection))
+        def done(error: BaseException | None) -> None:
+            if finished.done():
                 return
-            jobs = self._batcher.take_ready()
-            if jobs is not None:
-                start(jobs)
-                return
-            parked = take
-            self._batcher.park(take)
-
-        def take(outcome: list[Job] | ServeError) -> None:
-            nonlocal parked
-            parked = None
-            if isinstance(outcome, ServeError):
-                end()  # the batcher was closed: the model is going away
-            elif must_stop():
-                self._batcher.requeue(outcome)  # for another worker
-                end(self._gone_while_idle(connection))
+            if error is None:
+                finished.set_result(None)
             else:
-                start(outcome)
+                finished.set_exception(error)
 
-        def start(jobs: list[Job]) -> None:
-            nonlocal current
-            current = sent = _Batch(jobs, timeout_s)
-            connection.on_partial = _partial_router(jobs, self._launch.max_response_bytes)
-            self.state = WorkerState.BUSY
-            try:
-                connection.send(self._batch_frame(jobs), lambda outcome: on_reply(sent, outcome))
-            except WorkerDied as exc:
-                current = None
-                fail_jobs(jobs, WorkerDied(f"{exc} while handling a batch of {len(jobs)}"))
-                end(exc)
-                return
-            sent.timer = loop.call_later(timeout_s, on_timeout, sent)
+        dispatcher = Dispatcher(
+            self.name, self._batcher, connection,
+            timeout_s=self._launch.response_timeout_s,
+            max_in_flight=self._launch.batches_in_flight,
+            frame_of=self._batch_frame,
+            finish_batch=lambda batch, reply, service_s: self._finish_batch(
+                batch, reply, service_s),
+            bound=lambda part: bounded(part, max_bytes),
+            on_done=done, call_later=loop.call_later, clock=time.monotonic)
+        self._dispatcher = dispatcher
 
-        def on_timeout(timed_out: _Batch) -> None:
-            nonlocal current
-            current = None
-            connection.forget_reply()
-            connection.on_partial = None
-            error = GatewayTimeout(f"{self.name} did not answer within the response timeout "
-                                   f"of {timed_out.timeout_s:g} s")
-            fail_jobs(timed_out.jobs, error)
-            connection.kill()  # a hung worker must not be reused
-            end(WorkerDied(f"{self.name} killed: {error}"))
+        def on_exit(_: object) -> None:
+            dispatcher.connection_lost(WorkerDied(
+                f"Worker died: {self.name} (pid {self.pid}) exited with code "
+                f"{connection.process.returncode} while idle"))
 
-        def on_reply(answered: _Batch, outcome: Frame | BaseException) -> None:
-            nonlocal current
-            current = None
-            if answered.timer is not None:
-                answered.timer.cancel()
-            connection.on_partial = None
-            self.state = WorkerState.READY
-            if isinstance(outcome, BaseException):
-                fail_jobs(answered.jobs, WorkerDied(
-                    f"{outcome} while handling a batch of {len(answered.jobs)}"))
-                end(outcome)
-                return
-            try:
-                deliver = self._finish_batch(connection, answered, outcome)
-            except BaseException as exc:
-                fail_jobs(answered.jobs, exc if isinstance(exc, ServeError)
-                          else InternalError(f"{self.name}: {exc}"))
-                end(exc)
-                return
-            try:
-                next_batch()
-            finally:
-                if deliver is not None:
-                    deliver()
+        def on_stop(_: object) -> None:
+            dispatcher.stop()
 
-        def on_stop_or_exit(_: object) -> None:
-            if parked is not None and self._batcher.unpark(parked):
-                end(self._gone_while_idle(connection))
-
-        connection.closed.add_done_callback(on_stop_or_exit)
-        self._stop_requested.add_done_callback(on_stop_or_exit)
+        connection.closed.add_done_callback(on_exit)
+        self._stop_requested.add_done_callback(on_stop)
         try:
-            next_batch()
+            if connection.closed.done():
+                on_exit(None)
+            elif self.is_stopping:
+                dispatcher.stop()
+            else:
+                dispatcher.start()
             await finished
         finally:
-            connection.closed.remove_done_callback(on_stop_or_exit)
-            self._stop_requested.remove_done_callback(on_stop_or_exit)
-            if parked is not None:
-                self._batcher.unpark(parked)
-            if current is not None:
-                # Cancelled with a batch in flight: nobody will deliver its answers now.
-                connection.forget_reply()
-                connection.on_partial = None
-                if current.timer is not None:
-                    current.timer.cancel()
-                fail_jobs(current.jobs, WorkerDied(f"{self.name} stopped during a batch"))
-            if self.state is WorkerState.BUSY:
-                self.state = WorkerState.READY
+            connection.closed.remove_done_callback(on_exit)
+            self._stop_requested.remove_done_callback(on_stop)
+            # Cancelled with batches in flight: nobody will deliver their answers now.
+            dispatcher.abandon(WorkerDied(f"{self.name} stopped during a batch"))
+            self._dispatcher = None
 
-    def _gone_while_idle(self, connection: WorkerConnection) -> WorkerDied | None:
-        """WorkerDied if the worker process went away between batches; None: asked to stop."""
-        if connection.closed.done():
-            return WorkerDied(f"Worker died: {self.name} (pid {self.pid}) exited with code "
-                              f"{connection.process.returncode} while idle")
-        return None
+    @property
+    def in_flight(self) -> int:
+        """Batches sent to the worker and not answered yet."""
+        return len(self._dispatcher.in_flight) if self._dispatcher is not None else 0
 
     def _batch_frame(self, jobs: list[Job]) -> Frame:
         batch = worker_pb2.PredictBatch(batch_id=next(self._batch_ids))
@@ -677,19 +587,18 @@ class Worker:
             job.batch_id = batch_name
         return Frame(Kind.PREDICT, batch.SerializeToString())
 
-    def _finish_batch(self, connection: WorkerConnection, batch: _Batch, reply: Frame
+    def _finish_batch(self, batch: InFlight, reply: Frame, service_s: float
                       ) -> Callable[[], None] | None:
         """Account for a batch's reply. Returns what delivers its answers (the caller runs it
         once the next batch is on its way), or None when the jobs are answered already."""
         jobs = batch.jobs
-        elapsed_s = time.monotonic() - batch.started
         result = (worker_pb2.PredictResult.FromString(reply.payload)
                   if reply.kind is Kind.PREDICTED else None)
         if self._on_batch is not None:
             self._on_batch(jobs, result)
         if result is not None:
             self.failures = 0
-            self._batcher.completed(sum(job.weight for job in jobs), elapsed_s)
+            self._batcher.completed(batch.weight, service_s)
             if len(result.responses) != len(jobs):
                 fail_jobs(jobs, BatchSizeMismatch(
                     f"{self.name} returned {len(result.responses)} responses for a batch of "
@@ -703,7 +612,6 @@ class Worker:
             fail_jobs(jobs, error_type(f"Prediction failed: {error.message}"))
             return None
         fail_jobs(jobs, InternalError(f"{self.name} sent {reply.kind.name} to a batch"))
-        connection.kill()
         raise WorkerDied(f"{self.name} broke the protocol")
 
     async def stop(self, timeout_s: float | None) -> None:
@@ -728,7 +636,7 @@ class Worker:
     @property
     def is_up(self) -> bool:
         """Its process is loaded and can take a batch."""
-        return self.state in (WorkerState.READY, WorkerState.BUSY)
+        return self.state is WorkerState.READY
 
     @property
     def is_down(self) -> bool:
@@ -739,7 +647,7 @@ class Worker:
         return {
             "id": self.id,
             "startTime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(self.start_time)),
-            "status": "READY" if self.state in (WorkerState.READY, WorkerState.BUSY)
+            "status": "READY" if self.state is WorkerState.READY
             else "UNLOADING" if self.state in (WorkerState.STOPPING, WorkerState.STOPPED)
             else self.state.value,
             "memoryUsage": _memory_usage(self.pid),

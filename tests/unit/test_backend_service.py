@@ -317,6 +317,7 @@ def test_context_carries_torchserve_properties(tmp_path: Path) -> None:
     assert context.system_properties == {
         "model_dir": str(model_dir),
         "gpu_id": None,
+        "cpu_threads": None,
         "batch_size": 8,
         "server_name": "MMS",
         "server_version": "9.9",

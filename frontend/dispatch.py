@@ -1,0 +1,307 @@
+"""One worker's dispatcher: takes batches from the model's batcher, sends them, and routes
+the worker's replies back to the batches' jobs.
+
+Up to ``max_in_flight`` batches are outstanding on the worker (two by default): while batch n
+computes, batch n+1 is already in the worker, which prepares it (decodes its images, copies
+them to the GPU) instead of waiting for the frontend to send it. The second slot takes only a
+*full* batch of more than one request: a worker with a batch in flight is busy, and while it
+is, the queue should fill the next batch, not send it half empty. Replies come in the order the
+batches went; each request's answer is delivered as soon as its batch's reply is read (after
+the next batch is on its way).
+
+Everything runs in callbacks (the batcher's, the connection's reader's, timers), with no task
+per batch. The states:
+
+    IDLE      no batch in flight; parked in the batcher until one is released
+    BUSY      batches in flight and room for another (parked for a full batch)
+    FULL      max_in_flight batches in flight
+    STOPPING  asked to stop: no new batch; waits for the ones in flight
+    DONE      stopped, or the connection is gone (``on_done`` was called)
+
+The response timeout of a batch runs from when the worker could start it: from its sending
+when nothing was ahead of it, else from the reply to the batch before it. When it passes, the
+batch is answered 504, the batches behind it 500 (their worker is killed), and the worker is
+replaced.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from frontend.batching import Batcher, Job, Take, fail_jobs
+from frontend.errors import GatewayTimeout, InternalError, ServeError, WorkerDied
+from protos import worker_pb2
+from protos.framing import Frame
+
+logger = logging.getLogger(__name__)
+
+
+class DispatchState(enum.Enum):
+    IDLE = "idle"
+    BUSY = "busy"
+    FULL = "full"
+    STOPPING = "stopping"
+    DONE = "done"
+
+
+class Connection(Protocol):
+    """What the dispatcher needs of a worker connection (``workers.WorkerConnection``)."""
+
+    on_partial: Callable[[worker_pb2.Response], None] | None
+
+    def send(self, frame: Frame, on_reply: Callable[[Frame | BaseException], None]) -> None: ...
+
+    def forget_replies(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+#: ``call_later(delay_s, callback)``: asyncio's, or a fake clock's in tests.
+CallLater = Callable[[float, Callable[[], None]], Timer]
+
+
+@dataclass(slots=True, eq=False)
+class InFlight:
+    """A batch sent to the worker."""
+
+    jobs: list[Job]
+    #: clock() when the worker could start it (None: a batch is still ahead of it).
+    started: float | None = None
+    timer: Timer | None = None
+    weight: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.weight = sum(job.weight for job in self.jobs)
+
+
+#: Accounts for a batch's reply (given the batch, the reply and the seconds the worker spent
+#: on it) and returns what delivers its answers (None: answered already). Raises WorkerDied
+#: when the reply breaks the protocol.
+FinishBatch = Callable[[InFlight, Frame, float], "Callable[[], None] | None"]
+
+
+class Dispatcher:
+    """Feeds one worker connection from a batcher (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        batcher: Batcher,
+        connection: Connection,
+        *,
+        timeout_s: float,
+        max_in_flight: int,
+        frame_of: Callable[[list[Job]], Frame],
+        finish_batch: FinishBatch,
+        bound: Callable[[worker_pb2.Response], worker_pb2.Response] = lambda part: part,
+        on_done: Callable[[BaseException | None], None],
+        call_later: CallLater,
+        clock: Callable[[], float],
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.name = name
+        self._batcher = batcher
+        self._connection = connection
+        self._timeout_s = timeout_s
+        self._max_in_flight = max_in_flight
+        self._frame_of = frame_of
+        self._finish_batch = finish_batch
+        self._bound = bound
+        self._on_done = on_done
+        self._call_later = call_later
+        self._clock = clock
+        self.in_flight: collections.deque[InFlight] = collections.deque()
+        self._parked: Take | None = None
+        self._stopping = False
+        self._done = False
+        #: request id -> job, for the intermediate responses of the batches in flight.
+        self._jobs: dict[str, Job] = {}
+        connection.on_partial = self._route_partial
+
+    @property
+    def state(self) -> DispatchState:
+        if self._done:
+            return DispatchState.DONE
+        if self._stopping:
+            return DispatchState.STOPPING
+        if not self.in_flight:
+            return DispatchState.IDLE
+        return (DispatchState.FULL if len(self.in_flight) >= self._max_in_flight
+                else DispatchState.BUSY)
+
+    # -- events -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._fill()
+
+    def stop(self) -> None:
+        """Take no new batch; finish once the batches in flight are answered."""
+        self._stopping = True
+        self._unpark()
+        if not self.in_flight:
+            self._finish(None)
+
+    def connection_lost(self, error: WorkerDied) -> None:
+        """The worker is gone. Its batches in flight are failed by their replies (the
+        connection calls each with WorkerDied); an idle dispatcher ends here."""
+        self._unpark()
+        if not self.in_flight:
+            self._finish(error)
+
+    def abandon(self, error: ServeError) -> None:
+        """End now (the supervisor was cancelled): the batches in flight get ``error``."""
+        self._unpark()
+        self._connection.forget_replies()
+        self._fail_in_flight(error)
+        self._finish(None)
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def _fill(self) -> None:
+        """Send what may go now; park for the rest."""
+        while not self._stopping and not self._done and len(self.in_flight) < \
+                self._max_in_flight:
+            jobs = (self._batcher.take_ready() if not self.in_flight
+                    else self._batcher.take_full())
+            if jobs is None:
+                self._park()
+                return
+            self._send(jobs)
+
+    def _park(self) -> None:
+        if self._parked is not None:
+            return
+        self._parked = self._take
+        if self.in_flight:
+            self._batcher.park_for_full(self._take)
+        else:
+            self._batcher.park(self._take)
+
+    def _unpark(self) -> None:
+        if self._parked is not None:
+            self._batcher.unpark(self._parked)
+            self._parked = None
+
+    def _take(self, outcome: list[Job] | ServeError) -> None:
+        """The batcher's callback: a batch for this worker, or the error that closed it."""
+        self._parked = None
+        if isinstance(outcome, ServeError):  # the model is going away
+            self.stop()
+        elif self._stopping or self._done:
+            self._batcher.requeue(outcome)  # for another worker
+        else:
+            self._send(outcome)
+            self._fill()
+
+    def _send(self, jobs: list[Job]) -> None:
+        batch = InFlight(jobs)
+        try:
+            self._connection.send(self._frame_of(jobs),
+                                  lambda outcome: self._on_reply(batch, outcome))
+        except WorkerDied as exc:
+            fail_jobs(jobs, WorkerDied(f"{exc} while handling a batch of {len(jobs)}"))
+            self.connection_lost(exc)
+            return
+        for job in jobs:
+            self._jobs[job.request.request_id] = job
+        self.in_flight.append(batch)
+        if len(self.in_flight) == 1:
+            self._begin(batch)
+
+    def _begin(self, batch: InFlight) -> None:
+        """The worker can start ``batch`` now: its response timeout runs from here."""
+        batch.started = self._clock()
+        batch.timer = self._call_later(self._timeout_s, lambda: self._on_timeout(batch))
+
+    # -- replies ------------------------------------------------------------------------------
+
+    def _on_reply(self, batch: InFlight, outcome: Frame | BaseException) -> None:
+        if not self.in_flight or self.in_flight[0] is not batch:
+            return  # abandoned or timed out already
+        self.in_flight.popleft()
+        self._forget(batch)
+        now = self._clock()
+        service_s = now - (batch.started if batch.started is not None else now)
+        if self.in_flight:
+            self._begin(self.in_flight[0])
+        if isinstance(outcome, BaseException):
+            fail_jobs(batch.jobs, WorkerDied(
+                f"{outcome} while handling a batch of {len(batch.jobs)}"))
+            if not self.in_flight:
+                self._unpark()
+                self._finish(outcome)
+            return
+        try:
+            deliver = self._finish_batch(batch, outcome, service_s)
+        except BaseException as exc:
+            fail_jobs(batch.jobs, exc if isinstance(exc, ServeError)
+                      else InternalError(f"{self.name}: {exc}"))
+            self._connection.forget_replies()
+            self._connection.kill()
+            self._fail_in_flight(WorkerDied(f"{self.name} was killed: {exc}"))
+            self._unpark()
+            self._finish(exc)
+            return
+        try:
+            if self._stopping and not self.in_flight:
+                self._finish(None)
+            else:
+                # The next batch goes before this one's answers are delivered: no event-loop
+                # turn passes between the worker's batches.
+                self._unpark()
+                self._fill()
+        finally:
+            if deliver is not None:
+                deliver()
+
+    def _on_timeout(self, batch: InFlight) -> None:
+        if not self.in_flight or self.in_flight[0] is not batch:
+            return
+        self.in_flight.popleft()
+        self._forget(batch)
+        error = GatewayTimeout(f"{self.name} did not answer within the response timeout of "
+                               f"{self._timeout_s:g} s")
+        fail_jobs(batch.jobs, error)
+        self._connection.forget_replies()
+        self._connection.kill()  # a hung worker must not be reused
+        self._fail_in_flight(WorkerDied(f"{self.name} was killed: a batch ahead of this one "
+                                        "did not finish within the response timeout"))
+        self._unpark()
+        self._finish(WorkerDied(f"{self.name} killed: {error}"))
+
+    def _route_partial(self, part: worker_pb2.Response) -> None:
+        job = self._jobs.get(part.request_id)
+        if job is None:
+            logger.warning("intermediate response for unknown request %s", part.request_id)
+            return
+        job.add_part(self._bound(part))
+
+    # -- ending -------------------------------------------------------------------------------
+
+    def _forget(self, batch: InFlight) -> None:
+        if batch.timer is not None:
+            batch.timer.cancel()
+        for job in batch.jobs:
+            self._jobs.pop(job.request.request_id, None)
+
+    def _fail_in_flight(self, error: ServeError) -> None:
+        while self.in_flight:
+            batch = self.in_flight.popleft()
+            self._forget(batch)
+            fail_jobs(batch.jobs, error)
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._on_done(error)
