@@ -192,3 +192,36 @@ def test_a_worker_restart_that_hits_emfile_is_retried_until_descriptors_are_free
     assert requests.post(f"{server.inference}/predictions/echo", data=b"back",
                          timeout=30).content == b"back"
     assert server.is_alive()
+
+
+def test_a_worker_killed_with_two_batches_in_flight_answers_each_request_once(
+        build_mar, start_server, tmp_path: Path) -> None:
+    build_mar("gate", "gate")
+    server = start_server()
+    requests.post(f"{server.management}/models", params={
+        "url": "gate.mar", "batch_size": 2, "max_batch_delay": 10_000, "batch_policy": "fixed",
+        "initial_workers": 1, "synchronous": "true"}, timeout=60).raise_for_status()
+    pid = int(_worker(server, "gate")["pid"])  # type: ignore[call-overload]
+    gate = tmp_path / "open"
+    body = str(gate).encode()
+    with ThreadPoolExecutor(5) as pool:
+        held = [pool.submit(server.predict, "gate", body) for _ in range(4)]
+        # The first batch computes; the second, full, is in the worker already.
+        server.wait_for(lambda: server.describe("gate")["batching"]["inFlightBatches"] == 2,  # type: ignore[index]
+                        "two batches in the worker")
+        queued = pool.submit(server.predict, "gate", body)
+        server.wait_for(
+            lambda: server.describe("gate")["jobQueueStatus"]["pendingRequests"] == 1,  # type: ignore[index]
+            "a fifth request in the queue")
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        answers = [future.result(timeout=10) for future in held]
+        assert time.monotonic() - killed_at < 2.0
+        assert [a.status_code for a in answers] == [500] * 4
+        assert all("Worker died" in a.json()["message"] for a in answers)
+        gate.touch()  # the queued request was never sent: the new worker serves it
+        server.wait_for(lambda: _ready_with_new_pid(server, "gate", pid), "a new worker")
+        partner = pool.submit(server.predict, "gate", body)  # fills its batch
+        assert queued.result(timeout=60).status_code == 200
+        assert partner.result(timeout=60).status_code == 200
+    assert server.describe("gate")["batching"]["recentBatchSizes"][-1] == 2  # type: ignore[index]

@@ -194,3 +194,47 @@ def test_take_ready_never_takes_expired_or_abandoned_jobs() -> None:
         assert batcher.depth == 0
 
     asyncio.run(scenario())
+
+
+def test_take_full_gives_only_full_batches_of_more_than_one() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(3, delay_s=30.0)
+        batcher.submit(_job(loop, "a"))
+        batcher.submit(_job(loop, "b"))
+        assert batcher.take_full() is None
+        batcher.submit(_job(loop, "c"))
+        batcher.submit(_job(loop, "d"))
+        full = batcher.take_full()
+        assert full is not None and [job.request.request_id for job in full] == ["a", "b", "c"]
+        single = _batcher(1, delay_s=0.0)
+        single.submit(_job(loop, "x"))
+        assert single.take_full() is None  # batch_size 1: no second batch in flight
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_parked_for_a_full_batch_gets_it_when_the_queue_fills() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        batcher = _batcher(2, delay_s=30.0)
+        got: list[list[str]] = []
+
+        def take(outcome: object) -> None:
+            got.append([job.request.request_id for job in outcome])  # type: ignore[attr-defined]
+
+        batcher.park_for_full(take)
+        batcher.submit(_job(loop, "a"))
+        assert got == []  # half a batch: the busy worker does not take it
+        batcher.submit(_job(loop, "b"))
+        assert got == [["a", "b"]]
+        # Free workers come first: with one parked, the busy one waits.
+        batcher.park_for_full(take)
+        free: list[object] = []
+        batcher.park(free.append)
+        batcher.submit(_job(loop, "c"))
+        batcher.submit(_job(loop, "d"))
+        assert len(free) == 1 and got == [["a", "b"]]
+        assert batcher.unpark(take) and not batcher.unpark(take)
+
+    asyncio.run(scenario())

@@ -1,0 +1,319 @@
+"""The Dispatcher's states and transitions, driven by a fake worker connection and a fake
+clock: no process, no socket, no real time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from frontend.batching import Batcher, Job
+from frontend.dispatch import Dispatcher, DispatchState, InFlight
+from frontend.errors import GatewayTimeout, ServiceUnavailable, WorkerDied
+from frontend.policies import FixedPolicy
+from protos import worker_pb2
+from protos.framing import Frame, Kind
+
+TIMEOUT_S = 10.0
+
+
+class FakeClock:
+    """Time that moves only when told; timers fire when it passes them."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._timers: list[FakeTimer] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> FakeTimer:
+        timer = FakeTimer(self.now + delay_s, callback)
+        self._timers.append(timer)
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for timer in sorted(self._timers, key=lambda t: t.at):
+            if timer.at <= self.now and not timer.cancelled:
+                timer.cancelled = True
+                timer.callback()
+        self._timers = [t for t in self._timers if not t.cancelled]
+
+
+@dataclass
+class FakeTimer:
+    at: float
+    callback: Callable[[], None]
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class FakeConnection:
+    """Records what is sent; the test answers the frames in order, or kills the worker."""
+
+    sent: list[list[str]] = field(default_factory=list)
+    replies: list[Callable[[Frame | BaseException], None]] = field(default_factory=list)
+    on_partial: Callable[[worker_pb2.Response], None] | None = None
+    killed: bool = False
+    gone: bool = False
+
+    def send(self, frame: Frame, on_reply: Callable[[Frame | BaseException], None]) -> None:
+        if self.gone:
+            raise WorkerDied("Worker died: gone")
+        batch = worker_pb2.PredictBatch.FromString(frame.payload)
+        self.sent.append([request.request_id for request in batch.requests])
+        self.replies.append(on_reply)
+
+    def answer(self) -> None:
+        """The worker answers the oldest batch: each request with its own id."""
+        ids = self.sent[len(self.sent) - len(self.replies)]
+        result = worker_pb2.PredictResult(responses=[
+            worker_pb2.Response(request_id=i, status=200, body=i.encode()) for i in ids])
+        self.replies.pop(0)(Frame(Kind.PREDICTED, result.SerializeToString()))
+
+    def die(self) -> None:
+        """The worker dies: every outstanding reply is WorkerDied (as the reader does)."""
+        self.gone = True
+        while self.replies:
+            self.replies.pop(0)(WorkerDied("Worker died: exited with code -9"))
+
+    def forget_replies(self) -> None:
+        self.replies.clear()
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+@dataclass
+class Rig:
+    loop: asyncio.AbstractEventLoop
+    clock: FakeClock
+    batcher: Batcher
+    connection: FakeConnection
+    dispatcher: Dispatcher
+    done: list[BaseException | None]
+    service_times: list[float]
+
+    def submit(self, *ids: str) -> list[Job]:
+        jobs = []
+        for request_id in ids:
+            job = Job(worker_pb2.Request(request_id=request_id), self.loop.create_future())
+            self.batcher.submit(job)
+            jobs.append(job)
+        return jobs
+
+
+def rig(loop: asyncio.AbstractEventLoop, *, batch_size: int = 2, max_in_flight: int = 2
+        ) -> Rig:
+    clock = FakeClock()
+    # TorchServe's policy with a long delay: a batch goes when it is full (the batcher's own
+    # timer, which would send a partial batch after the delay, never fires in these tests).
+    batcher = Batcher(max_batch_size=batch_size, capacity=100,
+                      policy=FixedPolicy(batch_size, 100.0), clock=clock)
+    connection = FakeConnection()
+    done: list[BaseException | None] = []
+    service_times: list[float] = []
+
+    def finish(batch: InFlight, reply: Frame, service_s: float) -> Callable[[], None]:
+        service_times.append(service_s)
+        result = worker_pb2.PredictResult.FromString(reply.payload)
+        return lambda: [job.resolve(r) for job, r in zip(batch.jobs, result.responses,
+                                                         strict=True)]  # type: ignore[func-returns-value]
+
+    def frame_of(jobs: list[Job]) -> Frame:
+        batch = worker_pb2.PredictBatch(requests=[job.request for job in jobs])
+        return Frame(Kind.PREDICT, batch.SerializeToString())
+
+    dispatcher = Dispatcher("W-test", batcher, connection, timeout_s=TIMEOUT_S,
+                            max_in_flight=max_in_flight, frame_of=frame_of,
+                            finish_batch=finish, on_done=done.append,
+                            call_later=clock.call_later, clock=clock)
+    return Rig(loop, clock, batcher, connection, dispatcher, done, service_times)
+
+
+def scenario(test: Callable[[Rig], None], **options: int) -> None:
+    async def run() -> None:
+        test(rig(asyncio.get_running_loop(), **options))
+
+    asyncio.run(run())
+
+
+def _bodies(jobs: list[Job]) -> list[bytes]:
+    return [job.future.result().body for job in jobs]  # type: ignore[union-attr]
+
+
+def test_idle_then_busy_then_full_then_back() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        assert r.dispatcher.state is DispatchState.IDLE
+        first = r.submit("a", "b")  # a full batch for an idle worker: sent at once
+        assert r.connection.sent == [["a", "b"]]
+        assert r.dispatcher.state is DispatchState.BUSY
+        second = r.submit("c", "d")  # full: goes as the second batch in flight
+        assert r.connection.sent[-1] == ["c", "d"]
+        assert r.dispatcher.state is DispatchState.FULL
+        third = r.submit("e", "f")  # no room: waits in the queue
+        assert len(r.connection.sent) == 2 and r.batcher.depth == 2
+        r.clock.advance(3)
+        r.connection.answer()  # the first batch's answers; the third batch goes at once
+        assert _bodies(first) == [b"a", b"b"]
+        assert r.connection.sent[-1] == ["e", "f"]
+        assert r.dispatcher.state is DispatchState.FULL
+        r.clock.advance(2)
+        r.connection.answer()
+        r.connection.answer()
+        assert _bodies(second) == [b"c", b"d"] and _bodies(third) == [b"e", b"f"]
+        assert r.dispatcher.state is DispatchState.IDLE
+        # The second batch's time counts from the first one's reply, not from its sending.
+        assert r.service_times == [3.0, 2.0, 0.0]
+
+    scenario(test)
+
+
+def test_the_second_slot_takes_only_full_batches() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        r.submit("a", "b")
+        lone = r.submit("c")  # one request while a batch computes: it waits to fill up
+        assert r.connection.sent == [["a", "b"]] and r.dispatcher.state is DispatchState.BUSY
+        r.connection.answer()  # now idle: the policy decides (here: wait to fill up)
+        assert r.dispatcher.state is DispatchState.IDLE and r.batcher.depth == 1
+        r.submit("d")
+        assert r.connection.sent[-1] == ["c", "d"]
+        r.connection.answer()
+        assert _bodies(lone) == [b"c"]
+
+    scenario(test)
+
+
+def test_with_one_in_flight_the_worker_holds_one_batch() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        r.submit("a", "b", "c", "d")
+        assert r.connection.sent == [["a", "b"]] and r.dispatcher.state is DispatchState.FULL
+        r.connection.answer()
+        assert r.connection.sent[-1] == ["c", "d"]
+
+    scenario(test, max_in_flight=1)
+
+
+def test_a_worker_that_dies_with_two_batches_in_flight_fails_both_once() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        held = r.submit("a", "b", "c", "d")
+        queued = r.submit("e")
+        assert len(r.connection.sent) == 2
+        r.connection.die()
+        for job in held:
+            assert isinstance(job.future.exception(), WorkerDied)
+        assert not queued[0].future.done() and r.batcher.depth == 1  # for the next worker
+        assert r.dispatcher.state is DispatchState.DONE
+        assert len(r.done) == 1 and isinstance(r.done[0], WorkerDied)
+
+    scenario(test)
+
+
+def test_a_timeout_answers_its_batch_504_and_the_one_behind_it_500() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        first, second = r.submit("a", "b"), r.submit("c", "d")
+        r.clock.advance(TIMEOUT_S - 1)
+        assert not any(job.future.done() for job in first + second)
+        r.clock.advance(1)
+        assert all(isinstance(job.future.exception(), GatewayTimeout) for job in first)
+        assert all(isinstance(job.future.exception(), WorkerDied) for job in second)
+        assert r.connection.killed and r.connection.replies == []
+        assert r.dispatcher.state is DispatchState.DONE
+
+    scenario(test)
+
+
+def test_the_second_batch_gets_its_own_full_timeout() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        r.submit("a", "b")
+        second = r.submit("c", "d")
+        r.clock.advance(TIMEOUT_S - 1)
+        r.connection.answer()  # the first answered just in time
+        r.clock.advance(TIMEOUT_S - 1)  # the second started at that reply: still in time
+        assert not any(job.future.done() for job in second)
+        r.connection.answer()
+        assert _bodies(second) == [b"c", b"d"]
+
+    scenario(test)
+
+
+def test_stop_drains_what_is_in_flight_and_leaves_the_queue() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        held = r.submit("a", "b", "c", "d")
+        r.submit("e", "f")
+        r.dispatcher.stop()
+        assert r.dispatcher.state is DispatchState.STOPPING
+        r.connection.answer()
+        r.connection.answer()
+        assert _bodies(held) == [b"a", b"b", b"c", b"d"]
+        assert r.batcher.depth == 2 and len(r.connection.sent) == 2
+        assert r.dispatcher.state is DispatchState.DONE and r.done == [None]
+
+    scenario(test)
+
+
+def test_an_idle_worker_that_exits_ends_the_dispatcher() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        r.dispatcher.connection_lost(WorkerDied("exited while idle"))
+        assert r.dispatcher.state is DispatchState.DONE
+        job = r.submit("a")[0]
+        assert not job.future.done() and r.batcher.depth == 1  # it is no longer parked
+
+    scenario(test)
+
+
+def test_abandon_fails_the_batches_in_flight() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        held = r.submit("a", "b", "c", "d")
+        r.dispatcher.abandon(WorkerDied("stopped during a batch"))
+        assert all(isinstance(job.future.exception(), WorkerDied) for job in held)
+        assert r.connection.replies == [] and r.dispatcher.state is DispatchState.DONE
+
+    scenario(test)
+
+
+def test_a_closed_batcher_stops_the_dispatcher() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        r.batcher.close(ServiceUnavailable("unregistered"))
+        assert r.dispatcher.state is DispatchState.DONE and r.done == [None]
+
+    scenario(test)
+
+
+def test_intermediate_parts_reach_their_request_in_either_batch() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        first, second = r.submit("a", "b"), r.submit("c", "d")
+        assert r.connection.on_partial is not None
+        r.connection.on_partial(worker_pb2.Response(request_id="d", body=b"part"))
+        assert second[1].stream is not None and not first[0].future.done()
+
+    scenario(test)
+
+
+def test_max_in_flight_must_be_positive() -> None:
+    async def run() -> None:
+        with pytest.raises(ValueError, match="max_in_flight"):
+            Dispatcher("W", Batcher(max_batch_size=1, capacity=1, policy=FixedPolicy(1, 0.0)),
+                       FakeConnection(), timeout_s=1, max_in_flight=0, frame_of=lambda j: Frame(
+                           Kind.PREDICT), finish_batch=lambda b, f, s: None,
+                       on_done=lambda e: None, call_later=FakeClock().call_later,
+                       clock=FakeClock())
+
+    asyncio.run(run())
