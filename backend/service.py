@@ -64,12 +64,27 @@ class ModelService:
         #: v2 output datatypes declared in model-config.yaml (``outputs``).
         self.declared_outputs = open_inference.declared_datatypes(context.model_yaml_config)
 
-    def predict(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
-        """Run one batch. Raises when the whole batch failed and the failure could not be
-        pinned on some of its requests (see ``errors.classify``)."""
+    def prepare(self, batch: worker_pb2.PredictBatch) -> Prepared | None:
+        """What of ``batch`` can be done ahead, while the batch before it runs (the worker's
+        reader thread calls this): its requests decoded and, for a handler with a
+        ``prepare_batch`` step (the vision handlers: images decoded and moved to the model's
+        device), that step. None when there is nothing to do ahead of time."""
+        handler = getattr(self.entry_point.handle, "__self__", None)
+        stage = getattr(handler, "prepare_batch", None)
+        if not callable(stage) or not callable(getattr(handler, "handle_prepared", None)) or any(
+                r.describe or r.instances or r.tensor_format for r in batch.requests):
+            return None
+        data = [decode_request(r, decode=self.decode_input_request) for r in batch.requests]
+        return Prepared(data, stage(data))
+
+    def predict(self, batch: worker_pb2.PredictBatch, prepared: Prepared | None = None
+                ) -> worker_pb2.PredictResult:
+        """Run one batch (``prepared`` by ``prepare``, or not). Raises when the whole batch
+        failed and the failure could not be pinned on some of its requests (see
+        ``errors.classify``)."""
         started = time.monotonic()
         try:
-            return self._predict(batch)
+            return self._predict(batch, prepared)
         except Exception as exc:
             if (len(batch.requests) < 2 or self.context.partials_sent
                     or any(r.describe for r in batch.requests)):
@@ -126,7 +141,8 @@ class ModelService:
             response = worker_pb2.Response(request_id=request.request_id)
             yield request.request_id, _fail(response, error, self.entry_point.name)
 
-    def _predict(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
+    def _predict(self, batch: worker_pb2.PredictBatch, prepared: Prepared | None = None
+                 ) -> worker_pb2.PredictResult:
         if any(r.describe for r in batch.requests):
             return self._describe(batch)
         requests = list(batch.requests)
@@ -135,19 +151,28 @@ class ModelService:
         self.context.begin_batch(
             [r.request_id for r in requests], [dict(r.headers) for r in requests]
         )
-        data = [decode_request(r, decode=self.decode_input_request) for r in requests]
-        results, handler_time_ms = self._handle(data, "requests")
+        if prepared is None:
+            data = [decode_request(r, decode=self.decode_input_request) for r in requests]
+        else:
+            data = prepared.data
+        results, handler_time_ms = self._handle(data, "requests", prepared)
         responses = [
             self._encode(idx, request, item)
             for idx, (request, item) in enumerate(zip(requests, results, strict=True))
         ]
         return self._result(batch, responses, handler_time_ms)
 
-    def _handle(self, data: list[Any], unit: str) -> tuple[list[Any], float]:
-        """Call the handler once on ``data``; one result per item, and the time it took."""
+    def _handle(self, data: list[Any], unit: str, prepared: Prepared | None = None
+                ) -> tuple[list[Any], float]:
+        """Call the handler once on ``data`` (or on what ``prepare`` made of it); one result
+        per item, and the time it took."""
         start = time.perf_counter()
         try:
-            results = self.entry_point.handle(data, self.context)
+            if prepared is None:
+                results = self.entry_point.handle(data, self.context)
+            else:
+                handler = self.entry_point.handle.__self__  # type: ignore[attr-defined]
+                results = handler.handle_prepared(prepared.staged, self.context)
         except Exception as exc:
             if not is_prediction_exception(exc):
                 raise
@@ -357,6 +382,15 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
     return ModelService(entry_point, context, decode_input_request=message.decode_input_request,
                         model_version=message.model_version,
                         response_timeout_s=message.response_timeout_ms / 1000 or 120.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A batch as far as it could be taken ahead: its requests as the handler sees them, and
+    what the handler's ``prepare_batch`` made of them."""
+
+    data: list[Any]
+    staged: Any
 
 
 def _halves(requests: list[worker_pb2.Request]) -> list[list[worker_pb2.Request]]:

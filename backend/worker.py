@@ -7,8 +7,11 @@ Protocol (frames of ``protos.framing`` carrying ``protos.worker_pb2`` messages):
     frontend -> PREDICT(PredictBatch) worker -> PREDICTED(PredictResult) | ERROR(code)
     frontend -> SHUTDOWN, or closes the socket: the worker exits 0
 
-Every frame from the frontend gets exactly one reply, except SHUTDOWN. Blocking I/O is enough:
-a worker does one thing at a time.
+Every frame from the frontend gets exactly one reply, except SHUTDOWN, in the order the
+frames came. The frontend may send a batch while the worker still runs the one before it: a
+reader thread takes frames off the socket as they arrive and, for a handler that can
+(``ModelService.prepare``: the vision handlers decode their images), prepares the next batch
+while the main thread runs the current one; replies are written by the main thread only.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import queue
 import socket
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # NOTE: every module the worker needs is imported here, before a model directory joins
@@ -34,6 +39,9 @@ from protos.framing import MAX_PAYLOAD_BYTES, Frame, FrameDecoder, Kind, Protoco
 logger = logging.getLogger("backend.worker")
 
 RECV_BYTES = 1 << 20
+#: Frames read (and batches prepared) ahead of the one being run: the frontend holds at most
+#: two batches in flight on a worker.
+READ_AHEAD = 2
 WATCHDOG_INTERVAL_S = 0.25
 LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
 
@@ -50,26 +58,55 @@ class Worker:
     def serve(self) -> None:
         """Say HELLO, then answer frames until SHUTDOWN or the frontend closes the socket."""
         self._send(Frame(Kind.HELLO, worker_pb2.Hello(pid=os.getpid()).SerializeToString()))
+        inbox: queue.Queue[_Incoming | ProtocolError | None] = queue.Queue(READ_AHEAD)
+        threading.Thread(target=self._read, args=(inbox,), name="frame-reader",
+                         daemon=True).start()
         while not self.should_stop:
-            data = self._sock.recv(RECV_BYTES)
-            if not data:
+            item = inbox.get()
+            if item is None:
                 logger.info("frontend closed the connection; exiting")
                 return
-            try:
-                frames = self._decoder.feed(data)
-            except ProtocolError as exc:
+            if isinstance(item, ProtocolError):
                 # The stream cannot be resynchronised: say why, then give up the connection.
-                self._send(error_frame(worker_pb2.PROTOCOL, str(exc)))
-                raise
-            for frame in frames:
-                reply = self.handle_frame(frame)
-                if reply is not None:
-                    self._send(reply)
-                if self.should_stop:
-                    logger.info("shutdown requested; exiting")
-                    return
+                self._send(error_frame(worker_pb2.PROTOCOL, str(item)))
+                raise item
+            reply = self.handle_frame(item.frame, item.batch, item.prepared)
+            if reply is not None:
+                self._send(reply)
+            if self.should_stop:
+                logger.info("shutdown requested; exiting")
+                return
 
-    def handle_frame(self, frame: Frame) -> Frame | None:
+    def _read(self, inbox: queue.Queue[_Incoming | ProtocolError | None]) -> None:
+        """The reader thread: frames off the socket, in order, each PREDICT batch decoded and
+        prepared (while the main thread runs the batch before it); None at end of file."""
+        try:
+            while data := self._sock.recv(RECV_BYTES):
+                for frame in self._decoder.feed(data):
+                    inbox.put(self._incoming(frame))
+        except ProtocolError as exc:
+            inbox.put(exc)
+            return
+        except OSError:
+            pass  # the socket was closed under us: the main thread is exiting
+        inbox.put(None)
+
+    def _incoming(self, frame: Frame) -> _Incoming:
+        if frame.kind is not Kind.PREDICT or self.service is None:
+            return _Incoming(frame)
+        try:
+            batch = worker_pb2.PredictBatch.FromString(frame.payload)
+        except Exception:  # protobuf's DecodeError: the main thread answers it
+            return _Incoming(frame)
+        try:
+            prepared = self.service.prepare(batch)
+        except Exception:  # whatever went wrong, the batch runs the plain way and says why
+            logger.exception("preparing batch %d failed; running it unprepared", batch.batch_id)
+            prepared = None
+        return _Incoming(frame, batch, prepared)
+
+    def handle_frame(self, frame: Frame, batch: worker_pb2.PredictBatch | None = None,
+                     prepared: Any = None) -> Frame | None:
         """The reply to one frame (None for SHUTDOWN)."""
         if frame.kind is Kind.SHUTDOWN:
             self.should_stop = True
@@ -77,7 +114,7 @@ class Worker:
         if frame.kind is Kind.LOAD:
             return self._load(frame.payload)
         if frame.kind is Kind.PREDICT:
-            return self._predict(frame.payload)
+            return self._predict(frame.payload, batch, prepared)
         return error_frame(worker_pb2.PROTOCOL, f"unexpected frame {frame.kind.name}")
 
     def _load(self, payload: bytes) -> Frame:
@@ -108,17 +145,19 @@ class Worker:
         logger.info("model %s loaded in %.1f ms", message.model_name, load_time_ms)
         return Frame(Kind.LOADED, worker_pb2.Loaded(load_time_ms=load_time_ms).SerializeToString())
 
-    def _predict(self, payload: bytes) -> Frame:
-        try:
-            batch = worker_pb2.PredictBatch.FromString(payload)
-        except Exception as exc:  # protobuf's DecodeError
-            return error_frame(worker_pb2.PROTOCOL, f"bad PREDICT payload: {describe(exc)}")
+    def _predict(self, payload: bytes, batch: worker_pb2.PredictBatch | None = None,
+                 prepared: Any = None) -> Frame:
+        if batch is None:
+            try:
+                batch = worker_pb2.PredictBatch.FromString(payload)
+            except Exception as exc:  # protobuf's DecodeError
+                return error_frame(worker_pb2.PROTOCOL, f"bad PREDICT payload: {describe(exc)}")
         if self.service is None:
             return error_frame(
                 worker_pb2.PROTOCOL, "PREDICT before a model was loaded", batch.batch_id
             )
         try:
-            result = self.service.predict(batch)
+            result = self.service.predict(batch, prepared)
         except Exception as exc:
             code, message = classify(exc)
             if code == worker_pb2.INTERNAL or code == worker_pb2.OUT_OF_MEMORY:
@@ -151,6 +190,16 @@ class Worker:
         response = worker_pb2.Response(request_id=request_id, status=status, body=body,
                                        content_type=content_type)
         self._send(Frame(Kind.PARTIAL, response.SerializeToString()))
+
+
+@dataclass(frozen=True, slots=True)
+class _Incoming:
+    """A frame from the frontend; a PREDICT's batch decoded, and prepared when the handler
+    can do that ahead."""
+
+    frame: Frame
+    batch: worker_pb2.PredictBatch | None = None
+    prepared: Any = None
 
 
 def error_frame(code: worker_pb2.ErrorCode, message: str, batch_id: int = 0) -> Frame:

@@ -139,7 +139,7 @@ class ImagePipeline:
         self._pil_transform = pil_transform
         self._cuda = device.type == "cuda"
         # Decoding and resizing run on a stream of their own, so a batch can be prepared
-        # while the previous one computes; ``batch`` joins the model's stream to it.
+        # while the previous one computes (``load`` returns once its work is done).
         self._stream = torch.cuda.Stream(device) if self._cuda else None
         scale = 255.0
         self._mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * scale
@@ -205,6 +205,10 @@ class ImagePipeline:
             done = self._map(_guard(lambda item: self._pillow(item[1], item[2])), slow)
             for (index, _, _), tensor in zip(slow, done, strict=True):
                 results[index] = tensor
+        if self._stream is not None:
+            # Ready when returned: the thread that prepares a batch ahead waits here, not the
+            # model's stream (which would also wait for the next batch's decoding).
+            self._stream.synchronize()
         assert all(result is not None for result in results), "an image got no result"
         return results  # type: ignore[return-value]
 
@@ -237,10 +241,9 @@ class ImagePipeline:
     def batch(self, images: list[torch.Tensor]) -> torch.Tensor:
         """The loaded images stacked into the model's input: ``[N, 3, 224, 224]`` float on
         the device (channels-last when asked)."""
-        if self._stream is not None:
+        if self._stream is not None:  # made on the side stream, used on the model's
             current = torch.cuda.current_stream(self.device)
-            current.wait_stream(self._stream)
-            for image in images:  # used on the model's stream: not to be reused before
+            for image in images:  # not to be reused before the model's stream is done
                 image.record_stream(current)
         if self.mode == PIL:
             stacked = torch.stack(images)

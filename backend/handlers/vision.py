@@ -142,7 +142,17 @@ class VisionHandler(BaseHandler):
 
     def handle(self, data: list[Any], context: Context) -> list[Any]:
         """One result per request: a prediction, or the InvalidInput of a bad image."""
-        return self.handle_valid(self.load_images(data), context)
+        return self.handle_prepared(self.prepare_batch(data), context)
+
+    def prepare_batch(self, data: list[Any]) -> list[torch.Tensor | InvalidInput]:
+        """The step that can run ahead of the batch before (the worker's reader thread runs
+        it while the model computes): the images decoded and moved to the model's device."""
+        return self.load_images(data)
+
+    def handle_prepared(self, images: list[torch.Tensor | InvalidInput],
+                        context: Context) -> list[Any]:
+        """The rest of ``handle``: the model on the good images."""
+        return self.handle_valid(images, context)
 
     def load_images(self, data: list[Any]) -> list[torch.Tensor | InvalidInput]:
         """Each request's image as a tensor, or the InvalidInput saying what is wrong with it."""

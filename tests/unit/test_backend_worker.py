@@ -319,3 +319,23 @@ def test_worker_modules_do_not_import_torch() -> None:
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60).returncode == 0
+
+
+def test_batches_sent_back_to_back_are_answered_in_order(
+    socket_path: str, listener: socket.socket, model_dir: Path, processes: list
+) -> None:
+    # The frontend sends a second batch while the first runs (two in flight): the worker
+    # reads it ahead and answers both, in the order they came.
+    process, conn = start_worker(socket_path, listener, processes)
+    assert hello_and_load(conn, model_dir, "sleep.py").kind is Kind.LOADED
+    conn.send(Kind.PREDICT, predict_batch(1, b"0.3", b"a"))
+    conn.send(Kind.PREDICT, predict_batch(2, b"b", b"c"))
+    conn.send(Kind.PREDICT, predict_batch(3, b"d"))
+    replies = [conn.receive() for _ in range(3)]
+    assert [frame.kind for frame in replies] == [Kind.PREDICTED] * 3
+    results = [worker_pb2.PredictResult.FromString(frame.payload) for frame in replies]
+    assert [result.batch_id for result in results] == [1, 2, 3]
+    assert [r.body for r in results[1].responses] == [b"b", b"c"]
+    conn.send(Kind.SHUTDOWN)
+    assert_exits_zero(process)
+    conn.sock.close()

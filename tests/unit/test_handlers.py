@@ -625,3 +625,24 @@ def test_resnet152_tensor_and_pil_decoding_agree(tmp_path: Path) -> None:
                for mode, service in services.items()}
     for tensor_answer, pil_answer in zip(answers["tensor"], answers["pil"], strict=True):
         assert_same_prediction(tensor_answer, pil_answer, 2e-3)
+
+
+def test_a_batch_prepared_ahead_answers_as_one_run_whole(tmp_path: Path) -> None:
+    service = load(eager_model_dir(tmp_path))
+    requests_ = [request(image(1)), request(b"not an image"), request(image(2, fmt="PNG"))]
+    whole = service.predict(batch(*requests_))
+
+    prepared = service.prepare(batch(*requests_))
+    assert prepared is not None  # the vision handler decodes ahead
+    ahead = service.predict(batch(*requests_), prepared)
+
+    assert [(r.status, r.body, r.error) for r in ahead.responses] == [
+        (r.status, r.body, r.error) for r in whole.responses]
+    assert [r.status for r in ahead.responses] == [200, 400, 200]
+
+
+def test_handlers_without_a_prepare_step_are_not_prepared(tmp_path: Path) -> None:
+    from tests.unit.test_backend_service import load_message, model_dir_with
+
+    echo = load_service(load_message(model_dir_with(tmp_path, "echo.py"), "echo.py"))
+    assert echo.prepare(batch(request(b"x"))) is None
