@@ -6,6 +6,7 @@ HTTP, the queue, the batcher and a worker subprocess. The ratio server/raw is th
 serving.
 
     .venv/bin/python -m benchmarks.resnet152 --duration 30
+    python -m benchmarks.resnet152 --device cuda --out gpu.json   # the GPU run: benchmarks/gpu.py
 """
 
 from __future__ import annotations
@@ -99,7 +100,16 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--rounds", type=int, default=3, help="server/raw pairs per batch size")
     parser.add_argument("--raw", type=Path, help=argparse.SUPPRESS)  # internal: raw side only
+    parser.add_argument("--device", help="the GPU run (benchmarks/gpu.py): cuda, or cpu to "
+                        "try its code paths")
+    parser.add_argument("--quick", action="store_true", help="with --device: a short run")
+    parser.add_argument("--out", type=Path, help="with --device: the results as JSON")
     args = parser.parse_args()
+    if args.device is not None:
+        from benchmarks.gpu import run
+
+        run(args.device, args.quick, args.duration, args.out)
+        return
     if args.raw is not None:
         print(raw_throughput(args.raw, args.batch_sizes[0], args.duration))
         return

@@ -54,6 +54,11 @@ class Batchserve:
         with urllib.request.urlopen(request, timeout=600) as response:
             response.read()
 
+    def unregister(self, name: str) -> None:
+        request = urllib.request.Request(f"{self.management}/models/{name}", method="DELETE")
+        with urllib.request.urlopen(request, timeout=600) as response:
+            response.read()
+
     def describe(self, name: str) -> dict[str, object]:
         with urllib.request.urlopen(f"{self.management}/models/{name}", timeout=60) as response:
             return json.loads(response.read())[0]  # type: ignore[no-any-return]
