@@ -6,6 +6,7 @@ HTTP, the queue, the batcher and a worker subprocess. The ratio server/raw is th
 serving.
 
     .venv/bin/python -m benchmarks.resnet152 --duration 30
+    .venv/bin/python -m benchmarks.resnet152 --compare-decode --duration 15   # tensor vs Pillow
     python -m benchmarks.resnet152 --device cuda --out gpu.json   # the GPU run: benchmarks/gpu.py
 """
 
@@ -40,7 +41,8 @@ def build_archive(store: Path) -> Path:
     return Path(path)
 
 
-def raw_throughput(archive: Path, batch_size: int, duration_s: float) -> float:
+def raw_throughput(archive: Path, batch_size: int, duration_s: float,
+                   image_decode: str | None = None) -> float:
     """Images per second through the handler in this process, batches of ``batch_size``."""
     from backend.service import load_service
     from protos import worker_pb2
@@ -49,6 +51,11 @@ def raw_throughput(archive: Path, batch_size: int, duration_s: float) -> float:
     with zipfile.ZipFile(archive) as mar:
         mar.extractall(model_dir)
     manifest = (model_dir / "MAR-INF" / "MANIFEST.json").read_text()
+    if image_decode is not None:
+        (model_dir / "model-config.yaml").write_text(f"handler:\n  image_decode: {image_decode}\n")
+        document = json.loads(manifest)
+        document["model"]["configFile"] = "model-config.yaml"
+        manifest = json.dumps(document)
     service = load_service(worker_pb2.LoadModel(
         model_name=MODEL, model_version="2.0", model_dir=str(model_dir),
         handler=json.loads(manifest)["model"]["handler"], batch_size=batch_size, gpu_id=-1,
@@ -83,14 +90,57 @@ def server_throughput(store: Path, batch_size: int, concurrency: int,
         return result.throughput, f"{result.summary()}  recent batches {sizes[-8:]}"
 
 
-def raw_in_subprocess(archive: Path, batch_size: int, duration_s: float) -> float:
+def raw_in_subprocess(archive: Path, batch_size: int, duration_s: float,
+                      image_decode: str | None = None) -> float:
     """Measure the raw side in a fresh process: a process that has run torch keeps OpenMP
     threads and memory around that would slow the server side measured after it."""
     output = subprocess.run(
         [sys.executable, "-m", "benchmarks.resnet152", "--raw", str(archive),
-         "--batch-sizes", str(batch_size), "--duration", str(duration_s)],
+         "--batch-sizes", str(batch_size), "--duration", str(duration_s),
+         *(["--image-decode", image_decode] if image_decode else [])],
         cwd=ROOT, check=True, capture_output=True, text=True, timeout=duration_s * 4 + 300)
     return float(output.stdout.split()[-1])
+
+
+def pipeline_throughput(mode: str, batch_size: int, duration_s: float) -> float:
+    """Images per second through the image pipeline alone (decode + resize/crop/normalise),
+    on this process's CPU threads as a worker would use them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from backend.handlers.images import ImagePipeline
+    from backend.handlers.vision import IMAGENET_TRANSFORM, usable_cpus
+
+    with ThreadPoolExecutor(min(usable_cpus(), batch_size)) as pool:
+        pipeline = ImagePipeline(torch.device("cpu"), mode, pool,
+                                 pil_transform=IMAGENET_TRANSFORM)
+        blobs = [IMAGES[i % len(IMAGES)] for i in range(batch_size)]
+        pipeline.batch(pipeline.load(blobs))  # type: ignore[arg-type]
+        images = 0
+        started = time.monotonic()
+        while time.monotonic() - started < duration_s:
+            pipeline.batch(pipeline.load(blobs))  # type: ignore[arg-type]
+            images += batch_size
+        return images / (time.monotonic() - started)
+
+
+def compare_decode(archive: Path, batch_size: int, duration_s: float, rounds: int) -> None:
+    """The tensor path against Pillow's: the pipeline alone and the whole handler, on the CPU,
+    interleaved in fresh processes."""
+    print("| round | pipeline tensor img/s | pipeline pil img/s | ratio | handler tensor img/s "
+          "| handler pil img/s | ratio |\n|---|---|---|---|---|---|---|")
+    for round_number in range(1, rounds + 1):
+        pipeline = {mode: float(subprocess.run(
+            [sys.executable, "-c", "from benchmarks.resnet152 import pipeline_throughput; "
+             f"print(pipeline_throughput({mode!r}, {batch_size}, {duration_s}))"],
+            cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()[-1])
+            for mode in ("tensor", "pil")}
+        handler = {mode: raw_in_subprocess(archive, batch_size, duration_s, mode)
+                   for mode in ("tensor", "pil")}
+        print(f"| {round_number} | {pipeline['tensor']:.1f} | {pipeline['pil']:.1f} | "
+              f"{pipeline['tensor'] / pipeline['pil']:.2f} | {handler['tensor']:.2f} | "
+              f"{handler['pil']:.2f} | {handler['tensor'] / handler['pil']:.3f} |", flush=True)
 
 
 def main() -> None:
@@ -104,6 +154,9 @@ def main() -> None:
                         "try its code paths")
     parser.add_argument("--quick", action="store_true", help="with --device: a short run")
     parser.add_argument("--out", type=Path, help="with --device: the results as JSON")
+    parser.add_argument("--image-decode", choices=("tensor", "pil"), help=argparse.SUPPRESS)
+    parser.add_argument("--compare-decode", action="store_true",
+                        help="the tensor path against Pillow's, on the CPU")
     args = parser.parse_args()
     if args.device is not None:
         from benchmarks.gpu import run
@@ -111,10 +164,13 @@ def main() -> None:
         run(args.device, args.quick, args.duration, args.out)
         return
     if args.raw is not None:
-        print(raw_throughput(args.raw, args.batch_sizes[0], args.duration))
+        print(raw_throughput(args.raw, args.batch_sizes[0], args.duration, args.image_decode))
         return
     store = Path(tempfile.mkdtemp(prefix="bench-store-"))
     archive = build_archive(store)
+    if args.compare_decode:
+        compare_decode(archive, args.batch_sizes[-1], args.duration, args.rounds)
+        return
     print("| batch_size | round | raw img/s (before, after) | server img/s | server/raw |\n"
           "|---|---|---|---|---|")
     for batch_size in args.batch_sizes:
