@@ -13,10 +13,13 @@
   shape) and, on Ampere and newer, TF32 matmuls (``set_float32_matmul_precision("high")``), as
   TorchServe's BaseHandler sets at import.
 
-The warm-up runs the model once per batch size it will see (1 to batch_size on CUDA, where
-cuDNN autotunes every shape; on the CPU only when compiled, for 1 and batch_size), before the
-worker says it has loaded: compilation and autotuning never hit a client, and a registration
-answers once they are done.
+The warm-up runs the model once per batch size it will see, before the worker says it has
+loaded: compilation and autotuning never hit a client, and a registration answers once they
+are done. On CUDA, where cuDNN autotunes every input shape, a batch of more than
+``SHAPE_STEP`` images is padded up to the next multiple of ``SHAPE_STEP`` (or batch_size),
+so the sizes the model sees, and the warm-up runs, are 1..8, 16, 24, ... batch_size: 23
+shapes for batch_size 128 instead of 128, at the cost of at most 7 padded rows. On the CPU the
+model sees every size and is warmed only when compiled (1 and batch_size).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from backend.errors import ModelLoadError, describe
 
 logger = logging.getLogger(__name__)
 
+#: On CUDA, batches above this size are padded to a multiple of it (see the docstring).
+SHAPE_STEP = 8
 AMP_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
               "float16": torch.float16}
 
@@ -150,6 +155,13 @@ def forward_context(device: torch.device, tuning: Tuning) -> Iterator[None]:
                 yield
 
 
+def padded_size(size: int, batch_size: int, device: torch.device) -> int:
+    """The batch size the model runs a batch of ``size`` at (see the module's docstring)."""
+    if device.type != "cuda" or size <= SHAPE_STEP:
+        return size
+    return min(-(-size // SHAPE_STEP) * SHAPE_STEP, max(size, batch_size))
+
+
 def warmup_sizes(tuning: Tuning, device: torch.device, batch_size: int) -> list[int]:
     """The batch sizes to run once at load (see the module's docstring)."""
     if tuning.warmup_off:
@@ -157,7 +169,8 @@ def warmup_sizes(tuning: Tuning, device: torch.device, batch_size: int) -> list[
     if tuning.warmup is not None:
         return list(tuning.warmup)
     if device.type == "cuda":
-        return list(range(1, batch_size + 1))
+        return sorted({padded_size(size, batch_size, device)
+                       for size in range(1, batch_size + 1)})
     if tuning.compile_options is not None:
         return sorted({1, batch_size})
     return []

@@ -32,6 +32,7 @@ from backend.handlers.images import (
     check_pixel_limit,
     decode_rgb,
 )
+from backend.tuning import padded_size
 
 __all__ = ["IMAGENET_TRANSFORM", "VisionHandler", "check_pixel_limit", "decode_image",
            "image_bytes"]
@@ -116,6 +117,7 @@ class VisionHandler(BaseHandler):
         super().__init__()
         self._pool: ThreadPoolExecutor | None = None
         self.pipeline: ImagePipeline | None = None
+        self._batch_size = 1
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
@@ -126,7 +128,7 @@ class VisionHandler(BaseHandler):
         # Decoding and resizing spend their time in Pillow and torch, which release the GIL,
         # so the images of one batch are prepared in parallel, on this worker's share of the
         # cores (``cpu_threads``, set by the frontend).
-        batch_size = max(1, int(properties.get("batch_size") or 1))
+        batch_size = self._batch_size = max(1, int(properties.get("batch_size") or 1))
         threads = min(int(properties.get("cpu_threads") or usable_cpus()), batch_size)
         if threads > 1:
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="image-decode",
@@ -162,6 +164,21 @@ class VisionHandler(BaseHandler):
     def preprocess(self, data: list[Any]) -> Any:
         assert self.pipeline is not None, "initialize first"
         return self.pipeline.batch(data)
+
+    def inference(self, inputs: Any) -> Any:
+        """The model on ``inputs``, padded to a batch size the warm-up ran (on CUDA: see
+        ``backend.tuning.padded_size``); the padding's outputs are dropped."""
+        if not isinstance(inputs, torch.Tensor):
+            return super().inference(inputs)
+        size = inputs.shape[0]
+        padded = padded_size(size, self._batch_size, self.device)
+        if padded == size:
+            return super().inference(inputs)
+        filler = inputs[-1:].expand(padded - size, *inputs.shape[1:])
+        outputs = super().inference(torch.cat([inputs, filler]))
+        if isinstance(outputs, Mapping):
+            return {key: value[:size] for key, value in outputs.items()}
+        return outputs[:size]
 
 
 def _image_or_error(row: Any) -> bytes | InvalidInput:

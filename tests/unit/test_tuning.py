@@ -13,7 +13,13 @@ import torch
 
 from backend.errors import ModelLoadError
 from backend.service import ModelService
-from backend.tuning import Tuning, pt2_compile_options, read_tuning, warmup_sizes
+from backend.tuning import (
+    Tuning,
+    padded_size,
+    pt2_compile_options,
+    read_tuning,
+    warmup_sizes,
+)
 from tests.unit.test_handlers import (
     TINY_CLASSIFIER,
     batch,
@@ -71,10 +77,21 @@ def test_bad_switches_fail_the_load_with_a_clear_message(config: dict[str, Any],
 def test_warmup_sizes() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert warmup_sizes(Tuning(), cuda, 4) == [1, 2, 3, 4]  # cuDNN tunes every shape
+    assert warmup_sizes(Tuning(), cuda, 30) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 30]
+    assert len(warmup_sizes(Tuning(), cuda, 128)) == 23
     assert warmup_sizes(Tuning(), cpu, 4) == []
     assert warmup_sizes(Tuning(compile_options={}), cpu, 8) == [1, 8]
     assert warmup_sizes(Tuning(warmup=(2, 6)), cpu, 8) == [2, 6]
     assert warmup_sizes(Tuning(warmup_off=True), cuda, 8) == []
+
+
+def test_on_cuda_a_batch_runs_at_a_size_the_warm_up_saw() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    seen = set(warmup_sizes(Tuning(), cuda, 30))
+    for size in range(1, 31):
+        assert padded_size(size, 30, cuda) in seen
+        assert padded_size(size, 30, cuda) - size < 8
+        assert padded_size(size, 30, cpu) == size
 
 
 def _service(tmp_path: Path, config: str, source: str = TINY_CLASSIFIER) -> ModelService:
@@ -90,29 +107,22 @@ def _answers(service: ModelService) -> list[Any]:
     return predictions(service.predict(batch(*(request(image(seed)) for seed in range(3)))))
 
 
-def test_a_compiled_model_answers_as_the_eager_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("backend", "source", "compiled"), [
+    ("eager", TINY_CLASSIFIER, True),
+    # Compiling fails at the first call, in the warm-up: the model it came from serves.
+    ("always_fails", FAILING_BACKEND, False),
+])
+def test_a_compiled_model_answers_as_the_eager_one(tmp_path: Path, backend: str, source: str,
+                                                   compiled: bool) -> None:
     eager = _answers(_service(tmp_path / "eager", "handler: {}\n"))
-    service = _service(tmp_path / "compiled", """
+    service = _service(tmp_path / "compiled", f"""
         pt2:
           compile:
             enable: true
-            backend: eager
-        """)
-    assert isinstance(handler_of(service).model, torch._dynamo.eval_frame.OptimizedModule)
-    for a, b in zip(_answers(service), eager, strict=True):
-        assert a == pytest.approx(b, abs=1e-5)
-
-
-def test_a_compiled_model_that_fails_in_warm_up_is_served_uncompiled(tmp_path: Path) -> None:
-    eager = _answers(_service(tmp_path / "eager", "handler: {}\n"))
-    service = _service(tmp_path / "failing", """
-        pt2:
-          compile:
-            enable: true
-            backend: always_fails
-        """, source=FAILING_BACKEND)
+            backend: {backend}
+        """, source=source)
     model = handler_of(service).model
-    assert not isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+    assert isinstance(model, torch._dynamo.eval_frame.OptimizedModule) is compiled
     for a, b in zip(_answers(service), eager, strict=True):
         assert a == pytest.approx(b, abs=1e-5)
 
@@ -131,3 +141,21 @@ def test_bf16_autocast_and_channels_last(tmp_path: Path) -> None:
     for a, b in zip(answers, fp32, strict=True):
         assert list(a) == list(b)  # the same classes, in the same order
         assert a == pytest.approx(b, abs=0.05)  # bf16 keeps about 3 significant digits
+
+
+def test_the_padded_rows_never_reach_the_results(tmp_path: Path) -> None:
+    from tests.unit.test_handlers import count_forward_calls
+
+    tmp_path.mkdir(exist_ok=True)
+    service = load(eager_model_dir(tmp_path), batch_size=30)
+    handler = handler_of(service)
+    inputs = torch.randn(11, 3, 224, 224)
+    with torch.inference_mode():
+        expected = handler.inference(inputs)
+    sizes = count_forward_calls(service)
+    handler.device = torch.device("cuda", 0)  # only the padding rule looks at it here
+    with torch.inference_mode():
+        padded = handler.inference(inputs)
+    assert sizes == [16]  # the model ran at a size the warm-up saw
+    assert padded.shape == expected.shape == (11, 3)
+    assert torch.allclose(padded, expected, atol=1e-5)
