@@ -162,7 +162,9 @@ class ImagePipeline:
         if self.mode == PIL:
             assert self._pil_transform is not None
             return self._pil_transform(rgb)
-        pixels = F.pil_to_tensor(rgb).to(self.device, non_blocking=True)
+        pixels = F.pil_to_tensor(rgb)
+        if self._cuda:  # from pinned memory the copy runs asynchronously on the stream
+            pixels = pixels.pin_memory().to(self.device, non_blocking=True)
         return self._resize_crop(pixels)
 
     def _cpu_jpeg(self, data: bytes) -> torch.Tensor:
