@@ -28,6 +28,13 @@ EXTRAS_REQUIRE = {
         "requests>=2.31",
         "grpcio-tools>=1.60",
         "ruff>=0.5",
+        # Type checking in `make test`: mypy --strict and the stubs of what we import.
+        "mypy>=1.10",
+        "types-protobuf",
+        "types-grpcio",
+        "types-psutil",
+        "types-PyYAML",
+        "types-requests",
         "openapi-spec-validator>=0.7",
         "hypothesis>=6.100",  # property tests: tests/unit/test_fuzz.py, test_bad_input.py
         # Triton's client against our KServe v2 endpoints: tests/integration/test_kserve_clients.py.

@@ -113,9 +113,13 @@ def request_status(exc: BaseException) -> int:
 
 
 def request_message(exc: BaseException) -> str:
-    """The message for one failed request: PredictionException's ``message``, else ``str``."""
+    """The message for one failed request: PredictionException's ``message``, our own errors'
+    text, and for anything else its class too (``KeyError: 'x'``): the client's error body
+    names its type by status, not by the handler's exception class."""
     if is_prediction_exception(exc):
         message = getattr(exc, "message", None)
         if isinstance(message, str):
             return message
-    return str(exc) or type(exc).__name__
+    if isinstance(exc, BackendError):
+        return str(exc) or type(exc).__name__
+    return describe(exc)

@@ -1,20 +1,34 @@
-"""Every error a client can see, each stating its HTTP status once.
+"""Every error a client can see, and the one place that maps and renders them.
 
-The HTTP layer (frontend/http/common.py) is the one place that renders these into
-TorchServe's error body ``{"code": N, "type": "...", "message": "..."}``.
+* Each ``ServeError`` class states its HTTP status and TorchServe's exception type name once.
+* ``worker_error`` maps a worker's ``ErrorCode`` (a whole batch failed) to the error its
+  requests get; ``type_for_status`` names a worker's per-request failure (a ``Response`` with
+  ``error`` and a status) by TorchServe's type for that status, never by the handler's own
+  exception class (which stays in the message).
+* The renderings, one per protocol: ``torchserve_body`` (TorchServe's ``{"code", "type",
+  "message"}``), ``kserve_body`` (KServe v1/v2's ``{"error": ...}``), ``grpc_code`` (the gRPC
+  status for an HTTP status), and ``header_pairs`` (an error's own headers, e.g.
+  ``Retry-After``, as HTTP header pairs).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+import json
+from typing import TYPE_CHECKING
+
+from protos import worker_pb2
+
+if TYPE_CHECKING:
+    import grpc
 
 
 class ServeError(Exception):
-    """Base of every client-visible error."""
+    """Base of every client-visible error: a message, an HTTP status, TorchServe's type name."""
 
-    http_status: ClassVar[int] = 500
+    #: The HTTP status; gRPC's code follows from it (``grpc_code``).
+    http_status: int = 500
     #: The "type" field of the error body; TorchServe clients sometimes match on it.
-    type_name: ClassVar[str] = "InternalServerException"
+    type_name: str = "InternalServerException"
     headers: dict[str, str]
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
@@ -34,12 +48,6 @@ class BadRequest(ServeError):
     type_name = "BadRequestException"
 
 
-class InvalidInput(BadRequest):
-    """The worker rejected this request's payload."""
-
-    type_name = "InvalidInputException"
-
-
 class Unauthorized(ServeError):
     """A missing, wrong or expired token (TorchServe answers 400; 401 is the right code)."""
 
@@ -57,6 +65,13 @@ class NotFound(ServeError):
     type_name = "ResourceNotFoundException"
 
 
+class RouteNotFound(NotFound):
+    """No route of an API serves this path (a listener serving several APIs tries the next)."""
+
+    def __init__(self) -> None:
+        super().__init__("Requested resource is not found, please refer to API document.")
+
+
 class ModelNotFound(NotFound):
     type_name = "ModelNotFoundException"
 
@@ -69,8 +84,14 @@ class MethodNotAllowed(ServeError):
     http_status = 405
     type_name = "MethodNotAllowedException"
 
+    def __init__(self, message: str = "Requested method is not allowed, please refer to API "
+                 "document.") -> None:
+        super().__init__(message)
 
-class RequestTimeout(ServeError):
+
+class RequestHeadTimeout(ServeError):
+    """A request's head (line and headers) did not arrive within request_header_timeout."""
+
     http_status = 408
     type_name = "RequestTimeoutException"
 
@@ -85,11 +106,17 @@ class PayloadTooLarge(ServeError):
     type_name = "PayloadTooLargeException"
 
 
+class UriTooLong(ServeError):
+    http_status = 414
+    type_name = "RequestUriTooLongException"
+
+
+class HeaderFieldsTooLarge(ServeError):
+    http_status = 431
+    type_name = "RequestHeaderFieldsTooLargeException"
+
+
 class InternalError(ServeError):
-    pass
-
-
-class BatchSizeMismatch(InternalError):
     pass
 
 
@@ -122,3 +149,102 @@ class ArchiveError(BadRequest):
     """A model archive is missing, malformed, unsafe or not allowed."""
 
     type_name = "ModelArchiveException"
+
+
+# ---- what a worker reports ------------------------------------------------------------------
+
+
+class WorkerError(ServeError):
+    """A worker failed a whole batch: status and type come from its ErrorCode."""
+
+    def __init__(self, status: int, type_name: str, message: str) -> None:
+        super().__init__(message)
+        self.http_status = status
+        self.type_name = type_name
+
+
+#: A worker's ErrorCode (the whole batch failed) -> the status and type its requests get.
+WORKER_ERRORS: dict[int, tuple[int, str]] = {
+    worker_pb2.INVALID_INPUT: (400, "InvalidInputException"),
+    worker_pb2.OUT_OF_MEMORY: (507, OutOfResources.type_name),
+    worker_pb2.BATCH_SIZE_MISMATCH: (500, InternalError.type_name),
+}
+
+
+def worker_error(code: int, message: str) -> ServeError:
+    """The error each request of a batch the worker failed with ``code`` gets."""
+    status, type_name = WORKER_ERRORS.get(code, (500, InternalError.type_name))
+    return WorkerError(status, type_name, f"Prediction failed: {message}")
+
+
+#: TorchServe's exception type name for the status of a request a worker failed on its own.
+_TYPES_BY_STATUS = {
+    400: "InvalidInputException",
+    401: Unauthorized.type_name,
+    403: Forbidden.type_name,
+    404: NotFound.type_name,
+    405: MethodNotAllowed.type_name,
+    408: RequestHeadTimeout.type_name,
+    409: Conflict.type_name,
+    413: PayloadTooLarge.type_name,
+    500: InternalError.type_name,
+    503: ServiceUnavailable.type_name,
+    504: GatewayTimeout.type_name,
+    507: OutOfResources.type_name,
+}
+
+
+def type_for_status(status: int) -> str:
+    """The type name of a per-request failure with this status (a handler may pick any)."""
+    known = _TYPES_BY_STATUS.get(status)
+    if known is not None:
+        return known
+    return BadRequest.type_name if 400 <= status < 500 else InternalError.type_name
+
+
+# ---- renderings, one per protocol -----------------------------------------------------------
+
+
+def torchserve_body(status: int, type_name: str, message: str) -> bytes:
+    """TorchServe's error body: two-space indented JSON with a trailing newline."""
+    return (json.dumps({"code": status, "type": type_name, "message": message}, indent=2)
+            + "\n").encode()
+
+
+def error_body(error: ServeError) -> bytes:
+    return torchserve_body(error.http_status, error.type_name, error.message)
+
+
+def kserve_body(message: str) -> bytes:
+    """KServe v1 and v2's error body."""
+    return json.dumps({"error": message}).encode()
+
+
+def header_pairs(error: ServeError) -> list[tuple[bytes, bytes]]:
+    """An error's own headers (Retry-After, ...) as lower-case HTTP header pairs."""
+    return [(name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in error.headers.items()]
+
+
+#: Our HTTP statuses as gRPC status names (a TorchServe client sees the same message text
+#: over either transport); anything else is INTERNAL.
+GRPC_CODES: dict[int, str] = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "PERMISSION_DENIED",  # model API disabled, as TorchServe answers
+    408: "DEADLINE_EXCEEDED",
+    409: "ALREADY_EXISTS",
+    413: "RESOURCE_EXHAUSTED",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+    507: "RESOURCE_EXHAUSTED",
+}
+
+
+def grpc_code(http_status: int) -> grpc.StatusCode:
+    """The gRPC status for an HTTP status (grpc is imported only by the gRPC transport)."""
+    import grpc
+
+    return grpc.StatusCode[GRPC_CODES.get(http_status, "INTERNAL")]

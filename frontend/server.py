@@ -16,17 +16,17 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from frontend import archive as archives
-from frontend.auth import TokenAuthority
+from frontend.api.auth import TokenAuthority
+from frontend.api.grpc_services import GrpcServers
+from frontend.api.http.app import serve_http
 from frontend.config import Address, ServerConfig
 from frontend.errors import ConfigError, ServeError
-from frontend.gpus import GpuAssigner
-from frontend.grpc_api import GrpcServers
-from frontend.http.app import serve_http
-from frontend.logs import ServerLogs
-from frontend.registry import ModelRegistry, RegisterRequest
+from frontend.models import archive as archives
+from frontend.models.registry import ModelRegistry, RegisterRequest
+from frontend.models.snapshot import Snapshots, restore_requests
+from frontend.observe.logs import ServerLogs
 from frontend.services import Services
-from frontend.snapshot import Snapshots, restore_requests
+from frontend.serving.placement import GpuAssigner
 
 logger = logging.getLogger(__name__)
 

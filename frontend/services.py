@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frontend.auth import TokenAuthority
+from frontend.api.auth import TokenAuthority
 from frontend.config import ServerConfig
-from frontend.logs import AccessLog
-from frontend.registry import ModelRegistry
-from frontend.snapshot import Snapshots
+from frontend.models.registry import ModelRegistry
+from frontend.models.snapshot import Snapshots
+from frontend.observe.logs import AccessLog
 
 
 @dataclass(frozen=True, slots=True)

@@ -497,7 +497,9 @@ def test_unserialisable_output_fails_only_its_own_request(
         answers = _batch_of_four(server, bodies)
         for body, answer in zip(bodies, answers, strict=True):
             if body == bad:
-                assert words in _error(answer, 500, error_type)
+                # TorchServe's type for the status; the handler's exception in the message.
+                message = _error(answer, 500, "InternalServerException")
+                assert message.startswith(f"{error_type}: ") and words in message
             else:
                 assert answer.status_code == 200 and answer.content == body
     described = server.describe("unserialisable")
@@ -628,7 +630,7 @@ def test_no_file_descriptor_is_left_open_by_refused_requests(build_mar, start_se
 @pytest.mark.parametrize("planted", ["file", "symlink"])
 def test_the_key_file_is_private_even_when_its_temporary_name_was_planted(
         tmp_path: Path, planted: str) -> None:
-    from frontend.auth import TokenAuthority
+    from frontend.api.auth import TokenAuthority
 
     key_file = tmp_path / "key_file.json"
     temporary = tmp_path / f".{key_file.name}.{os.getpid()}.tmp"

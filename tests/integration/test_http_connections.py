@@ -1,6 +1,6 @@
 """HTTP/1.1 connection semantics of the inference port, over raw sockets.
 
-Predictions are answered by a connection-level fast path (frontend/http/fast.py) and every
+Predictions are answered by a connection-level fast path (frontend/api/http/fast.py) and every
 other request by the ASGI apps; these tests mix the two on one connection: pipelining,
 ``Expect: 100-continue``, HTTP/1.0, refusals before the body, and clients that leave halfway.
 """

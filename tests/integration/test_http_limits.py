@@ -10,7 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from frontend.http.protocol import MAX_HEAD_BYTES, MAX_HEADER_LINE_BYTES, MAX_HEADERS, MAX_URL_BYTES
+from frontend.api.http.protocol import (
+    MAX_HEAD_BYTES,
+    MAX_HEADER_LINE_BYTES,
+    MAX_HEADERS,
+    MAX_URL_BYTES,
+)
 from tests.conftest import RunningServer
 from tests.integration.test_http_connections import Connection, _post
 

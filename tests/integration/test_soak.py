@@ -35,8 +35,8 @@ import grpc
 import psutil
 import requests
 
-from frontend.batching import Batcher, Job
-from frontend.policies import make_policy
+from frontend.serving.batching import Batcher, Job
+from frontend.serving.policies import make_policy
 from protos import inference_pb2, inference_pb2_grpc, worker_pb2
 from tests.conftest import RunningServer
 

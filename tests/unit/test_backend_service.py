@@ -475,11 +475,14 @@ def test_exception_items_fail_only_their_own_request(tmp_path: Path) -> None:
         "InvalidInput",
         "cannot use 'invalid'",
     )
-    assert (teapot.status, teapot.error_type, teapot.error) == (418, "TeapotError", "I'm a teapot")
+    # A handler's own exception names its class in the message (the client's error body
+    # gets TorchServe's type name for the status, not the handler's class).
+    assert (teapot.status, teapot.error_type, teapot.error) == (
+        418, "TeapotError", "TeapotError: I'm a teapot")
     assert (crash.status, crash.error_type, crash.error) == (
         500,
         "RuntimeError",
-        "this one request crashed",
+        "RuntimeError: this one request crashed",
     )
     assert [r.request_id for r in result.responses] == ["r0", "r1", "r2", "r3", "r4"]
 
@@ -667,7 +670,7 @@ def test_a_batch_failed_by_one_request_answers_the_others(tmp_path: Path) -> Non
 
     assert [r.body for r in result.responses] == [b"A", b"B", b"", b"C", b"D", b"E", b"F", b"G"]
     assert [r.status for r in result.responses if r.error] == [500]
-    assert result.responses[2].error == "cannot read bad1"
+    assert result.responses[2].error == "ValueError: cannot read bad1"
     assert [r.request_id for r in result.responses] == [r.request_id for r in batch.requests]
     # The whole batch, then halves, quarters and singles down the failing side only.
     assert _calls(service) == [8, 4, 4, 2, 2, 1, 1]
@@ -679,7 +682,7 @@ def test_several_bad_requests_are_each_found_within_the_cap(tmp_path: Path) -> N
     result = service.predict(bodies([b"bad1", b"a", b"b", b"bad2"]))
 
     assert [r.error or r.body.decode() for r in result.responses] == [
-        "cannot read bad1", "A", "B", "cannot read bad2"]
+        "ValueError: cannot read bad1", "A", "B", "ValueError: cannot read bad2"]
     assert sum(_calls(service)[1:]) <= 3 * 4  # re-runs add up to at most 3 batches
 
 
@@ -688,7 +691,7 @@ def test_when_every_request_fails_the_extra_work_is_capped(tmp_path: Path) -> No
 
     result = service.predict(bodies([b"bad%d" % i for i in range(16)]))
 
-    assert all(r.error.startswith("cannot read bad") for r in result.responses)
+    assert all(r.error.startswith("ValueError: cannot read bad") for r in result.responses)
     assert sum(_calls(service)[1:]) <= 3 * 16  # not the 4 * 16 of a complete search
 
 
@@ -698,5 +701,5 @@ def test_no_isolation_past_its_share_of_the_response_timeout(tmp_path: Path) -> 
     result = service.predict(bodies([b"a", b"bad1"]))
 
     # No time left to re-run anything: both requests carry the batch's error.
-    assert [r.error for r in result.responses] == ["cannot read bad1"] * 2
+    assert [r.error for r in result.responses] == ["ValueError: cannot read bad1"] * 2
     assert _calls(service) == [2]

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from frontend.batching import Batcher, Job
 from frontend.errors import GatewayTimeout, ServiceUnavailable
-from frontend.policies import FixedPolicy
+from frontend.serving.batching import Batcher, Job
+from frontend.serving.policies import FixedPolicy
 from protos import worker_pb2
 
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from frontend.batching import Batcher, Job
-from frontend.dispatch import Dispatcher, DispatchState, InFlight
 from frontend.errors import GatewayTimeout, ServiceUnavailable, WorkerDied
-from frontend.policies import FixedPolicy
+from frontend.serving.batching import Batcher, Job
+from frontend.serving.dispatch import Dispatcher, DispatchState, InFlight
+from frontend.serving.policies import FixedPolicy
 from protos import worker_pb2
 from protos.framing import Frame, Kind
 
@@ -317,3 +317,31 @@ def test_max_in_flight_must_be_positive() -> None:
                        clock=FakeClock())
 
     asyncio.run(run())
+
+
+def test_a_batch_the_dead_worker_never_got_goes_back_to_the_queue() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        r.connection.gone = True  # the socket is closed; the exit is not yet noticed
+        jobs = r.submit("a", "b")
+        assert not any(job.future.done() for job in jobs)
+        assert r.batcher.depth == 2  # for the next worker
+        assert r.dispatcher.state is DispatchState.DONE
+
+    scenario(test)
+
+
+def test_with_a_batch_in_flight_a_failed_send_stops_sending() -> None:
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        held = r.submit("a", "b")
+        r.connection.gone = True  # closed under the batch in flight
+        queued = r.submit("c", "d", "e", "f")  # full batches: the second slot would take them
+        assert r.connection.sent == [["a", "b"]]  # tried once, then no more
+        assert r.batcher.depth == 4 and not any(job.future.done() for job in queued)
+        assert r.dispatcher.state is DispatchState.STOPPING
+        r.connection.die()  # the reader fails the batch in flight; the dispatcher ends
+        assert all(isinstance(job.future.exception(), WorkerDied) for job in held)
+        assert r.dispatcher.state is DispatchState.DONE and r.batcher.depth == 4
+
+    scenario(test)

@@ -15,8 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from frontend.download import MAX_REDIRECTS, download_archive, normalise_url, remove_dot_segments
 from frontend.errors import ArchiveError, Conflict, Forbidden
+from frontend.models.download import (
+    MAX_REDIRECTS,
+    download_archive,
+    normalise_url,
+    remove_dot_segments,
+)
 
 LIMIT = 4096
 OK_BODY = b"PK\x03\x04 the first archive " * 20

@@ -29,10 +29,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from frontend.archive import unpack
+from frontend.api.http.forms import parse_form
 from frontend.config import _PARSERS, build_config
 from frontend.errors import ArchiveError, BadRequest, ConfigError
-from frontend.http.forms import parse_form
+from frontend.models.archive import unpack
 from protos.framing import HEADER, MAGIC, VERSION, Frame, FrameDecoder, Kind, ProtocolError, encode
 
 FUZZ = settings(max_examples=150, deadline=None,
@@ -174,7 +174,7 @@ def test_default_version_false_as_a_string_is_false() -> None:
     assert config.models["m"]["1.0"].is_default_version is False
 
 
-# ---- form bodies (frontend/http/forms.py) -------------------------------------------------
+# ---- form bodies (frontend/api/http/forms.py) -------------------------------------------------
 
 # The server decodes header values as latin-1, so a content type is always latin-1 text.
 latin1 = st.text(st.characters(max_codepoint=0xFF), max_size=40)
@@ -237,7 +237,7 @@ def test_a_truncated_multipart_body_is_a_bad_request(body: bytes) -> None:
         parse_form("multipart/form-data; boundary=XyZ", body, 1000)
 
 
-# ---- archive members (frontend/archive.py) ------------------------------------------------
+# ---- archive members (frontend/models/archive.py) ------------------------------------------------
 #
 # Archives are unpacked into <sandbox>/a/b/c/work/<name>-<id>/; every escaping name used here
 # points into <sandbox> (at most five '..', absolute paths under <sandbox>), so a failure of

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from frontend.gpus import GpuAssigner, visible_gpu_count
+from frontend.serving.placement import GpuAssigner, visible_gpu_count
 
 
 def test_round_robin_over_every_gpu() -> None:

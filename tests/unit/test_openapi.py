@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from openapi_spec_validator import validate
 
-from frontend.http.openapi import inference_description, management_description
+from frontend.api.http.openapi import inference_description, management_description
 
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from frontend.policies import (
+from frontend.serving.policies import (
     STALE_GAPS,
     AdaptivePolicy,
     FixedPolicy,

@@ -9,9 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from frontend.batching import Batcher
-from frontend.policies import FixedPolicy
-from frontend.workers import UNHEALTHY_AFTER_FAILURES, Worker, WorkerLaunch, WorkerStartError
+from frontend.serving.batching import Batcher
+from frontend.serving.policies import FixedPolicy
+from frontend.serving.workers import (
+    UNHEALTHY_AFTER_FAILURES,
+    Worker,
+    WorkerLaunch,
+    WorkerStartError,
+)
 from protos import worker_pb2
 
 
@@ -45,7 +50,7 @@ def test_an_os_error_starting_the_process_is_retried_logged_and_reported(
         assert worker.describe()["pid"] == -1
         await asyncio.wait_for(worker.stop(5), 10)
 
-    with caplog.at_level(logging.ERROR, logger="frontend.workers"):
+    with caplog.at_level(logging.ERROR, logger="frontend.serving.workers"):
         asyncio.run(scenario())
     assert downs[:UNHEALTHY_AFTER_FAILURES] == list(range(1, UNHEALTHY_AFTER_FAILURES + 1))
     assert sum("could not be started" in r.getMessage()

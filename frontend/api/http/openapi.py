@@ -2,7 +2,7 @@
 
 TorchServe answers ``OPTIONS /`` and ``GET /api-description`` on each port with such a
 document. Ours describes the endpoints batchserve really has, with the status codes and
-bodies that frontend/http/inference.py and frontend/http/management.py really send; when one
+bodies that frontend/api/http/inference.py and frontend/api/http/management.py really send; when one
 of those changes, change its description here too.
 
 Each call returns a fresh copy, so a caller may modify what it gets.

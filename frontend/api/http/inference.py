@@ -1,5 +1,5 @@
 """The inference API (port 8080): /ping, /predictions/{model}[/{version}], and KServe's
-v1/v2 protocols (frontend/http/kserve.py).
+v1/v2 protocols (frontend/api/http/kserve.py).
 
 This is the hot path: a request is read, turned into one worker_pb2.Request, queued on its
 model's batcher, and answered with the worker's bytes. No payload is decoded here.
@@ -9,23 +9,30 @@ from __future__ import annotations
 
 import logging
 
-from frontend.auth import KeyKind
-from frontend.batching import Job
-from frontend.errors import InternalError, ServeError
-from frontend.http import common
-from frontend.http.forms import is_form, parse_form
-from frontend.http.kserve import KServeRoutes
-from frontend.http.observe import (
+from frontend.api.auth import KeyKind
+from frontend.api.http import common
+from frontend.api.http.forms import is_form, parse_form
+from frontend.api.http.kserve import KServeRoutes
+from frontend.api.http.observe import (
     copy_headers,
     observed,
     response_headers,
     submit_unless_gone,
 )
-from frontend.http.openapi import inference_description
-from frontend.ids import new_request_id
-from frontend.registry import Model
+from frontend.api.http.openapi import inference_description
+from frontend.errors import (
+    MethodNotAllowed,
+    RouteNotFound,
+    ServeError,
+    error_body,
+    torchserve_body,
+    type_for_status,
+)
+from frontend.models.registry import Model
 from frontend.services import Services
-from frontend.streams import ResponseStream
+from frontend.serving.batching import Job
+from frontend.serving.ids import new_request_id
+from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -60,7 +67,7 @@ class InferenceApp(common.Routes):
         if common.is_api_description(scope):
             await common.send_json(send, 200, inference_description())
             return True
-        raise common.not_found()
+        raise RouteNotFound()
 
     async def ping(self, send: common.Send) -> None:
         healthy = all(model.is_healthy() for model in self.registry)
@@ -68,17 +75,17 @@ class InferenceApp(common.Routes):
         await common.send_json(send, 200 if healthy else 500, {"status": status})
 
     # The steps of a prediction, shared by the ASGI route below and by the connection-level
-    # fast path (frontend/http/fast.py), which serves nearly every /predictions request.
+    # fast path (frontend/api/http/fast.py), which serves nearly every /predictions request.
 
     def model_for(self, scope: common.Scope) -> Model:
         """The model a /predictions request names (ServeError: wrong method, token or name)."""
         if scope["method"] not in _INFERENCE_METHODS:
-            raise common.method_not_allowed()
+            raise MethodNotAllowed()
         if self.auth is not None:
             self.auth.check(KeyKind.INFERENCE, scope["headers"])
         parts = common.path_parts(scope)
         if len(parts) not in (2, 3):
-            raise common.not_found()
+            raise RouteNotFound()
         return self.registry.get(parts[1], parts[2] if len(parts) == 3 else None)
 
     def admit(self, model: Model, scope: common.Scope) -> None:
@@ -107,9 +114,8 @@ class InferenceApp(common.Routes):
         headers = response_headers(request_id, response)
         if response.error:
             status = response.status or 500
-            return status, common.JSON, common.pretty_json({
-                "code": status, "type": response.error_type or InternalError.type_name,
-                "message": response.error}), headers
+            return (status, common.JSON, torchserve_body(status, type_for_status(status),
+                                                         response.error), headers)
         content_type = (response.content_type or "application/json").encode("latin-1")
         return response.status or 200, content_type, response.body, headers
 
@@ -154,14 +160,14 @@ class InferenceApp(common.Routes):
                     started = True
                 body = part.body
                 if part.error:
-                    body = common.pretty_json({"code": part.status or 500,
-                                               "type": part.error_type, "message": part.error})
+                    status = part.status or 500
+                    body = torchserve_body(status, type_for_status(status), part.error)
                 await send({"type": "http.response.body", "body": body, "more_body": True})
         except ServeError as error:
             if not started:
                 raise
             # The status line is gone already: end the stream with the error as its last part.
-            await send({"type": "http.response.body", "body": common.pretty_json(
-                error.to_body()), "more_body": True})
+            await send({"type": "http.response.body", "body": error_body(error),
+                        "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return status

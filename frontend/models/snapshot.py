@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import javaproperties
 
-from frontend.registry import RegisterRequest
+from frontend.models.registry import RegisterRequest
 
 if TYPE_CHECKING:
-    from frontend.registry import ModelRegistry
+    from frontend.models.registry import ModelRegistry
 
 logger = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ import json
 import uuid
 from dataclasses import replace
 
+from frontend.api.params import bool_param, int_param
 from frontend.errors import BadRequest, InternalError, MethodNotAllowed
-from frontend.params import bool_param, int_param
-from frontend.policies import batch_settings_from_aliases
-from frontend.predict import submit
-from frontend.registry import Model, RegisterRequest
+from frontend.models.registry import Model, RegisterRequest
 from frontend.services import Services
+from frontend.serving.plane import submit
+from frontend.serving.policies import batch_settings_from_aliases
 from protos import worker_pb2
 
 MAX_LIST_LIMIT = 100

@@ -1,18 +1,18 @@
 """The management API (port 8081) over HTTP: TorchServe's paths and parameters.
 
-The operations themselves live in frontend/management.py (shared with gRPC). Where we
+The operations themselves live in frontend/models/management.py (shared with gRPC). Where we
 differ from TorchServe it is noted there (a duplicate registration is 409 here, 500 in
 TorchServe).
 """
 
 from __future__ import annotations
 
-from frontend.auth import KeyKind
-from frontend.errors import BadRequest
-from frontend.http import common
-from frontend.http.openapi import management_description
-from frontend.management import Body, ManagementOps
-from frontend.params import bool_param
+from frontend.api.auth import KeyKind
+from frontend.api.http import common
+from frontend.api.http.openapi import management_description
+from frontend.api.params import bool_param
+from frontend.errors import BadRequest, MethodNotAllowed, RouteNotFound
+from frontend.models.management import Body, ManagementOps
 from frontend.services import Services
 
 
@@ -33,7 +33,7 @@ class ManagementApp(common.Routes):
             await self.token(scope, send)
             return True
         if not parts or parts[0] != "models" or len(parts) > 4:
-            raise common.not_found()
+            raise RouteNotFound()
         if self.auth is not None:
             self.auth.check(KeyKind.MANAGEMENT, scope["headers"])
         status, body = await self._dispatch(scope["method"], parts,
@@ -49,14 +49,14 @@ class ManagementApp(common.Routes):
                 return 200, ops.list_models(params)
             if method == "POST":
                 return await ops.register(params)
-            raise common.method_not_allowed()
+            raise MethodNotAllowed()
         name = parts[1]
         version = parts[2] if len(parts) >= 3 else None
         if len(parts) == 4:
             if parts[3] != "set-default":
-                raise common.not_found()
+                raise RouteNotFound()
             if method != "PUT":
-                raise common.method_not_allowed()
+                raise MethodNotAllowed()
             assert version is not None
             return 200, ops.set_default(name, version)
         if method == "GET":
@@ -66,14 +66,14 @@ class ManagementApp(common.Routes):
             return await ops.scale(name, version, params)
         if method == "DELETE":
             return 200, await ops.unregister(name, version)
-        raise common.method_not_allowed()
+        raise MethodNotAllowed()
 
     async def token(self, scope: common.Scope, send: common.Send) -> None:
         """Rotate the inference or management key (authorised by the API key)."""
         if self.auth is None:
             raise BadRequest("token authorization is disabled on this server")
         if scope["method"] != "GET":
-            raise common.method_not_allowed()
+            raise MethodNotAllowed()
         self.auth.check(KeyKind.API, scope["headers"])
         kind = common.query_params(scope).get("type", "")
         await common.send_json(send, 200, {kind: self.auth.rotate(kind)})

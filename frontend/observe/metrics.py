@@ -30,8 +30,8 @@ from prometheus_client.registry import Collector
 from protos import worker_pb2
 
 if TYPE_CHECKING:
-    from frontend.batching import Job
-    from frontend.registry import Model
+    from frontend.models.registry import Model
+    from frontend.serving.batching import Job
 
 HOSTNAME = socket.gethostname()
 MODEL_LABELS = ("model_name", "model_version")

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from frontend.batching import Batcher, Job, Take, fail_jobs
 from frontend.errors import GatewayTimeout, InternalError, ServeError, WorkerDied
+from frontend.serving.batching import Batcher, Job, Take, fail_jobs
 from protos import worker_pb2
 from protos.framing import Frame
 
@@ -152,8 +152,10 @@ class Dispatcher:
             self._finish(None)
 
     def connection_lost(self, error: WorkerDied) -> None:
-        """The worker is gone. Its batches in flight are failed by their replies (the
-        connection calls each with WorkerDied); an idle dispatcher ends here."""
+        """The worker is gone: no batch is sent any more. Its batches in flight are failed by
+        their replies (the connection calls each with WorkerDied); an idle dispatcher ends
+        here."""
+        self._stopping = True
         self._unpark()
         if not self.in_flight:
             self._finish(error)
@@ -209,7 +211,8 @@ class Dispatcher:
             self._connection.send(self._frame_of(jobs),
                                   lambda outcome: self._on_reply(batch, outcome))
         except WorkerDied as exc:
-            fail_jobs(jobs, WorkerDied(f"{exc} while handling a batch of {len(jobs)}"))
+            # Never sent: the jobs go back to the queue for another worker.
+            self._batcher.requeue(jobs)
             self.connection_lost(exc)
             return
         for job in jobs:

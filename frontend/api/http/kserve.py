@@ -12,22 +12,29 @@ from __future__ import annotations
 
 import json
 
-from frontend import kserve
-from frontend.auth import KeyKind
-from frontend.batching import Job
-from frontend.errors import InternalError, ServeError
-from frontend.http import common
-from frontend.http.observe import (
+from frontend.api import kserve
+from frontend.api.auth import KeyKind
+from frontend.api.http import common
+from frontend.api.http.observe import (
     check_response_size,
     copy_headers,
     observed,
     response_headers,
     submit_unless_gone,
 )
-from frontend.ids import new_request_id
-from frontend.registry import SERVER_VERSION, Model
+from frontend.errors import (
+    InternalError,
+    MethodNotAllowed,
+    RouteNotFound,
+    ServeError,
+    header_pairs,
+    kserve_body,
+)
+from frontend.models.registry import SERVER_VERSION, Model
 from frontend.services import Services
-from frontend.streams import ResponseStream
+from frontend.serving.batching import Job
+from frontend.serving.ids import new_request_id
+from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
 V1_MODELS = "/v1/models"
@@ -35,8 +42,7 @@ V1_MODELS = "/v1/models"
 
 async def send_kserve_error(send: common.Send, status: int, message: str,
                             headers: common.Headers | None = None) -> None:
-    await common.send_bytes(send, status, json.dumps({"error": message}).encode(), common.JSON,
-                            headers)
+    await common.send_bytes(send, status, kserve_body(message), common.JSON, headers)
 
 
 def _compact(value: object) -> bytes:
@@ -66,9 +72,7 @@ class KServeRoutes:
         try:
             await serve(scope, receive, send)
         except ServeError as error:
-            extra = [(k.lower().encode("latin-1"), v.encode("latin-1"))
-                     for k, v in error.headers.items()]
-            await send_kserve_error(send, error.http_status, error.message, extra)
+            await send_kserve_error(send, error.http_status, error.message, header_pairs(error))
         return True
 
     def _check_auth(self, scope: common.Scope) -> None:
@@ -78,7 +82,7 @@ class KServeRoutes:
     @staticmethod
     def _expect(scope: common.Scope, method: str) -> None:
         if scope["method"] != method:
-            raise common.method_not_allowed()
+            raise MethodNotAllowed()
 
     # ---- v1 ---------------------------------------------------------------------------------
 
@@ -90,7 +94,7 @@ class KServeRoutes:
             await common.send_json(send, 200, {"models": self.registry.names()})
             return
         if not path.startswith(V1_MODELS + "/"):
-            raise common.not_found()
+            raise RouteNotFound()
         name, _, verb = path[len(V1_MODELS) + 1:].partition(":")
         if not verb:
             self._expect(scope, "GET")
@@ -99,7 +103,7 @@ class KServeRoutes:
                                                "ready": kserve.is_model_ready(model)})
             return
         if verb not in ("predict", "explain"):
-            raise common.not_found()
+            raise RouteNotFound()
         self._expect(scope, "POST")
         model = self.registry.get(name)
         await observed(self.metrics, self.access, scope, lambda: model,
@@ -144,19 +148,19 @@ class KServeRoutes:
                 ready = kserve.is_server_ready(self.registry)
                 await common.send_json(send, 200 if ready else 503, {"ready": ready})
                 return
-            raise common.not_found()
+            raise RouteNotFound()
         self._check_auth(scope)
         if not parts:
             self._expect(scope, "GET")
             await common.send_json(send, 200, kserve.server_metadata(SERVER_VERSION))
             return
         if parts[0] != "models" or len(parts) < 2:
-            raise common.not_found()
+            raise RouteNotFound()
         name, rest = parts[1], parts[2:]
         version = None
         if rest[:1] == ["versions"]:
             if len(rest) < 2:
-                raise common.not_found()
+                raise RouteNotFound()
             version, rest = rest[1], rest[2:]
         if not rest:
             self._expect(scope, "GET")
@@ -174,7 +178,7 @@ class KServeRoutes:
             await observed(self.metrics, self.access, scope, lambda: model,
                            lambda model, job: self._v2_infer(model, scope, receive, send, job))
         else:
-            raise common.not_found()
+            raise RouteNotFound()
 
     async def _v2_infer(self, model: Model, scope: common.Scope, receive: common.Receive,
                         send: common.Send, job: Job) -> int:

@@ -51,7 +51,7 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
 
     A bare name is looked up in the model store. An absolute path or ``file://`` URL must
     match one of the ``allowed_urls`` patterns in full (http(s) URLs are downloaded by
-    frontend.download, which checks them itself).
+    frontend.models.download, which checks them itself).
     """
     if not url:
         raise ArchiveError("Parameter url is required.")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from frontend.errors import BadRequest
 
 if TYPE_CHECKING:
-    from frontend.registry import Model
+    from frontend.models.registry import Model
 
 SERVER_NAME = "batchserve"
 #: Open Inference Protocol extensions we implement.

@@ -29,8 +29,8 @@ from urllib.request import (
     Request,
 )
 
-from frontend.archive import ARCHIVE_SUFFIXES
 from frontend.errors import ArchiveError, Conflict, Forbidden, ServeError
+from frontend.models.archive import ARCHIVE_SUFFIXES
 
 MAX_REDIRECTS = 5
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})

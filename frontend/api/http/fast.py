@@ -14,7 +14,7 @@ throughput").
 Relies on uvicorn's HttpToolsProtocol attributes (``cycle``, ``scope``, ``url``,
 ``expect_100_continue``, ``on_response_complete``); tests/integration cover it end to end.
 Request-head limits, the head deadline and upgrades are handled below it, in
-``frontend/http/protocol.py``.
+``frontend/api/http/protocol.py``.
 """
 
 from __future__ import annotations
@@ -30,15 +30,22 @@ from typing import ClassVar
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from frontend.batching import Job
-from frontend.errors import InternalError, PayloadTooLarge, ServeError, ServiceUnavailable
-from frontend.http import common
-from frontend.http.inference import InferenceApp
-from frontend.http.observe import pending_job, record_http_request
-from frontend.http.protocol import ServerProtocol
-from frontend.predict import enqueue
-from frontend.registry import Model
-from frontend.streams import ResponseStream
+from frontend.api.http import common
+from frontend.api.http.inference import InferenceApp
+from frontend.api.http.observe import pending_job, record_http_request
+from frontend.api.http.protocol import ServerProtocol
+from frontend.errors import (
+    InternalError,
+    PayloadTooLarge,
+    ServeError,
+    ServiceUnavailable,
+    error_body,
+    header_pairs,
+)
+from frontend.models.registry import Model
+from frontend.serving.batching import Job
+from frontend.serving.plane import enqueue
+from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -204,10 +211,8 @@ class PredictionsProtocol(ServerProtocol):
             # Refused before its body came: a body that is too large or of unknown size is
             # not worth reading, and one held back for "100 Continue" will never come.
             prediction.keep_alive = False
-        headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
-                   for k, v in error.headers.items()]
-        self._respond(prediction, error.http_status, common.JSON,
-                      common.pretty_json(error.to_body()), headers)
+        self._respond(prediction, error.http_status, common.JSON, error_body(error),
+                      header_pairs(error))
         model = prediction.model
         if (isinstance(error, ServiceUnavailable) and model is not None
                 and model.batcher.is_full and not self.transport.is_closing()):
@@ -238,8 +243,7 @@ class PredictionsProtocol(ServerProtocol):
         if _BAD_VALUE.search(content_type) or any(
                 _BAD_NAME.search(name) or _BAD_VALUE.search(value) for name, value in headers):
             error = InternalError("the handler's response has an invalid HTTP header")
-            self._respond(prediction, error.http_status, common.JSON,
-                          common.pretty_json(error.to_body()), [])
+            self._respond(prediction, error.http_status, common.JSON, error_body(error), [])
             return
         head = [STATUS_LINE[status], b"content-type: ", content_type, b"\r\ncontent-length: ",
                 b"%d" % len(body), b"\r\n"]

@@ -8,14 +8,14 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from frontend.batching import Job
+from frontend.api.http import common
 from frontend.errors import InternalError, ServeError
-from frontend.http import common
-from frontend.logs import AccessLog
-from frontend.metrics import ServerMetrics
-from frontend.predict import submit
-from frontend.registry import Model
-from frontend.streams import ResponseStream
+from frontend.models.registry import Model
+from frontend.observe.logs import AccessLog
+from frontend.observe.metrics import ServerMetrics
+from frontend.serving.batching import Job
+from frontend.serving.plane import submit
+from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
 #: What a job holds until its HTTP request has been read.

@@ -1,10 +1,10 @@
 """Batch policies: when a free worker should stop collecting jobs and dispatch its batch.
 
-The Batcher (frontend/batching.py) tells a policy what happened (a job arrived, a batch left the
-queue, a worker answered a batch) and, whenever a worker is free and jobs are queued, asks it how
-much longer to wait. A policy never reads a clock and never touches the queue: every hook gets
-the Batcher's ``now``, so tests drive it with a fake clock and ``simulate`` replays whole
-workloads in milliseconds.
+The Batcher (frontend/serving/batching.py) tells a policy what happened (a job arrived, a batch
+left the queue, a worker answered a batch) and, whenever a worker is free and jobs are queued,
+asks it how much longer to wait. A policy never reads a clock and never touches the queue:
+every hook gets the Batcher's ``now``, so tests drive it with a fake clock and ``simulate``
+replays whole workloads in milliseconds.
 
 * ``FixedPolicy`` is TorchServe's rule: dispatch when ``max_batch_size`` jobs are queued, else
   ``max_delay_s`` after the worker found the first one.

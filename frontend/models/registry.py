@@ -13,10 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from frontend import archive as archives
-from frontend.batching import Batcher, Job
+from frontend.api.kserve import tensor_metadata
 from frontend.config import ModelDefaults, ServerConfig
-from frontend.download import download_archive
 from frontend.errors import (
     BadRequest,
     Conflict,
@@ -26,11 +24,13 @@ from frontend.errors import (
     ModelVersionNotFound,
     ServiceUnavailable,
 )
-from frontend.gpus import CpuAssigner, GpuAssigner
-from frontend.kserve import tensor_metadata
-from frontend.metrics import ServerMetrics
-from frontend.policies import PolicyName, batch_settings_from_aliases, make_policy
-from frontend.workers import Worker, WorkerLaunch, WorkerStartError
+from frontend.models import archive as archives
+from frontend.models.download import download_archive
+from frontend.observe.metrics import ServerMetrics
+from frontend.serving.batching import Batcher, Job
+from frontend.serving.placement import CpuAssigner, GpuAssigner
+from frontend.serving.policies import PolicyName, batch_settings_from_aliases, make_policy
+from frontend.serving.workers import Worker, WorkerLaunch, WorkerStartError
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)

@@ -6,10 +6,10 @@ import asyncio
 import time
 from typing import Any
 
-from frontend.batching import Job
 from frontend.errors import GatewayTimeout
-from frontend.registry import Model
-from frontend.streams import ResponseStream
+from frontend.models.registry import Model
+from frontend.serving.batching import Job
+from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
 

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
-from frontend.errors import BadRequest, PayloadTooLarge, ServeError
+from frontend.errors import BadRequest, PayloadTooLarge, ServeError, error_body, header_pairs
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -90,8 +90,8 @@ async def send_json(send: Send, status: int, value: object,
 
 
 async def send_error(send: Send, error: ServeError, headers: Headers | None = None) -> None:
-    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
-    await send_json(send, error.http_status, error.to_body(), [*extra, *(headers or [])])
+    await send_bytes(send, error.http_status, error_body(error), JSON,
+                     [*header_pairs(error), *(headers or [])])
 
 
 def parse_timeout(value: str) -> float:
@@ -124,16 +124,6 @@ def path_parts(scope: Scope) -> list[str]:
     return [part for part in scope["path"].split("/") if part]
 
 
-def not_found() -> ServeError:
-    from frontend.errors import NotFound
-
-    return NotFound("Requested resource is not found, please refer to API document.")
-
-
-def method_not_allowed() -> ServeError:
-    from frontend.errors import MethodNotAllowed
-
-    return MethodNotAllowed("Requested method is not allowed, please refer to API document.")
 
 
 class Routes:

@@ -24,19 +24,11 @@ from pathlib import Path
 
 import psutil
 
-from frontend.batching import Batcher, Job, fail_jobs
-from frontend.dispatch import Dispatcher, InFlight
-from frontend.errors import (
-    BatchSizeMismatch,
-    GatewayTimeout,
-    InternalError,
-    InvalidInput,
-    OutOfResources,
-    ServeError,
-    WorkerDied,
-)
-from frontend.logs import model_logger
-from frontend.wire import read_frame, write_frame
+from frontend.errors import GatewayTimeout, InternalError, WorkerDied, worker_error
+from frontend.observe.logs import model_logger
+from frontend.serving.batching import Batcher, Job, fail_jobs
+from frontend.serving.dispatch import Dispatcher, InFlight
+from frontend.serving.wire import read_frame, write_frame
 from protos import worker_pb2
 from protos.framing import Frame, Kind, ProtocolError
 
@@ -52,11 +44,6 @@ UNHEALTHY_AFTER_FAILURES = 3
 #: How long after a worker process exits its socket is read before being dropped.
 EXIT_GRACE_S = 0.1
 
-WORKER_ERRORS: dict[int, type[ServeError]] = {
-    worker_pb2.INVALID_INPUT: InvalidInput,
-    worker_pb2.OUT_OF_MEMORY: OutOfResources,
-    worker_pb2.BATCH_SIZE_MISMATCH: BatchSizeMismatch,
-}
 
 
 class WorkerState(enum.Enum):
@@ -524,7 +511,7 @@ class Worker:
         """Run batches on the worker until it is to stop (returns) or is gone (WorkerDied).
 
         A ``Dispatcher`` does the work, in callbacks: it parks in the batcher, sends up to
-        ``batches_in_flight`` batches, and routes the replies (``frontend/dispatch.py``).
+        ``batches_in_flight`` batches, and routes the replies (``frontend/serving/dispatch.py``).
         """
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
@@ -600,7 +587,7 @@ class Worker:
             self.failures = 0
             self._batcher.completed(batch.weight, service_s)
             if len(result.responses) != len(jobs):
-                fail_jobs(jobs, BatchSizeMismatch(
+                fail_jobs(jobs, InternalError(
                     f"{self.name} returned {len(result.responses)} responses for a batch of "
                     f"{len(jobs)} requests"))
                 return None
@@ -608,8 +595,7 @@ class Worker:
             return lambda: _resolve(jobs, responses, self._launch.max_response_bytes)
         if reply.kind is Kind.ERROR:
             error = worker_pb2.Error.FromString(reply.payload)
-            error_type = WORKER_ERRORS.get(error.code, InternalError)
-            fail_jobs(jobs, error_type(f"Prediction failed: {error.message}"))
+            fail_jobs(jobs, worker_error(error.code, error.message))
             return None
         fail_jobs(jobs, InternalError(f"{self.name} sent {reply.kind.name} to a batch"))
         raise WorkerDied(f"{self.name} broke the protocol")
@@ -687,6 +673,6 @@ def bounded(response: worker_pb2.Response, max_bytes: int) -> worker_pb2.Respons
     if len(response.body) <= max_bytes:
         return response
     return worker_pb2.Response(
-        request_id=response.request_id, status=500, error_type=InternalError.type_name,
+        request_id=response.request_id, status=500,
         error=f"the response of {len(response.body)} bytes exceeds max_response_size "
               f"({max_bytes} bytes)")

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from frontend.errors import GatewayTimeout, ServeError, ServiceUnavailable
-from frontend.policies import BatchPolicy
-from frontend.streams import ResponseStream
+from frontend.serving.policies import BatchPolicy
+from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,14 @@ from typing import ClassVar
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from frontend.http import common
+from frontend.errors import (
+    BadRequest,
+    HeaderFieldsTooLarge,
+    RequestHeadTimeout,
+    ServeError,
+    UriTooLong,
+    error_body,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +53,12 @@ class _Refused(Exception):
     """Raised from a parser callback to stop parsing a request that was refused."""
 
 
-_STATUS_TEXT = {400: "BadRequestException", 408: "RequestTimeoutException",
-                414: "RequestUriTooLongException", 431: "RequestHeaderFieldsTooLargeException"}
 
 
-def error_response(status: int, message: str) -> bytes:
+def error_response(error: ServeError) -> bytes:
     """A whole HTTP response carrying TorchServe's error body, closing the connection."""
-    body = common.pretty_json({"code": status, "type": _STATUS_TEXT[status], "message": message})
-    return b"".join([STATUS_LINE[status], b"content-type: application/json\r\n",
+    body = error_body(error)
+    return b"".join([STATUS_LINE[error.http_status], b"content-type: application/json\r\n",
                      b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body), body])
 
 
@@ -108,7 +113,7 @@ class ServerProtocol(HttpToolsProtocol):
             if not self._refused:  # else: our own callback refused the request
                 if isinstance(exc, httptools.HttpParserCallbackError):
                     logger.error("parsing an HTTP request failed", exc_info=exc)
-                self._refuse_head(400, f"Invalid HTTP request: {exc}")
+                self._refuse_head(BadRequest(f"Invalid HTTP request: {exc}"))
             return
         if self._in_head and not self._began_in_chunk:
             # A head that spans reads: this whole read belongs to it. (Where in its first read
@@ -117,9 +122,10 @@ class ServerProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 if len(self.url) > MAX_URL_BYTES:  # still in the request line
-                    self._refuse_head(414, f"request URL exceeds {MAX_URL_BYTES} bytes")
+                    self._refuse_head(UriTooLong(f"request URL exceeds {MAX_URL_BYTES} bytes"))
                 else:
-                    self._refuse_head(431, f"request headers exceed {MAX_HEAD_BYTES} bytes")
+                    self._refuse_head(HeaderFieldsTooLarge(
+                        f"request headers exceed {MAX_HEAD_BYTES} bytes"))
 
     def _read_past_upgrade(self, rest: bytes) -> None:
         """llhttp stops after the head of a request that asks for an upgrade; we perform
@@ -165,11 +171,13 @@ class ServerProtocol(HttpToolsProtocol):
     def _head_too_large(self) -> bool:
         """Refuse a parsed head whose URL, one line or number of lines is over its limit."""
         if len(self.url) > MAX_URL_BYTES:
-            self._refuse_head(414, f"request URL exceeds {MAX_URL_BYTES} bytes")
+            self._refuse_head(UriTooLong(f"request URL exceeds {MAX_URL_BYTES} bytes"))
         elif len(self.headers) > MAX_HEADERS:
-            self._refuse_head(431, f"a request may carry at most {MAX_HEADERS} headers")
+            self._refuse_head(HeaderFieldsTooLarge(
+                f"a request may carry at most {MAX_HEADERS} headers"))
         elif any(len(name) + len(value) > MAX_HEADER_LINE_BYTES for name, value in self.headers):
-            self._refuse_head(431, f"a request header exceeds {MAX_HEADER_LINE_BYTES} bytes")
+            self._refuse_head(HeaderFieldsTooLarge(
+                f"a request header exceeds {MAX_HEADER_LINE_BYTES} bytes"))
         return self._refused
 
     def _body_framing(self) -> bytes | None:
@@ -197,21 +205,22 @@ class ServerProtocol(HttpToolsProtocol):
         if remaining_s > 0:
             self._head_timer = self.loop.call_later(remaining_s, self._check_head)
         elif self._in_head:
-            self._refuse_head(408, f"the request head did not arrive within "
-                              f"{self.header_timeout_s:g} s")
+            self._refuse_head(RequestHeadTimeout(
+                f"the request head did not arrive within {self.header_timeout_s:g} s"))
         else:  # connected, and silent since: nothing to answer
             self._refused = True
             self.transport.close()
 
-    def _refuse_head(self, status: int, message: str) -> None:
-        """Answer ``status`` and close, once the requests before this one are answered."""
+    def _refuse_head(self, error: ServeError) -> None:
+        """Answer ``error`` and close, once the requests before this one are answered."""
         self._refused = True
         self._stop_head_timer()
         self.flow.pause_reading()
         client = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
-        logger.warning("HTTP request from %s refused (%d): %s", client, status, message)
-        self._refusal = error_response(status, message)
-        self._count(status)
+        logger.warning("HTTP request from %s refused (%d): %s", client, error.http_status,
+                       error.message)
+        self._refusal = error_response(error)
+        self._count(error.http_status)
         self._write_refusal()
 
     def _write_refusal(self) -> None:

@@ -26,16 +26,16 @@ from google.rpc import status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from frontend import grpc_wire, kserve
-from frontend.auth import KeyKind
-from frontend.batching import Job
-from frontend.errors import InternalError, ServeError
-from frontend.ids import new_request_id
-from frontend.management import ManagementOps
-from frontend.predict import submit
-from frontend.registry import SERVER_VERSION, Model
+from frontend.api import grpc_wire, kserve
+from frontend.api.auth import KeyKind
+from frontend.errors import InternalError, ServeError, grpc_code
+from frontend.models.management import ManagementOps
+from frontend.models.registry import SERVER_VERSION, Model
 from frontend.services import Services
-from frontend.streams import ResponseStream
+from frontend.serving.batching import Job
+from frontend.serving.ids import new_request_id
+from frontend.serving.plane import submit
+from frontend.serving.streams import ResponseStream
 from protos import (
     inference_pb2,
     inference_pb2_grpc,
@@ -49,27 +49,6 @@ from protos import (
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: The one place that maps our HTTP statuses to gRPC codes (a TorchServe client sees the same
-#: message text over either transport).
-GRPC_CODES: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    405: grpc.StatusCode.PERMISSION_DENIED,  # model API disabled, as TorchServe answers
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    409: grpc.StatusCode.ALREADY_EXISTS,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-    507: grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
-
-
-def grpc_code(http_status: int) -> grpc.StatusCode:
-    return GRPC_CODES.get(http_status, grpc.StatusCode.INTERNAL)
-
 
 class _RequestFailed(Exception):
     """A worker's per-request error (status + message), raised to abort the RPC."""

@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator, Callable
 
 import uvicorn
 
+from frontend.api.http import common
+from frontend.api.http.fast import protocol_for
+from frontend.api.http.inference import InferenceApp
+from frontend.api.http.management import ManagementApp
+from frontend.api.http.metrics import MetricsApp
 from frontend.config import Address
-from frontend.errors import ServeError
-from frontend.http import common
-from frontend.http.fast import protocol_for
-from frontend.http.inference import InferenceApp
-from frontend.http.management import ManagementApp
-from frontend.http.metrics import MetricsApp
+from frontend.errors import RouteNotFound, ServeError
 from frontend.services import Services
 
 logger = logging.getLogger(__name__)
@@ -34,18 +34,18 @@ class CombinedApp:
                        send: common.Send) -> None:
         if scope["type"] != "http":
             return
-        last_error: ServeError = common.not_found()
+        last_error: ServeError = RouteNotFound()
         for app in self.apps:
             try:
                 if await app.route(scope, receive, send):
                     return
             except common.ClientDisconnected:
                 return
+            except RouteNotFound as error:
+                last_error = error  # not this API's path: the next one may serve it
             except ServeError as error:
-                if error.http_status != 404 or "Requested resource" not in error.message:
-                    await common.send_error(send, error)
-                    return
-                last_error = error
+                await common.send_error(send, error)
+                return
         await common.send_error(send, last_error)
 
 

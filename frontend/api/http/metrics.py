@@ -6,8 +6,9 @@ from urllib.parse import parse_qsl
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from frontend.http import common
-from frontend.metrics import LEGACY, ServerMetrics
+from frontend.api.http import common
+from frontend.errors import MethodNotAllowed, RouteNotFound
+from frontend.observe.metrics import LEGACY, ServerMetrics
 from frontend.services import Services
 
 
@@ -20,9 +21,9 @@ class MetricsApp(common.Routes):
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:
         if scope["path"] != "/metrics":
-            raise common.not_found()
+            raise RouteNotFound()
         if scope["method"] != "GET":
-            raise common.method_not_allowed()
+            raise MethodNotAllowed()
         names = [value for key, value in parse_qsl(scope.get("query_string", b"").decode())
                  if key in ("name[]", "name")]
         if self.legacy:

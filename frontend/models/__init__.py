@@ -1,0 +1,1 @@
+"""Models: the registry, archives and downloads, settings, snapshots and management operations."""
