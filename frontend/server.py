@@ -27,6 +27,7 @@ from frontend.models.snapshot import Snapshots, restore_requests
 from frontend.observe.logs import ServerLogs
 from frontend.services import Services
 from frontend.serving.placement import GpuAssigner
+from frontend.serving.plane import InferencePlane
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ class Server:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
         logs = ServerLogs(config.log_location, config.enable_access_log)
-        self.services = Services(config, registry, auth, snapshots, logs.access)
+        plane = InferencePlane(registry, registry.metrics, logs.access)
+        self.services = Services(config, registry, auth, snapshots, logs.access, plane)
         grpc_servers = GrpcServers(self.services) if config.enable_grpc else None
         with logs:
             try:

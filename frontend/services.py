@@ -1,4 +1,5 @@
-"""What the API layers share: config, registry, token authority, snapshots."""
+"""What the API layers share: config, registry, the inference plane, token authority,
+snapshots, the access log."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from frontend.config import ServerConfig
 from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots
 from frontend.observe.logs import AccessLog
+from frontend.serving.plane import InferencePlane
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,3 +20,4 @@ class Services:
     auth: TokenAuthority | None
     snapshots: Snapshots
     access: AccessLog
+    plane: InferencePlane

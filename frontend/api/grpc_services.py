@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import message_factory
@@ -28,13 +28,11 @@ from grpc_reflection.v1alpha import reflection
 
 from frontend.api import grpc_wire, kserve
 from frontend.api.auth import KeyKind
-from frontend.errors import InternalError, ServeError, grpc_code
+from frontend.errors import InternalError, ServeError, WorkerError, grpc_code, type_for_status
 from frontend.models.management import ManagementOps
-from frontend.models.registry import SERVER_VERSION, Model
+from frontend.models.registry import SERVER_VERSION
 from frontend.services import Services
-from frontend.serving.batching import Job
-from frontend.serving.ids import new_request_id
-from frontend.serving.plane import submit
+from frontend.serving.plane import Answer, Call, Origin
 from frontend.serving.streams import ResponseStream
 from protos import (
     inference_pb2,
@@ -49,34 +47,26 @@ from protos import (
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+#: A servicer's RPC context (generic in the stubs only).
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
-class _RequestFailed(Exception):
-    """A worker's per-request error (status + message), raised to abort the RPC."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-async def _answer(context: grpc.aio.ServicerContext, call: Awaitable[T]) -> T:
+async def _answer(context: Context, call: Awaitable[T]) -> T:
     """Run an RPC body; map our errors to a gRPC status with the REST message text."""
     try:
         return await call
     except ServeError as error:
         await context.abort(grpc_code(error.http_status), error.message)
-    except _RequestFailed as error:
-        await context.abort(grpc_code(error.status), str(error))
     raise AssertionError("unreachable: abort raises")
 
 
-def _metadata_headers(context: grpc.aio.ServicerContext) -> list[tuple[bytes, bytes]]:
+def _metadata_headers(context: Context) -> list[tuple[bytes, bytes]]:
     return [(key.lower().encode("latin-1"), value.encode("latin-1"))
             for key, value in (context.invocation_metadata() or ())
             if isinstance(value, str)]
 
 
 @dataclass(frozen=True, slots=True)
-class _Call:
+class _Rpc:
     """What the requests of one RPC need of it, read once while the RPC is live.
 
     NOTE: nothing may touch a gRPC context after its RPC has ended: grpc's C core does not
@@ -91,7 +81,7 @@ class _Call:
     deadline: float | None
 
     @classmethod
-    def of(cls, context: grpc.aio.ServicerContext) -> _Call:
+    def of(cls, context: Context) -> _Rpc:
         remaining = context.time_remaining()
         return cls(context.peer(), _metadata_headers(context),
                    None if remaining is None else time.monotonic() + remaining)
@@ -99,20 +89,25 @@ class _Call:
     def time_remaining(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
+    def origin(self, path: str) -> Origin:
+        return Origin(self.peer, "gRPC", path, "HTTP/2.0", count_status=True)
+
 
 def _body_of(response: worker_pb2.Response) -> bytes:
+    """The body of a worker's answer, or its per-request error raised as a ServeError."""
     if response.error:
-        raise _RequestFailed(response.status or 500, response.error)
+        status = response.status or 500
+        raise WorkerError(status, type_for_status(status), response.error)
     return response.body
 
 
 class _InferenceRpcs:
-    """What both inference services share: the registry, token checks, the access log."""
+    """What both inference services share: the plane, token checks, the limits."""
 
     def __init__(self, services: Services) -> None:
         self.registry = services.registry
+        self.plane = services.plane
         self.auth = services.auth
-        self.access = services.access
         self.max_inputs = services.config.max_request_inputs
         self.max_rows = services.config.max_request_instances
 
@@ -122,24 +117,10 @@ class _InferenceRpcs:
 
 
 class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceServicer):
-    async def Ping(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def Ping(self, request: Any, context: Context) -> Any:
         healthy = all(model.is_healthy() for model in self.registry)
         status = json.dumps({"status": "Healthy" if healthy else "Unhealthy"}, indent=2)
         return inference_pb2.TorchServeHealthResponse(health=status)
-
-    async def _start(self, request: Any, call: _Call, job: Job | None = None
-                     ) -> worker_pb2.Response | ResponseStream:
-        model = self.registry.get(request.model_name, request.model_version or None)
-        message = worker_pb2.Request(request_id=new_request_id())
-        if job is not None:
-            job.request = message
-        for key, value in call.headers:
-            message.headers[key.decode("latin-1")] = value.decode("latin-1")
-        for name, value in request.input.items():
-            message.inputs[name] = value
-        if request.HasField("sequence_id"):
-            message.headers["ts_request_sequence_id"] = request.sequence_id
-        return await submit(model, message, call.time_remaining(), job=job)
 
     def _parsed(self, raw: bytes) -> Any:
         """The PredictionsRequest in ``raw``, or the error that refuses it."""
@@ -148,79 +129,58 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
         except ServeError as error:
             return error
 
-    async def _predict_whole(self, request: Any, call: _Call) -> bytes:
-        """Run one parsed request (or raise the error that refused it); its whole answer."""
-        started = time.perf_counter()
-        job = Job(worker_pb2.Request(), asyncio.get_running_loop().create_future())
-        status = 500
-        try:
-            if isinstance(request, ServeError):
-                raise request
-            result = await self._start(request, call, job)
+    async def _start(self, request: Any, rpc: _Rpc, call: Call) -> Answer:
+        """Run one parsed request (or raise the error that refused it) through the plane."""
+        if isinstance(request, ServeError):
+            raise request
+        call.origin = rpc.origin(f"/{request.model_name}")
+        return await self.plane.predict(
+            call, request.model_name, request.model_version or None, rpc.headers,
+            request.input, deadline_s=rpc.time_remaining(),
+            sequence_id=request.sequence_id if request.HasField("sequence_id") else None)
+
+    async def _predict_whole(self, request: Any, rpc: _Rpc) -> bytes:
+        """One request's whole answer (its parts joined)."""
+        async with self.plane.call(rpc.origin("/-")) as call:
+            result = await self._start(request, rpc, call)
             if isinstance(result, ResponseStream):
                 body = b"".join([_body_of(part) async for part in result])
             else:
                 body = _body_of(result)
-            status = 200
+            call.status = 200
             return body
-        except ServeError as error:
-            status = error.http_status
-            raise
-        except _RequestFailed as error:
-            status = error.status
-            raise
-        except asyncio.CancelledError:
-            status = 0  # the client went away: nobody gets an answer
-            raise
-        finally:
-            self._observe(request, call, status, time.perf_counter() - started, job)
 
-    def _observe(self, request: Any, call: _Call, status: int, latency_s: float,
-                 job: Job) -> None:
-        name = "-" if isinstance(request, ServeError) else request.model_name
-        version = "-" if isinstance(request, ServeError) else request.model_version or "-"
-        try:
-            model = self.registry.get(name, None if version == "-" else version)
-        except ServeError:
-            model = None
-        self.registry.metrics.record_request(model, status, latency_s)
-        if status:
-            self.registry.metrics.count_response(status)
-        self.access.write(call.peer, "gRPC", f"/{name}", "HTTP/2.0", status, latency_s, name,
-                          version, job.queue_wait_s, job.batch_size)
-
-    async def Predictions(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-        call = _Call.of(context)
+    async def Predictions(self, raw: bytes, context: Context) -> Any:
+        rpc = _Rpc.of(context)
 
         async def run() -> Any:
-            self._check(call.headers)
-            body = await self._predict_whole(self._parsed(raw), call)
+            self._check(rpc.headers)
+            body = await self._predict_whole(self._parsed(raw), rpc)
             return inference_pb2.PredictionResponse(prediction=body)
 
         return await _answer(context, run())
 
-    async def StreamPredictions(self, raw: bytes,
-                                context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        call = _Call.of(context)
-        parts: list[worker_pb2.Response] | ResponseStream
+    async def StreamPredictions(self, raw: bytes, context: Context
+                                ) -> AsyncIterator[Any]:
+        rpc = _Rpc.of(context)
+        async with self.plane.call(rpc.origin("/-")) as call:
+            async def start() -> list[worker_pb2.Response] | ResponseStream:
+                self._check(rpc.headers)
+                result = await self._start(self._parsed(raw), rpc, call)
+                return result if isinstance(result, ResponseStream) else [result]
 
-        async def start() -> list[worker_pb2.Response] | ResponseStream:
-            self._check(call.headers)
-            request = grpc_wire.predictions_request(raw, self.max_inputs)
-            result = await self._start(request, call)
-            return result if isinstance(result, ResponseStream) else [result]
-
-        parts = await _answer(context, start())
-        try:
-            async for part in _iterate(parts):
-                yield inference_pb2.PredictionResponse(prediction=_body_of(part))
-        except ServeError as error:
-            await context.abort(grpc_code(error.http_status), error.message)
-        except _RequestFailed as error:
-            await context.abort(grpc_code(error.status), str(error))
+            parts = await _answer(context, start())
+            try:
+                async for part in _iterate(parts):
+                    yield inference_pb2.PredictionResponse(prediction=_body_of(part))
+                call.status = 200
+            except ServeError as error:
+                call.status = error.http_status
+                await context.abort(grpc_code(error.http_status), error.message)
 
     async def StreamPredictions2(self, request_iterator: AsyncIterator[bytes],
-                                 context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                                 context: Context
+                                 ) -> AsyncIterator[Any]:
         """One bidirectional stream for many requests: answered in order, each carrying its
         sequence_id; a failed request answers with its ``status`` and the stream goes on.
 
@@ -228,8 +188,8 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
         still waiting is cancelled: a queued one leaves the queue undispatched, one in a
         worker has its answer dropped.
         """
-        call = _Call.of(context)
-        await _answer(context, _async(lambda: self._check(call.headers)))
+        rpc = _Rpc.of(context)
+        await _answer(context, _async(lambda: self._check(rpc.headers)))
         pending: asyncio.Queue[tuple[Any, asyncio.Task[bytes]] | None] = asyncio.Queue()
         running: set[asyncio.Task[bytes]] = set()
 
@@ -242,7 +202,7 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
             try:
                 async for raw in request_iterator:
                     request = self._parsed(raw)
-                    task = asyncio.ensure_future(self._predict_whole(request, call))
+                    task = asyncio.ensure_future(self._predict_whole(request, rpc))
                     running.add(task)
                     task.add_done_callback(finished)
                     await pending.put((request, task))
@@ -260,8 +220,6 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
                     answer.prediction = await task
                 except ServeError as error:
                     answer.status.CopyFrom(_rpc_status(error.http_status, error.message))
-                except _RequestFailed as error:
-                    answer.status.CopyFrom(_rpc_status(error.status, str(error)))
                 yield answer
         finally:
             reader.cancel()
@@ -279,14 +237,14 @@ class OpenInferenceServicer(_InferenceRpcs, open_inference_pb2_grpc.GRPCInferenc
     when the request came raw).
     """
 
-    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ServerLive(self, request: Any, context: Context) -> Any:
         return open_inference_pb2.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ServerReady(self, request: Any, context: Context) -> Any:
         return open_inference_pb2.ServerReadyResponse(
             ready=kserve.is_server_ready(self.registry))
 
-    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ModelReady(self, request: Any, context: Context) -> Any:
         async def run() -> Any:
             self._check(_metadata_headers(context))
             model = self.registry.get(request.name, request.version or None)
@@ -294,7 +252,7 @@ class OpenInferenceServicer(_InferenceRpcs, open_inference_pb2_grpc.GRPCInferenc
 
         return await _answer(context, run())
 
-    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ServerMetadata(self, request: Any, context: Context) -> Any:
         async def run() -> Any:
             self._check(_metadata_headers(context))
             return open_inference_pb2.ServerMetadataResponse(
@@ -302,7 +260,7 @@ class OpenInferenceServicer(_InferenceRpcs, open_inference_pb2_grpc.GRPCInferenc
 
         return await _answer(context, run())
 
-    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ModelMetadata(self, request: Any, context: Context) -> Any:
         async def run() -> Any:
             self._check(_metadata_headers(context))
             model = self.registry.get(request.name, request.version or None)
@@ -312,54 +270,28 @@ class OpenInferenceServicer(_InferenceRpcs, open_inference_pb2_grpc.GRPCInferenc
 
         return await _answer(context, run())
 
-    async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+    async def ModelInfer(self, raw: bytes, context: Context) -> Any:
         """Never decoded here: the worker gets the request's bytes as they came."""
-        started = time.perf_counter()
-        call = _Call.of(context)
-        job = Job(worker_pb2.Request(), asyncio.get_running_loop().create_future())
-        status = 500
-        model: Model | None = None
-        head = grpc_wire.InferHead()
+        rpc = _Rpc.of(context)
 
         async def run() -> Any:
-            nonlocal model, head
-            self._check(call.headers)
-            head = grpc_wire.infer_request_head(raw, self.max_inputs)
-            model = self.registry.get(head.model_name, head.model_version or None)
-            job.weight = kserve.v2_grpc_rows(head.shapes, self.max_rows)
-            message = job.request = worker_pb2.Request(
-                request_id=new_request_id(), tensor_format=worker_pb2.TENSOR_FORMAT_GRPC)
-            for key, value in call.headers:
-                message.headers[key.decode("latin-1")] = value.decode("latin-1")
-            message.inputs["body"] = raw
-            result = await submit(model, message, call.time_remaining(), job=job)
-            if isinstance(result, ResponseStream):
-                raise InternalError("the handler sent intermediate responses, which ModelInfer "
-                                    "cannot carry")
-            return open_inference_pb2.ModelInferResponse.FromString(_body_of(result))
+            async with self.plane.call(rpc.origin("/v2/models/-/infer")) as call:
+                self._check(rpc.headers)
+                head = grpc_wire.infer_request_head(raw, self.max_inputs)
+                call.origin = rpc.origin(f"/v2/models/{head.model_name}/infer")
+                result = await self.plane.predict(
+                    call, head.model_name, head.model_version or None, rpc.headers,
+                    {"body": raw}, deadline_s=rpc.time_remaining(),
+                    weight=kserve.v2_grpc_rows(head.shapes, self.max_rows),
+                    tensor_format=worker_pb2.TENSOR_FORMAT_GRPC)
+                if isinstance(result, ResponseStream):
+                    raise InternalError("the handler sent intermediate responses, which "
+                                        "ModelInfer cannot carry")
+                answer = open_inference_pb2.ModelInferResponse.FromString(_body_of(result))
+                call.status = 200
+                return answer
 
-        try:
-            answer = await run()
-            status = 200
-            return answer
-        except ServeError as error:
-            status = error.http_status
-            await context.abort(grpc_code(error.http_status), error.message)
-        except _RequestFailed as error:
-            status = error.status
-            await context.abort(grpc_code(error.status), str(error))
-        except asyncio.CancelledError:
-            status = 0  # the client went away
-            raise
-        finally:
-            latency_s = time.perf_counter() - started
-            self.registry.metrics.record_request(model, status, latency_s)
-            if status:
-                self.registry.metrics.count_response(status)
-            self.access.write(call.peer, "gRPC", f"/v2/models/{head.model_name}/infer",
-                              "HTTP/2.0", status, latency_s, head.model_name or "-",
-                              head.model_version or "-", job.queue_wait_s, job.batch_size)
-        raise AssertionError("unreachable: abort raises")
+        return await _answer(context, run())
 
 
 async def _async(function: Callable[[], None]) -> None:
@@ -410,15 +342,15 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
 
         return await _answer(context, run())
 
-    async def DescribeModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def DescribeModel(self, request: Any, context: Context) -> Any:
         return await self._run(context, lambda: self.ops.describe(
             request.model_name, request.model_version or None, request.customized))
 
-    async def ListModels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ListModels(self, request: Any, context: Context) -> Any:
         params = _params(limit=request.limit, next_page_token=request.next_page_token)
         return await self._run(context, lambda: _async_value(self.ops.list_models(params)))
 
-    async def RegisterModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def RegisterModel(self, request: Any, context: Context) -> Any:
         params = _params(url=request.url, model_name=request.model_name,
                          handler=request.handler, runtime=request.runtime,
                          batch_size=request.batch_size, max_batch_delay=request.max_batch_delay,
@@ -433,7 +365,7 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
 
         return await self._run(context, register)
 
-    async def ScaleWorker(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ScaleWorker(self, request: Any, context: Context) -> Any:
         # NOTE: an unset timeout (0) means "wait for the batch in flight" (-1), not "kill now":
         # proto3 cannot tell 0 from absent, and killing busy workers must be asked for.
         params = _params(min_worker=request.min_worker, max_worker=request.max_worker,
@@ -447,11 +379,11 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
 
         return await self._run(context, scale)
 
-    async def SetDefault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def SetDefault(self, request: Any, context: Context) -> Any:
         return await self._run(context, lambda: _async_value(
             self.ops.set_default(request.model_name, request.model_version)))
 
-    async def UnregisterModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def UnregisterModel(self, request: Any, context: Context) -> Any:
         return await self._run(context, lambda: self.ops.unregister(
             request.model_name, request.model_version or None))
 

@@ -15,7 +15,7 @@ from frontend.api.params import bool_param, int_param
 from frontend.errors import BadRequest, InternalError, MethodNotAllowed
 from frontend.models.registry import Model, RegisterRequest
 from frontend.services import Services
-from frontend.serving.plane import submit
+from frontend.serving.plane import InferencePlane
 from frontend.serving.policies import batch_settings_from_aliases
 from protos import worker_pb2
 
@@ -29,6 +29,7 @@ class ManagementOps:
     def __init__(self, services: Services) -> None:
         self.config = services.config
         self.registry = services.registry
+        self.plane = services.plane
         self.snapshots = services.snapshots
 
     def _require_model_api(self) -> None:
@@ -61,7 +62,8 @@ class ManagementOps:
         descriptions = [model.describe() for model in models]
         if customized:
             for model, description in zip(models, descriptions, strict=True):
-                description["customizedMetadata"] = await _customized_metadata(model)
+                description["customizedMetadata"] = await _customized_metadata(self.plane,
+                                                                               model)
         return descriptions
 
     async def register(self, params: dict[str, str]) -> tuple[int, Body]:
@@ -135,10 +137,10 @@ class ManagementOps:
         return {"status": f'Model "{model.name}"{suffix} unregistered'}
 
 
-async def _customized_metadata(model: Model) -> object:
+async def _customized_metadata(plane: InferencePlane, model: Model) -> object:
     """Ask a worker for the handler's describe_handle() output, through the model's queue."""
-    response = await submit(model, worker_pb2.Request(request_id=str(uuid.uuid4()),
-                                                      describe=True))
+    response = await plane.ask(model, worker_pb2.Request(request_id=str(uuid.uuid4()),
+                                                         describe=True))
     if not isinstance(response, worker_pb2.Response):
         raise InternalError("describe_handle() must not stream")
     if response.error:

@@ -1,57 +1,228 @@
-"""Submitting one request to a model and waiting for its answer: shared by HTTP and gRPC."""
+"""The inference plane: the one path a prediction takes, whatever transport brought it.
+
+Transports only parse and render (the ``/predictions`` fast path, the ASGI routes for
+TorchServe and KServe v1/v2, both gRPC services). Between the two, the plane does each step
+once:
+
+* ``begin`` opens a ``Call`` for one prediction (who asked, when, its job);
+* ``resolve`` finds the model and version it names; ``admit`` refuses it at once when the
+  model's queue is full (an HTTP body is not read then);
+* ``build`` makes the worker's request: a fresh request id, the client's headers (HTTP headers
+  or gRPC metadata), its inputs, its weight in batch items, and its own deadline
+  (``X-Request-Timeout``, or the gRPC deadline);
+* ``submit`` queues it with its deadline (504 at the deadline, never dispatched after it);
+  ``outcome`` awaits the answer (a transport in callbacks adds one to ``call.job.future``);
+* ``end`` records the request's metrics and access-log line, exactly once.
+
+``predict`` runs the whole sequence for the async transports.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from frontend.errors import GatewayTimeout
-from frontend.models.registry import Model
+from frontend.errors import BadRequest, GatewayTimeout, ServeError
+from frontend.models.registry import Model, ModelRegistry
+from frontend.observe.logs import AccessLog
+from frontend.observe.metrics import ServerMetrics
 from frontend.serving.batching import Job
+from frontend.serving.ids import new_request_id
 from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
+#: A client's own deadline for its prediction, in seconds (HTTP header, lower case).
+REQUEST_TIMEOUT_HEADER = "x-request-timeout"
+#: The header that carries a TorchServe sequence id to the handler.
+SEQUENCE_ID_HEADER = "ts_request_sequence_id"
+#: What a job holds until its request is built.
+_NO_REQUEST = worker_pb2.Request()
 
-def enqueue(model: Model, job: Job, timeout_s: float | None = None,
-            loop: asyncio.AbstractEventLoop | None = None) -> asyncio.TimerHandle:
-    """Queue ``job`` on ``model`` with its deadline; returns the timer that answers it 504 at
-    that deadline (cancel it once the job is answered).
-
-    The deadline is the model's ``response_timeout``, or the client's own (``timeout_s``) when
-    that is sooner; a request still queued at its deadline is answered 504 and never reaches a
-    worker, and one whose worker has not answered by then is answered 504 too. Pass the
-    running ``loop`` where it is at hand (asking for it costs a getpid() call on 3.11).
-    """
-    budget_s = float(model.settings.response_timeout_s)
-    if timeout_s is not None:
-        budget_s = min(budget_s, timeout_s)
-    job.deadline = time.monotonic() + budget_s
-    model.submit(job)
-    # Answer 504 at the deadline itself, even while every worker is busy.
-    if loop is None:
-        loop = asyncio.get_running_loop()
-    return loop.call_later(budget_s, _expire, job, budget_s)
+Answer = worker_pb2.Response | ResponseStream
 
 
-async def submit(model: Model, request: worker_pb2.Request, timeout_s: float | None = None,
-                 abandoned: asyncio.Future[Any] | None = None, job: Job | None = None
-                 ) -> worker_pb2.Response | ResponseStream:
-    """Queue ``request`` on ``model`` (see ``enqueue``) and wait for the worker's answer.
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Who asked, for the access log."""
 
-    When ``abandoned`` completes (the client went away) the request is cancelled, and the
-    queue forgets it. Pass ``job`` to read its queue wait and batch size afterwards (its
-    future must be fresh).
-    """
-    if job is None:
-        job = Job(request, asyncio.get_running_loop().create_future())
-    timer = enqueue(model, job, timeout_s)
-    if abandoned is not None:
-        abandoned.add_done_callback(lambda _: job.future.cancel())
+    peer: str
+    #: "POST", "PUT", ... or "gRPC".
+    method: str
+    path: str
+    #: "HTTP/1.1", "HTTP/1.0", "HTTP/2.0" (gRPC).
+    protocol: str
+    #: Whether ``end`` counts the answer in Requests2XX/4XX/5XX (gRPC's; an HTTP response is
+    #: counted by its connection, like every other HTTP response).
+    count_status: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Call:
+    """One prediction in the plane, from ``begin`` to ``end``."""
+
+    origin: Origin
+    job: Job
+    started: float = field(default_factory=time.perf_counter)
+    model: Model | None = None
+    timer: asyncio.TimerHandle | None = None
+    #: The status it was answered with (0: the client left before its answer).
+    status: int = 500
+    ended: bool = False
+
+
+def parse_timeout(value: str) -> float:
+    """A client's deadline in seconds (> 0), else BadRequest."""
     try:
-        return await job.future
-    finally:
-        timer.cancel()
+        seconds = float(value)
+    except ValueError:
+        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a number of seconds, got {value!r}")\
+            from None
+    if not seconds > 0:
+        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be > 0, got {value!r}")
+    return seconds
+
+
+class InferencePlane:
+    """Resolve, build, queue, await, record: see the module's docstring."""
+
+    def __init__(self, registry: ModelRegistry, metrics: ServerMetrics,
+                 access: AccessLog) -> None:
+        self.registry = registry
+        self.metrics = metrics
+        self.access = access
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def begin(self, origin: Origin, loop: asyncio.AbstractEventLoop) -> Call:
+        return Call(origin, Job(_NO_REQUEST, loop.create_future()))
+
+    def resolve(self, call: Call, name: str, version: str | None = None) -> Model:
+        call.model = self.registry.get(name, version or None)
+        return call.model
+
+    @staticmethod
+    def admit(model: Model) -> None:
+        """Refuse now (503) if the model's queue has no room: before a body is read."""
+        model.batcher.refuse_if_full()
+
+    @staticmethod
+    def build(call: Call, headers: Iterable[tuple[bytes, bytes]],
+              inputs: Mapping[str, bytes] | Iterable[tuple[str, bytes, str]], *,
+              weight: int = 1, instances: bool = False, tensor_format: int = 0,
+              sequence_id: str | None = None) -> float | None:
+        """Make the call's worker request; returns the client's own deadline (seconds).
+
+        ``inputs``: name -> bytes, or (name, bytes, content type) triples (form fields).
+        """
+        request = call.job.request = worker_pb2.Request(
+            request_id=new_request_id(), instances=instances, tensor_format=tensor_format)
+        call.job.weight = weight
+        timeout_s = None
+        for raw_name, raw_value in headers:
+            name = raw_name.decode("latin-1")
+            value = raw_value.decode("latin-1")
+            request.headers[name] = value
+            if name == REQUEST_TIMEOUT_HEADER:
+                timeout_s = parse_timeout(value)
+        if sequence_id is not None:
+            request.headers[SEQUENCE_ID_HEADER] = sequence_id
+        if isinstance(inputs, Mapping):
+            for name, data in inputs.items():
+                request.inputs[name] = data
+        else:
+            for name, data, content_type in inputs:
+                request.inputs[name] = data
+                request.content_types[name] = content_type
+        return timeout_s
+
+    def submit(self, call: Call, timeout_s: float | None,
+               loop: asyncio.AbstractEventLoop) -> None:
+        """Queue the call's job with its deadline: the model's ``response_timeout``, or the
+        client's own when that is sooner. Still queued at its deadline, it is answered 504
+        and never reaches a worker; not answered by a worker by then, it is answered 504."""
+        model = call.model
+        assert model is not None, "resolve first"
+        budget_s = float(model.settings.response_timeout_s)
+        if timeout_s is not None:
+            budget_s = min(budget_s, timeout_s)
+        job = call.job
+        job.deadline = time.monotonic() + budget_s
+        model.submit(job)
+        call.timer = loop.call_later(budget_s, _expire, job, budget_s)
+
+    async def outcome(self, call: Call, abandoned: asyncio.Future[Any] | None = None
+                      ) -> Answer:
+        """The call's answer; when ``abandoned`` completes first (the client went away) the
+        job is cancelled, so the queue forgets it."""
+        if abandoned is not None:
+            abandoned.add_done_callback(lambda _: call.job.future.cancel())
+        try:
+            return await call.job.future
+        finally:
+            if call.timer is not None:
+                call.timer.cancel()
+
+    def end(self, call: Call) -> None:
+        """The call's metrics and access-log line (once, whatever its outcome)."""
+        if call.ended:
+            return
+        call.ended = True
+        if call.timer is not None:
+            call.timer.cancel()
+        latency_s = time.perf_counter() - call.started
+        model, job, origin = call.model, call.job, call.origin
+        self.metrics.record_request(model, call.status, latency_s)
+        if origin.count_status and call.status:
+            self.metrics.count_response(call.status)
+        self.access.write(origin.peer, origin.method, origin.path, origin.protocol, call.status,
+                          latency_s, model.name if model else "-",
+                          model.version if model else "-", job.queue_wait_s, job.batch_size)
+
+    async def ask(self, model: Model, request: worker_pb2.Request) -> Answer:
+        """Send one request of the server's own (a describe) through the model's queue,
+        unrecorded: it is not a client's prediction."""
+        call = self.begin(Origin("-", "-", "-", "-"), asyncio.get_running_loop())
+        call.model, call.job.request = model, request
+        self.submit(call, None, asyncio.get_running_loop())
+        return await self.outcome(call)
+
+    # -- the whole sequence, for the async transports ------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def call(self, origin: Origin) -> AsyncIterator[Call]:
+        """A call that is recorded however it ends: the transport sets ``status`` when it
+        answers; a ServeError records its status, a cancellation 0 (the client left)."""
+        call = self.begin(origin, asyncio.get_running_loop())
+        try:
+            yield call
+        except ServeError as error:
+            call.status = error.http_status
+            raise
+        except asyncio.CancelledError:
+            call.status = 0
+            raise
+        finally:
+            self.end(call)
+
+    async def predict(self, call: Call, name: str, version: str | None,
+                      headers: Iterable[tuple[bytes, bytes]],
+                      inputs: Mapping[str, bytes] | Iterable[tuple[str, bytes, str]], *,
+                      deadline_s: float | None = None,
+                      abandoned: asyncio.Future[Any] | None = None,
+                      **flags: Any) -> Answer:
+        """Resolve, build, submit and await; ``deadline_s`` is a transport's own deadline
+        (gRPC's), ``flags`` go to ``build``."""
+        model = self.resolve(call, name, version)
+        self.admit(model)
+        timeout_s = self.build(call, headers, inputs, **flags)
+        if deadline_s is not None:
+            timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
+        self.submit(call, timeout_s, asyncio.get_running_loop())
+        return await self.outcome(call, abandoned)
 
 
 def _expire(job: Job, budget_s: float) -> None:

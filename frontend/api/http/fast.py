@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 import urllib.parse
 from collections.abc import Callable
 from typing import ClassVar
@@ -32,7 +31,6 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from frontend.api.http import common
 from frontend.api.http.inference import InferenceApp
-from frontend.api.http.observe import pending_job, record_http_request
 from frontend.api.http.protocol import ServerProtocol
 from frontend.errors import (
     InternalError,
@@ -42,9 +40,7 @@ from frontend.errors import (
     error_body,
     header_pairs,
 )
-from frontend.models.registry import Model
-from frontend.serving.batching import Job
-from frontend.serving.plane import enqueue
+from frontend.serving.plane import Call, InferencePlane, Origin
 from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
@@ -62,30 +58,33 @@ _BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
 
 class _Prediction:
     """One /predictions request on a connection: what uvicorn calls its cycle (it reads
-    ``response_complete`` and ``keep_alive``), plus the job and its metrics."""
+    ``response_complete`` and ``keep_alive``), plus its call in the inference plane."""
 
-    __slots__ = ("body_done", "chunks", "declared", "job", "keep_alive", "model",
-                 "response_complete", "scope", "size", "started", "submitted", "timer")
+    __slots__ = ("body_done", "call", "chunks", "keep_alive", "response_complete", "scope",
+                 "size", "submitted")
 
-    def __init__(self, scope: common.Scope, keep_alive: bool, job: Job) -> None:
+    def __init__(self, scope: common.Scope, keep_alive: bool, call: Call) -> None:
         self.scope = scope
         self.keep_alive = keep_alive
-        self.job = job
-        self.started = time.perf_counter()
-        self.model: Model | None = None
+        self.call = call
         self.chunks: list[bytes] = []
         self.size = 0
-        self.declared = False
         self.body_done = False
         self.submitted = False
         self.response_complete = False
-        self.timer: asyncio.TimerHandle | None = None
 
 
 class PredictionsProtocol(ServerProtocol):
     """The connection protocol, with /predictions answered without the ASGI cycle."""
 
     inference: ClassVar[InferenceApp]
+    plane: ClassVar[InferencePlane]
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        client = self.client or ("-", 0)
+        #: Who is at the other end, as the access log writes it.
+        self._peer = f"/{client[0]}:{client[1]}"
 
     # -- parser callbacks -------------------------------------------------------------------
 
@@ -110,10 +109,11 @@ class PredictionsProtocol(ServerProtocol):
         scope["raw_path"] = url.path
         scope["query_string"] = url.query or b""
         keep_alive = http_version != "1.0" and parser.should_keep_alive()
-        prediction = _Prediction(scope, keep_alive, pending_job(self.loop))
+        origin = Origin(self._peer, scope["method"], scope["path"], f"HTTP/{http_version}")
+        prediction = _Prediction(scope, keep_alive, self.plane.begin(origin, self.loop))
         self.cycle = prediction  # type: ignore[assignment]
         try:
-            prediction.model = model = self.inference.model_for(scope)
+            model = self.inference.model_for(scope, prediction.call)
             self.inference.admit(model, scope)
         except ServeError as error:
             self._refuse(prediction, error)
@@ -147,16 +147,15 @@ class PredictionsProtocol(ServerProtocol):
         chunks = prediction.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         prediction.chunks = []
-        job = prediction.job
+        call = prediction.call
         try:
-            timeout_s = self.inference.worker_request(prediction.scope, body, job)
-            assert prediction.model is not None
-            prediction.timer = enqueue(prediction.model, job, timeout_s, self.loop)
+            self.plane.submit(call, self.inference.build(prediction.scope, body, call),
+                              self.loop)
         except ServeError as error:
             self._refuse(prediction, error)
             return
         prediction.submitted = True
-        job.future.add_done_callback(lambda future: self._answered(prediction, future))
+        call.job.future.add_done_callback(lambda future: self._answered(prediction, future))
 
     def connection_lost(self, exc: Exception | None) -> None:
         prediction = self.cycle
@@ -167,7 +166,7 @@ class PredictionsProtocol(ServerProtocol):
                 # dispatched), and nothing is written.
                 prediction.response_complete = True
                 if prediction.submitted:
-                    prediction.job.future.cancel()
+                    prediction.call.job.future.cancel()
                 else:
                     self._record(prediction, 0)
         super().connection_lost(exc)
@@ -176,8 +175,6 @@ class PredictionsProtocol(ServerProtocol):
 
     def _answered(self, prediction: _Prediction, future: asyncio.Future[object]) -> None:
         """The job's future is done: write its answer (runs as a callback, never raises)."""
-        if prediction.timer is not None:
-            prediction.timer.cancel()
         try:
             if future.cancelled():
                 self._record(prediction, 0)  # the client went away
@@ -190,7 +187,7 @@ class PredictionsProtocol(ServerProtocol):
                 self._refuse(prediction, error)
                 return
             result = future.result()
-            request_id = prediction.job.request.request_id
+            request_id = prediction.call.job.request.request_id
             if isinstance(result, ResponseStream):
                 self.loop.create_task(self._stream(prediction, result, request_id))
                 return
@@ -213,7 +210,7 @@ class PredictionsProtocol(ServerProtocol):
             prediction.keep_alive = False
         self._respond(prediction, error.http_status, common.JSON, error_body(error),
                       header_pairs(error))
-        model = prediction.model
+        model = prediction.call.model
         if (isinstance(error, ServiceUnavailable) and model is not None
                 and model.batcher.is_full and not self.transport.is_closing()):
             # Overload: this client has its 503; its next request is not read until the queue
@@ -264,10 +261,8 @@ class PredictionsProtocol(ServerProtocol):
         self.on_response_complete()
 
     def _record(self, prediction: _Prediction, status: int) -> None:
-        inference = self.inference
-        record_http_request(inference.metrics, inference.access, prediction.scope,
-                            prediction.model, status, time.perf_counter() - prediction.started,
-                            prediction.job)
+        prediction.call.status = status
+        self.plane.end(prediction.call)
 
     async def _stream(self, prediction: _Prediction, stream: ResponseStream,
                       request_id: str) -> None:
@@ -318,4 +313,4 @@ def protocol_for(inference: InferenceApp | None, header_timeout_s: float,
     if inference is None:
         return type("ServerProtocol", (ServerProtocol,), settings)
     return type("PredictionsProtocol", (PredictionsProtocol,),
-                {**settings, "inference": inference})
+                {**settings, "inference": inference, "plane": inference.plane})

@@ -7,18 +7,14 @@ model's batcher, and answered with the worker's bytes. No payload is decoded her
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from frontend.api.auth import KeyKind
 from frontend.api.http import common
 from frontend.api.http.forms import is_form, parse_form
 from frontend.api.http.kserve import KServeRoutes
-from frontend.api.http.observe import (
-    copy_headers,
-    observed,
-    response_headers,
-    submit_unless_gone,
-)
+from frontend.api.http.observe import answer_unless_gone, http_origin, response_headers
 from frontend.api.http.openapi import inference_description
 from frontend.errors import (
     MethodNotAllowed,
@@ -30,8 +26,7 @@ from frontend.errors import (
 )
 from frontend.models.registry import Model
 from frontend.services import Services
-from frontend.serving.batching import Job
-from frontend.serving.ids import new_request_id
+from frontend.serving.plane import Call
 from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
@@ -48,8 +43,7 @@ class InferenceApp(common.Routes):
         self.registry = services.registry
         self.auth = services.auth
         self.snapshots = services.snapshots
-        self.metrics = services.registry.metrics
-        self.access = services.access
+        self.plane = services.plane
         self.kserve = KServeRoutes(services)
 
     async def route(self, scope: common.Scope, receive: common.Receive,
@@ -57,7 +51,7 @@ class InferenceApp(common.Routes):
         """Serve the request if it is ours; return False when no route matches."""
         path: str = scope["path"]
         if path.startswith("/predictions/"):
-            await self.observed_predict(scope, receive, send)
+            await self.predict(scope, receive, send)
             return True
         if path == "/ping":
             await self.ping(send)
@@ -74,10 +68,11 @@ class InferenceApp(common.Routes):
         status = "Healthy" if healthy else "Unhealthy"
         await common.send_json(send, 200 if healthy else 500, {"status": status})
 
-    # The steps of a prediction, shared by the ASGI route below and by the connection-level
-    # fast path (frontend/api/http/fast.py), which serves nearly every /predictions request.
+    # The steps of a /predictions request, shared by the ASGI route below and by the
+    # connection-level fast path (frontend/api/http/fast.py), which serves nearly all of
+    # them; the inference plane does the rest.
 
-    def model_for(self, scope: common.Scope) -> Model:
+    def model_for(self, scope: common.Scope, call: Call) -> Model:
         """The model a /predictions request names (ServeError: wrong method, token or name)."""
         if scope["method"] not in _INFERENCE_METHODS:
             raise MethodNotAllowed()
@@ -86,27 +81,25 @@ class InferenceApp(common.Routes):
         parts = common.path_parts(scope)
         if len(parts) not in (2, 3):
             raise RouteNotFound()
-        return self.registry.get(parts[1], parts[2] if len(parts) == 3 else None)
+        return self.plane.resolve(call, parts[1], parts[2] if len(parts) == 3 else None)
 
     def admit(self, model: Model, scope: common.Scope) -> None:
         """Refuse a request before its body is read: full queue, or a body declared too big."""
-        model.batcher.refuse_if_full()
+        self.plane.admit(model)
         common.check_content_length(scope, self.config.max_request_size_bytes)
 
-    def worker_request(self, scope: common.Scope, body: bytes, job: Job) -> float | None:
-        """Fill ``job.request`` from the HTTP request; returns the client's own deadline."""
-        request = job.request = worker_pb2.Request(request_id=new_request_id())
-        timeout_s = copy_headers(scope, request)
-        content_type = request.headers.get("content-type", "")
+    def build(self, scope: common.Scope, body: bytes, call: Call) -> float | None:
+        """The call's worker request from the HTTP request (form fields, or the body);
+        returns the client's own deadline."""
+        content_type = ""
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                content_type = value.decode("latin-1")
         if content_type and is_form(content_type):
-            for field_name, data, field_type in parse_form(content_type, body,
-                                                           self.config.max_request_inputs):
-                request.inputs[field_name] = data
-                request.content_types[field_name] = field_type
+            inputs = parse_form(content_type, body, self.config.max_request_inputs)
         else:
-            request.inputs["body"] = body
-            request.content_types["body"] = content_type
-        return timeout_s
+            inputs = [("body", body, content_type)]
+        return self.plane.build(call, scope["headers"], inputs)
 
     def answer(self, response: worker_pb2.Response, request_id: str
                ) -> tuple[int, bytes, bytes, common.Headers]:
@@ -119,30 +112,26 @@ class InferenceApp(common.Routes):
         content_type = (response.content_type or "application/json").encode("latin-1")
         return response.status or 200, content_type, response.body, headers
 
-    async def observed_predict(self, scope: common.Scope, receive: common.Receive,
-                               send: common.Send) -> None:
-        """A prediction, with its metrics and access-log line, whatever its outcome."""
-
-        async def run(model: Model, job: Job) -> int:
+    async def predict(self, scope: common.Scope, receive: common.Receive,
+                      send: common.Send) -> None:
+        """A prediction through the ASGI cycle (a request pipelined behind another, or an
+        upgrade): the same steps as the fast path."""
+        async with self.plane.call(http_origin(scope)) as call:
+            model = self.model_for(scope, call)
             self.admit(model, scope)
-            return await self.predict(model, scope, receive, send, job)
-
-        await observed(self.metrics, self.access, scope, lambda: self.model_for(scope), run)
-
-    async def predict(self, model: Model, scope: common.Scope, receive: common.Receive,
-                      send: common.Send, job: Job) -> int:
-        """Run one prediction and answer it; returns the HTTP status sent (0: client gone)."""
-        body = await common.read_body(receive, self.config.max_request_size_bytes)
-        timeout_s = self.worker_request(scope, body, job)
-        result = await submit_unless_gone(model, job.request, timeout_s, receive, job)
-        if result is None:
-            return 0  # the client went away
-        request_id = job.request.request_id
-        if isinstance(result, ResponseStream):
-            return await self.respond_in_parts(result, request_id, send)
-        status, content_type, body, headers = self.answer(result, request_id)
-        await common.send_bytes(send, status, body, content_type, headers)
-        return status
+            body = await common.read_body(receive, self.config.max_request_size_bytes)
+            self.plane.submit(call, self.build(scope, body, call), asyncio.get_running_loop())
+            result = await answer_unless_gone(self.plane, call, receive)
+            if result is None:
+                call.status = 0  # the client went away
+                return
+            request_id = call.job.request.request_id
+            if isinstance(result, ResponseStream):
+                call.status = await self.respond_in_parts(result, request_id, send)
+                return
+            status, content_type, body, headers = self.answer(result, request_id)
+            await common.send_bytes(send, status, body, content_type, headers)
+            call.status = status
 
     async def respond_in_parts(self, stream: ResponseStream, request_id: str,
                                send: common.Send) -> int:
@@ -160,8 +149,8 @@ class InferenceApp(common.Routes):
                     started = True
                 body = part.body
                 if part.error:
-                    status = part.status or 500
-                    body = torchserve_body(status, type_for_status(status), part.error)
+                    code = part.status or 500
+                    body = torchserve_body(code, type_for_status(code), part.error)
                 await send({"type": "http.response.body", "body": body, "more_body": True})
         except ServeError as error:
             if not started:

@@ -10,17 +10,17 @@ first dimension. Errors answer KServe's ``{"error": "..."}``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from frontend.api import kserve
 from frontend.api.auth import KeyKind
 from frontend.api.http import common
 from frontend.api.http.observe import (
+    answer_unless_gone,
     check_response_size,
-    copy_headers,
-    observed,
+    http_origin,
     response_headers,
-    submit_unless_gone,
 )
 from frontend.errors import (
     InternalError,
@@ -30,10 +30,9 @@ from frontend.errors import (
     header_pairs,
     kserve_body,
 )
-from frontend.models.registry import SERVER_VERSION, Model
+from frontend.models.registry import SERVER_VERSION
 from frontend.services import Services
-from frontend.serving.batching import Job
-from frontend.serving.ids import new_request_id
+from frontend.serving.plane import Call
 from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
@@ -56,8 +55,7 @@ class KServeRoutes:
         self.config = services.config
         self.registry = services.registry
         self.auth = services.auth
-        self.metrics = services.registry.metrics
-        self.access = services.access
+        self.plane = services.plane
 
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:
@@ -105,32 +103,30 @@ class KServeRoutes:
         if verb not in ("predict", "explain"):
             raise RouteNotFound()
         self._expect(scope, "POST")
-        model = self.registry.get(name)
-        await observed(self.metrics, self.access, scope, lambda: model,
-                       lambda model, job: self._v1_predict(
-                           model, scope, receive, send, job, verb == "explain"))
+        async with self.plane.call(http_origin(scope)) as call:
+            self.plane.admit(self.plane.resolve(call, name))
+            call.status = await self._v1_predict(call, scope, receive, send,
+                                                 verb == "explain")
 
-    async def _v1_predict(self, model: Model, scope: common.Scope, receive: common.Receive,
-                          send: common.Send, job: Job, explain: bool) -> int:
+    async def _v1_predict(self, call: Call, scope: common.Scope, receive: common.Receive,
+                          send: common.Send, explain: bool) -> int:
         body = await self._read(scope, receive)
         instances = kserve.v1_instances(body, self.config.max_request_instances)
-        request = worker_pb2.Request(request_id=new_request_id(), instances=True)
-        request.inputs["body"] = _compact(instances)
-        request.content_types["body"] = "application/json"
-        job.request = request
-        job.weight = len(instances)
-        timeout_s = copy_headers(scope, request)
+        headers = scope["headers"]
         if explain:
-            request.headers[kserve.EXPLAIN_HEADER] = "True"
-        response = await self._submit(model, request, timeout_s, receive, job)
+            headers = [*headers, (kserve.EXPLAIN_HEADER.encode(), b"True")]
+        timeout_s = self.plane.build(call, headers,
+                                     [("body", _compact(instances), "application/json")],
+                                     weight=len(instances), instances=True)
+        response = await self._submit(call, timeout_s, receive)
         if response is None:
             return 0
-        headers, failed = await self._send_error(send, request, response)
+        headers, failed = await self._send_error(send, call.job.request, response)
         if failed:
             return failed
         key = b"explanations" if explain else b"predictions"
         answer = b'{"' + key + b'": ' + response.body + b', "batchId": ' + \
-            _compact(job.batch_id) + b"}"
+            _compact(call.job.batch_id) + b"}"
         check_response_size(answer, self.config.max_response_size_bytes)
         await common.send_bytes(send, response.status or 200, answer, common.JSON, headers)
         return response.status or 200
@@ -174,27 +170,26 @@ class KServeRoutes:
             await common.send_json(send, 200 if ready else 503, {"name": name, "ready": ready})
         elif rest == ["infer"]:
             self._expect(scope, "POST")
-            model = self.registry.get(name, version)
-            await observed(self.metrics, self.access, scope, lambda: model,
-                           lambda model, job: self._v2_infer(model, scope, receive, send, job))
+            async with self.plane.call(http_origin(scope)) as call:
+                self.plane.admit(self.plane.resolve(call, name, version))
+                call.status = await self._v2_infer(call, scope, receive, send)
         else:
             raise RouteNotFound()
 
-    async def _v2_infer(self, model: Model, scope: common.Scope, receive: common.Receive,
-                        send: common.Send, job: Job) -> int:
+    async def _v2_infer(self, call: Call, scope: common.Scope, receive: common.Receive,
+                        send: common.Send) -> int:
         body = await self._read(scope, receive)
-        request = worker_pb2.Request(request_id=new_request_id(),
+        length = next((value.decode("latin-1") for name, value in scope["headers"]
+                       if name == kserve.HEADER_LENGTH.encode()), None)
+        header = kserve.split_v2_body(body, length)
+        rows = kserve.v2_rows(kserve.parse_json(header), self.config.max_request_inputs,
+                              self.config.max_request_instances)
+        timeout_s = self.plane.build(call, scope["headers"], {"body": body}, weight=rows,
                                      tensor_format=worker_pb2.TENSOR_FORMAT_REST)
-        job.request = request
-        timeout_s = copy_headers(scope, request)
-        header = kserve.split_v2_body(body, request.headers.get(kserve.HEADER_LENGTH))
-        job.weight = kserve.v2_rows(kserve.parse_json(header), self.config.max_request_inputs,
-                                    self.config.max_request_instances)
-        request.inputs["body"] = body
-        response = await self._submit(model, request, timeout_s, receive, job)
+        response = await self._submit(call, timeout_s, receive)
         if response is None:
             return 0
-        headers, failed = await self._send_error(send, request, response)
+        headers, failed = await self._send_error(send, call.job.request, response)
         if failed:
             return failed
         content_type = (response.content_type or "application/json").encode("latin-1")
@@ -221,10 +216,11 @@ class KServeRoutes:
         await send_kserve_error(send, status, response.error, headers)
         return headers, status
 
-    async def _submit(self, model: Model, request: worker_pb2.Request, timeout_s: float | None,
-                      receive: common.Receive, job: Job) -> worker_pb2.Response | None:
-        """Queue the job and wait; None when the client went away meanwhile."""
-        result = await submit_unless_gone(model, request, timeout_s, receive, job)
+    async def _submit(self, call: Call, timeout_s: float | None, receive: common.Receive
+                      ) -> worker_pb2.Response | None:
+        """Queue the call and wait; None when the client went away meanwhile."""
+        self.plane.submit(call, timeout_s, asyncio.get_running_loop())
+        result = await answer_unless_gone(self.plane, call, receive)
         if isinstance(result, ResponseStream):
             raise InternalError("the handler sent intermediate responses, which KServe's "
                                 "protocols cannot carry")
