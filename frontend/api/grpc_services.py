@@ -136,7 +136,8 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
         call.origin = rpc.origin(f"/{request.model_name}")
         return await self.plane.predict(
             call, request.model_name, request.model_version or None, rpc.headers,
-            request.input, deadline_s=rpc.time_remaining(),
+            [(name, data, None) for name, data in request.input.items()],
+            deadline_s=rpc.time_remaining(),
             sequence_id=request.sequence_id if request.HasField("sequence_id") else None)
 
     async def _predict_whole(self, request: Any, rpc: _Rpc) -> bytes:
@@ -281,7 +282,7 @@ class OpenInferenceServicer(_InferenceRpcs, open_inference_pb2_grpc.GRPCInferenc
                 call.origin = rpc.origin(f"/v2/models/{head.model_name}/infer")
                 result = await self.plane.predict(
                     call, head.model_name, head.model_version or None, rpc.headers,
-                    {"body": raw}, deadline_s=rpc.time_remaining(),
+                    [("body", raw, None)], deadline_s=rpc.time_remaining(),
                     weight=kserve.v2_grpc_rows(head.shapes, self.max_rows),
                     tensor_format=worker_pb2.TENSOR_FORMAT_GRPC)
                 if isinstance(result, ResponseStream):

@@ -30,7 +30,7 @@ import collections
 import enum
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from frontend.errors import GatewayTimeout, InternalError, ServeError, WorkerDied
@@ -77,10 +77,11 @@ class InFlight:
     #: clock() when the worker could start it (None: a batch is still ahead of it).
     started: float | None = None
     timer: Timer | None = None
-    weight: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.weight = sum(job.weight for job in self.jobs)
+    @property
+    def weight(self) -> int:
+        """Its batch items (a KServe request weighs as many as it has instances)."""
+        return sum(job.weight for job in self.jobs)
 
 
 #: Accounts for a batch's reply (given the batch, the reply and the seconds the worker spent
@@ -124,8 +125,6 @@ class Dispatcher:
         self._parked: Take | None = None
         self._stopping = False
         self._done = False
-        #: request id -> job, for the intermediate responses of the batches in flight.
-        self._jobs: dict[str, Job] = {}
         connection.on_partial = self._route_partial
 
     @property
@@ -215,8 +214,6 @@ class Dispatcher:
             self._batcher.requeue(jobs)
             self.connection_lost(exc)
             return
-        for job in jobs:
-            self._jobs[job.request.request_id] = job
         self.in_flight.append(batch)
         if len(self.in_flight) == 1:
             self._begin(batch)
@@ -283,19 +280,19 @@ class Dispatcher:
         self._finish(WorkerDied(f"{self.name} killed: {error}"))
 
     def _route_partial(self, part: worker_pb2.Response) -> None:
-        job = self._jobs.get(part.request_id)
-        if job is None:
-            logger.warning("intermediate response for unknown request %s", part.request_id)
-            return
-        job.add_part(self._bound(part))
+        """An intermediate response (rare: found by a scan, not indexed per request)."""
+        for batch in self.in_flight:
+            for job in batch.jobs:
+                if job.request.request_id == part.request_id:
+                    job.add_part(self._bound(part))
+                    return
+        logger.warning("intermediate response for unknown request %s", part.request_id)
 
     # -- ending -------------------------------------------------------------------------------
 
     def _forget(self, batch: InFlight) -> None:
         if batch.timer is not None:
             batch.timer.cancel()
-        for job in batch.jobs:
-            self._jobs.pop(job.request.request_id, None)
 
     def _fail_in_flight(self, error: ServeError) -> None:
         while self.in_flight:

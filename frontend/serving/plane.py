@@ -22,8 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from frontend.errors import BadRequest, GatewayTimeout, ServeError
@@ -45,33 +44,38 @@ _NO_REQUEST = worker_pb2.Request()
 Answer = worker_pb2.Response | ResponseStream
 
 
-@dataclass(frozen=True, slots=True)
 class Origin:
-    """Who asked, for the access log."""
+    """Who asked, for the access log. (A plain class: one is made per request.)"""
 
-    peer: str
-    #: "POST", "PUT", ... or "gRPC".
-    method: str
-    path: str
-    #: "HTTP/1.1", "HTTP/1.0", "HTTP/2.0" (gRPC).
-    protocol: str
-    #: Whether ``end`` counts the answer in Requests2XX/4XX/5XX (gRPC's; an HTTP response is
-    #: counted by its connection, like every other HTTP response).
-    count_status: bool = False
+    __slots__ = ("count_status", "method", "path", "peer", "protocol")
+
+    def __init__(self, peer: str, method: str, path: str, protocol: str,
+                 count_status: bool = False) -> None:
+        self.peer = peer
+        #: "POST", "PUT", ... or "gRPC".
+        self.method = method
+        self.path = path
+        #: "HTTP/1.1", "HTTP/1.0", "HTTP/2.0" (gRPC).
+        self.protocol = protocol
+        #: Whether ``end`` counts the answer in Requests2XX/4XX/5XX (gRPC's; an HTTP
+        #: response is counted by its connection, like every other HTTP response).
+        self.count_status = count_status
 
 
-@dataclass(slots=True, eq=False)
 class Call:
     """One prediction in the plane, from ``begin`` to ``end``."""
 
-    origin: Origin
-    job: Job
-    started: float = field(default_factory=time.perf_counter)
-    model: Model | None = None
-    timer: asyncio.TimerHandle | None = None
-    #: The status it was answered with (0: the client left before its answer).
-    status: int = 500
-    ended: bool = False
+    __slots__ = ("ended", "job", "model", "origin", "started", "status", "timer")
+
+    def __init__(self, origin: Origin, job: Job) -> None:
+        self.origin = origin
+        self.job = job
+        self.started = time.perf_counter()
+        self.model: Model | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        #: The status it was answered with (0: the client left before its answer).
+        self.status = 500
+        self.ended = False
 
 
 def parse_timeout(value: str) -> float:
@@ -111,12 +115,12 @@ class InferencePlane:
 
     @staticmethod
     def build(call: Call, headers: Iterable[tuple[bytes, bytes]],
-              inputs: Mapping[str, bytes] | Iterable[tuple[str, bytes, str]], *,
+              inputs: Iterable[tuple[str, bytes, str | None]], *,
               weight: int = 1, instances: bool = False, tensor_format: int = 0,
               sequence_id: str | None = None) -> float | None:
         """Make the call's worker request; returns the client's own deadline (seconds).
 
-        ``inputs``: name -> bytes, or (name, bytes, content type) triples (form fields).
+        ``inputs``: (name, bytes, content type or None) for each input.
         """
         request = call.job.request = worker_pb2.Request(
             request_id=new_request_id(), instances=instances, tensor_format=tensor_format)
@@ -130,12 +134,9 @@ class InferencePlane:
                 timeout_s = parse_timeout(value)
         if sequence_id is not None:
             request.headers[SEQUENCE_ID_HEADER] = sequence_id
-        if isinstance(inputs, Mapping):
-            for name, data in inputs.items():
-                request.inputs[name] = data
-        else:
-            for name, data, content_type in inputs:
-                request.inputs[name] = data
+        for name, data, content_type in inputs:
+            request.inputs[name] = data
+            if content_type is not None:
                 request.content_types[name] = content_type
         return timeout_s
 
@@ -210,7 +211,7 @@ class InferencePlane:
 
     async def predict(self, call: Call, name: str, version: str | None,
                       headers: Iterable[tuple[bytes, bytes]],
-                      inputs: Mapping[str, bytes] | Iterable[tuple[str, bytes, str]], *,
+                      inputs: Iterable[tuple[str, bytes, str | None]], *,
                       deadline_s: float | None = None,
                       abandoned: asyncio.Future[Any] | None = None,
                       **flags: Any) -> Answer:

@@ -184,7 +184,7 @@ class KServeRoutes:
         header = kserve.split_v2_body(body, length)
         rows = kserve.v2_rows(kserve.parse_json(header), self.config.max_request_inputs,
                               self.config.max_request_instances)
-        timeout_s = self.plane.build(call, scope["headers"], {"body": body}, weight=rows,
+        timeout_s = self.plane.build(call, scope["headers"], [("body", body, None)], weight=rows,
                                      tensor_format=worker_pb2.TENSOR_FORMAT_REST)
         response = await self._submit(call, timeout_s, receive)
         if response is None:
