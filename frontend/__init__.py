@@ -1,8 +1,9 @@
 """batchserve's frontend process: HTTP and gRPC APIs, batching, worker management."""
 
-import os
+from importlib.metadata import PackageNotFoundError, version
 
-# NOTE: worker processes are forked from this process while grpc.aio threads run. grpcio's
-# fork handlers then crash the child before it can exec (SIGSEGV). We never use gRPC in a
-# forked child, so turn them off; grpcio reads this when it is first imported.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+try:
+    #: The one version string: setup.py's, as installed.
+    __version__ = version("batchserve")
+except PackageNotFoundError:  # pragma: no cover - run from a tree that was never installed
+    __version__ = "0.0.0+unknown"

@@ -18,10 +18,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from frontend import __version__
 from frontend.config import ServerConfig, load_config
 from frontend.errors import ConfigError
 
@@ -166,35 +167,37 @@ def setup_logging(log_config: Path | None) -> None:
 
 
 def run_foreground(config: ServerConfig) -> int:
+    # NOTE: this process forks its workers while grpc.aio threads run; grpcio's fork handlers
+    # would crash such a child before it can exec (SIGSEGV). We never use gRPC in a forked
+    # child, so turn them off; grpcio reads this when it is first imported (frontend.server
+    # imports it, below).
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from frontend.server import Server
 
-    server = Server(config)
+    def announce(server: Server) -> None:
+        bound = server.bound
+        assert bound is not None
+        write_state({
+            "pid": os.getpid(),
+            "inference": str(bound.inference),
+            "management": str(bound.management),
+            "metrics": str(bound.metrics) if bound.metrics else None,
+            "grpc_inference_port": bound.grpc_inference_port,
+            "grpc_management_port": bound.grpc_management_port,
+            "key_file": None if config.disable_token_authorization
+            else str(config.key_file.resolve()),
+        })
+        print(f"batchserve is serving: inference {bound.inference}, management "
+              f"{bound.management}, metrics {bound.metrics}", file=sys.stderr, flush=True)
+
+    server = Server(config, on_started=announce)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, server.request_stop)
-        serving = asyncio.ensure_future(server.serve())
-        started = asyncio.ensure_future(asyncio.to_thread(server.started.wait))
-        await asyncio.wait({serving, started}, return_when=asyncio.FIRST_COMPLETED)
-        if server.started.is_set() and server.bound is not None:
-            bound = server.bound
-            write_state({
-                "pid": os.getpid(),
-                "inference": str(bound.inference),
-                "management": str(bound.management),
-                "metrics": str(bound.metrics) if bound.metrics else None,
-                "grpc_inference_port": bound.grpc_inference_port,
-                "grpc_management_port": bound.grpc_management_port,
-                "key_file": None if config.disable_token_authorization
-                else str(config.key_file.resolve()),
-            })
-            print(f"batchserve is serving: inference {bound.inference}, management "
-                  f"{bound.management}, metrics {bound.metrics}", file=sys.stderr, flush=True)
-        else:
-            server.started.set()  # release the waiting thread
         try:
-            await serving
+            await server.serve()
         finally:
             remove_state(os.getpid())
 
@@ -206,14 +209,13 @@ def run_foreground(config: ServerConfig) -> int:
     return 0
 
 
-def _run(coro: object) -> None:
+def _run(coro: Coroutine[object, object, None]) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-        asyncio.run(coro)  # type: ignore[arg-type]
+        asyncio.run(coro)
         return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(coro)  # type: ignore[arg-type]
+    uvloop.run(coro)
 
 
 # ---- background start and stop ----------------------------------------------------------
@@ -323,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.version:
-        print("batchserve 0.1.0 (TorchServe-compatible)")
+        print(f"batchserve {__version__} (TorchServe-compatible)")
         return 0
     if args.stop:
         return stop_server()

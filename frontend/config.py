@@ -12,7 +12,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 import javaproperties
 
 from frontend.errors import ConfigError
+from frontend.models.settings import FIELDS, SettingsLayer, Source, policy, read_layer
+from frontend.serving.policies import PolicyName
 
 logger = logging.getLogger(__name__)
 
@@ -50,35 +52,20 @@ class Address:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelDefaults:
-    """Per-model settings from the ``models=`` JSON of config.properties (TorchServe keys)."""
+class ConfiguredVersion:
+    """A model version's entry in the ``models=`` JSON of config.properties."""
 
-    mar_name: str | None = None
-    min_workers: int | None = None
-    max_workers: int | None = None
-    batch_size: int | None = None
-    max_batch_delay_ms: int | None = None
-    response_timeout_s: int | None = None
-    startup_timeout_s: int | None = None
+    settings: SettingsLayer = field(default_factory=lambda: SettingsLayer())
+    #: ``defaultVersion``: this version is the model's default.
     is_default_version: bool = False
-    batch_policy: str | None = None
 
 
-_MODEL_KEYS: dict[str, tuple[str, Callable[[Any], object]]] = {
-    "marName": ("mar_name", str),
-    "minWorkers": ("min_workers", int),
-    "maxWorkers": ("max_workers", int),
-    "batchSize": ("batch_size", int),
-    "maxBatchDelay": ("max_batch_delay_ms", int),
-    "responseTimeout": ("response_timeout_s", int),
-    "startupTimeout": ("startup_timeout_s", int),
-    "defaultVersion": ("is_default_version", lambda v: v if isinstance(v, bool)
-                       else _parse_bool(str(v))),
-    "batchPolicy": ("batch_policy", str),
-}
+#: Keys of an entry that are not settings: ``marName`` is TorchServe's bookkeeping.
+_ENTRY_KEYS = frozenset({"marName", "defaultVersion"})
+_SETTING_KEYS = frozenset(setting.json for setting in FIELDS)
 
 
-def parse_models_json(text: str) -> dict[str, dict[str, ModelDefaults]]:
+def parse_models_json(text: str) -> dict[str, dict[str, ConfiguredVersion]]:
     """Parse ``models={"name": {"1.0": {"batchSize": 8, ...}}}``."""
     try:
         raw = json.loads(text)
@@ -86,25 +73,23 @@ def parse_models_json(text: str) -> dict[str, dict[str, ModelDefaults]]:
         raise ValueError(f"not valid JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise ValueError("expected a JSON object of model name -> version -> settings")
-    models: dict[str, dict[str, ModelDefaults]] = {}
+    models: dict[str, dict[str, ConfiguredVersion]] = {}
     for name, versions in raw.items():
         if not isinstance(versions, dict):
             raise ValueError(f"model {name!r}: expected an object of version -> settings")
         models[name] = {}
-        for version, settings in versions.items():
-            if not isinstance(settings, dict):
+        for version, entry in versions.items():
+            if not isinstance(entry, dict):
                 raise ValueError(f"model {name!r} version {version!r}: expected an object")
-            values: dict[str, object] = {}
-            for key, value in settings.items():
-                if key not in _MODEL_KEYS:
-                    logger.warning("models: %s/%s: ignoring unsupported key %r", name, version, key)
-                    continue
-                attr, parse = _MODEL_KEYS[key]
-                try:
-                    values[attr] = parse(value)
-                except (TypeError, ValueError, OverflowError) as exc:
-                    raise ValueError(f"model {name!r} version {version!r}: {key}: {exc}") from exc
-            models[name][version] = ModelDefaults(**values)  # type: ignore[arg-type]
+            for key in sorted(set(entry) - _SETTING_KEYS - _ENTRY_KEYS):
+                logger.warning("models: %s/%s: ignoring unsupported key %r", name, version, key)
+            try:
+                default = entry.get("defaultVersion", False)
+                models[name][version] = ConfiguredVersion(
+                    read_layer(entry, Source.JSON),
+                    default if isinstance(default, bool) else _parse_bool(str(default)))
+            except ValueError as exc:
+                raise ValueError(f"model {name!r} version {version!r}: {exc}") from exc
     return models
 
 
@@ -145,11 +130,8 @@ def _parse_port(text: str) -> int:
     return value
 
 
-def _parse_policy(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("adaptive", "fixed"):
-        raise ValueError(f"expected adaptive or fixed, got {text!r}")
-    return value
+def _parse_policy(text: str) -> PolicyName:
+    return policy("batch_policy", text)
 
 
 def _parse_json_object(text: str) -> dict[str, Any]:
@@ -186,7 +168,7 @@ class ServerConfig:
     model_store: Path | None = None
     #: ``load_models``: "all", "a.mar", "name=a.mar"; empty means none.
     load_models: tuple[str, ...] = ()
-    models: Mapping[str, Mapping[str, ModelDefaults]] = field(default_factory=dict)
+    models: Mapping[str, Mapping[str, ConfiguredVersion]] = field(default_factory=dict)
     #: 0 means one per GPU, or per CPU core when there is no GPU (TorchServe's rule).
     default_workers_per_model: int = 0
     job_queue_size: int = 100
@@ -208,13 +190,16 @@ class ServerConfig:
     request_header_timeout_s: float = 30.0
     #: None means every visible GPU.
     number_of_gpu: int | None = None
+    #: How many GPUs the host has; None: count them at start (nvidia-ml-py or /dev). Set, it
+    #: places workers on GPUs that are not there (tests of placement on a CPU-only host).
+    visible_gpus: int | None = None
     #: Pin each worker to its own CPU cores (CPU inference), cpu_cores_per_worker each.
     cpu_affinity: bool = False
     cpu_cores_per_worker: int = 1
     default_batch_size: int = 1
     default_max_batch_delay_ms: int = 100
-    #: Server-wide default for models that name none: "adaptive" or "fixed".
-    default_batch_policy: str = "adaptive"
+    #: Server-wide default for models that name none.
+    default_batch_policy: PolicyName = PolicyName.ADAPTIVE
     enable_model_api: bool = False
     disable_token_authorization: bool = False
     token_expiration_min: int = 60
@@ -358,12 +343,3 @@ def load_config(
     for key in unknown:
         logger.warning("config: unknown key %r ignored (check the spelling)", key)
     return config
-
-
-def with_overrides(config: ServerConfig, **changes: object) -> ServerConfig:
-    """A copy with some fields changed (tests and the CLI use it)."""
-    valid = {f.name for f in fields(ServerConfig)}
-    bad = set(changes) - valid
-    if bad:
-        raise ConfigError(f"unknown config fields: {sorted(bad)}")
-    return replace(config, **changes)  # type: ignore[arg-type]

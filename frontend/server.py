@@ -12,7 +12,7 @@ import contextlib
 import logging
 import shutil
 import tempfile
-import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,11 +22,13 @@ from frontend.api.http.app import serve_http
 from frontend.config import Address, ServerConfig
 from frontend.errors import ConfigError, ServeError
 from frontend.models import archive as archives
-from frontend.models.registry import ModelRegistry, RegisterRequest
+from frontend.models.loader import ModelLoader, RegisterRequest
+from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots, restore_requests
 from frontend.observe.logs import ServerLogs
+from frontend.observe.metrics import ServerMetrics
 from frontend.services import Services
-from frontend.serving.placement import GpuAssigner
+from frontend.serving.placement import CpuAssigner, GpuAssigner, Placement
 from frontend.serving.plane import InferencePlane
 
 logger = logging.getLogger(__name__)
@@ -63,15 +65,14 @@ def startup_requests(config: ServerConfig, entries: tuple[str, ...]) -> list[Reg
 
 
 class Server:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig,
+                 on_started: Callable[[Server], None] | None = None) -> None:
         self.config = config
         self.bound: BoundAddresses | None = None
-        self.registry: ModelRegistry | None = None
         self.services: Services | None = None
         self._stop: asyncio.Event | None = None
-        #: Set once every listener is serving (a threading.Event: tests wait on it from
-        #: another thread).
-        self.started = threading.Event()
+        #: Called (on the server's loop) once every listener is serving.
+        self._on_started = on_started
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def request_stop(self) -> None:
@@ -92,40 +93,46 @@ class Server:
         config = self.config
         run_dir, owns_run_dir = self._make_run_dir()
         run_dir.chmod(0o700)
-        registry = ModelRegistry(config, run_dir, GpuAssigner.detect(config.number_of_gpu))
-        self.registry = registry
+        registry = ModelRegistry()
+        metrics = ServerMetrics(registry, str(config.model_store or "."))
+        gpus = GpuAssigner.detect(config.number_of_gpu, config.visible_gpus)
+        cpus = CpuAssigner.detect(config.cpu_cores_per_worker) if config.cpu_affinity else None
+        logs = ServerLogs(config.log_location, config.enable_access_log)
+        loader = ModelLoader(config, run_dir, registry,
+                             Placement(gpus, cpus, registry.worker_count),
+                             metrics.record_batch, logs.model)
         auth = None
         if not config.disable_token_authorization:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
-        logs = ServerLogs(config.log_location, config.enable_access_log)
-        plane = InferencePlane(registry, registry.metrics, logs.access)
-        self.services = Services(config, registry, auth, snapshots, logs.access, plane)
+        plane = InferencePlane(registry, metrics, logs.access)
+        self.services = Services(config, registry, loader, metrics, auth, snapshots,
+                                 logs.access, plane)
         grpc_servers = GrpcServers(self.services) if config.enable_grpc else None
         with logs:
             try:
-                await self._serve(http_services=self.services, registry=registry,
+                await self._serve(http_services=self.services, loader=loader,
                                   snapshots=snapshots, auth=auth, grpc_servers=grpc_servers)
             finally:
                 if grpc_servers is not None:
                     await grpc_servers.stop(grace_s=0)
-                await registry.close(drain_timeout_s=config.unregister_model_timeout_s)
+                await loader.close(drain_timeout_s=config.unregister_model_timeout_s)
                 if auth is not None:
                     auth.remove()
                 if owns_run_dir:
                     shutil.rmtree(run_dir, ignore_errors=True)
                 else:
-                    shutil.rmtree(registry.archive_dir, ignore_errors=True)
+                    shutil.rmtree(loader.archive_dir, ignore_errors=True)
                 logger.info("stopped")
 
-    async def _serve(self, http_services: Services, registry: ModelRegistry,
+    async def _serve(self, http_services: Services, loader: ModelLoader,
                      snapshots: Snapshots, auth: TokenAuthority | None,
                      grpc_servers: GrpcServers | None) -> None:
         """Bind, load the startup models, serve until asked to stop, stop accepting."""
         assert self._stop is not None
         async with serve_http(http_services) as http:
             bound = http.bound
-            await self._load_startup_models(registry, snapshots)
+            await self._load_startup_models(loader, snapshots)
             grpc_ports: dict[str, int] = {}
             if grpc_servers is not None:
                 await grpc_servers.start()
@@ -144,13 +151,14 @@ class Server:
                         "inference/management ports %s/%s", bound["inference"],
                         bound["management"], bound.get("metrics"),
                         grpc_ports.get("inference"), grpc_ports.get("management"))
-            self.started.set()
+            if self._on_started is not None:
+                self._on_started(self)
             await self._stop.wait()
             logger.info("stopping: no new connections; finishing open requests")
             if grpc_servers is not None:
                 await grpc_servers.stop(grace_s=30)
 
-    async def _load_startup_models(self, registry: ModelRegistry, snapshots: Snapshots) -> None:
+    async def _load_startup_models(self, loader: ModelLoader, snapshots: Snapshots) -> None:
         """Load ``load_models`` / ``--models``; without them, restore the latest snapshot."""
         defaults: dict[str, str] = {}
         if self.config.load_models:
@@ -164,11 +172,11 @@ class Server:
         models = []
         for request in requests:
             try:
-                models.append(await registry.register(replace(request, synchronous=False)))
+                models.append(await loader.register(replace(request, synchronous=False)))
             except ServeError as exc:
                 logger.error("cannot load startup model %s: %s", request.url, exc)
         for name, version in defaults.items():
             with contextlib.suppress(ServeError):
-                registry.set_default(name, version)
-        for failure in await registry.wait_started(models):
+                loader.registry.set_default(name, version)
+        for failure in await loader.wait_started(models):
             logger.error("startup model failed to load: %s", failure)

@@ -1,5 +1,5 @@
-"""What the API layers share: config, registry, the inference plane, token authority,
-snapshots, the access log."""
+"""What the API layers share: config, registry, loader, the inference plane, metrics, token
+authority, snapshots, the access log."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 from frontend.api.auth import TokenAuthority
 from frontend.config import ServerConfig
+from frontend.models.loader import ModelLoader
 from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots
 from frontend.observe.logs import AccessLog
+from frontend.observe.metrics import ServerMetrics
 from frontend.serving.plane import InferencePlane
 
 
@@ -17,6 +19,8 @@ from frontend.serving.plane import InferencePlane
 class Services:
     config: ServerConfig
     registry: ModelRegistry
+    loader: ModelLoader
+    metrics: ServerMetrics
     auth: TokenAuthority | None
     snapshots: Snapshots
     access: AccessLog

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -17,6 +16,10 @@ from pathlib import Path
 
 import pytest
 import requests
+
+# As `torchserve --start` does (frontend/cli.py): servers in this process fork workers while
+# grpc threads run. grpcio reads this when first imported, which is just below.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from frontend.config import Address, ServerConfig
 from frontend.server import Server
@@ -101,8 +104,7 @@ class RunningServer:
 def _run(server: Server) -> None:
     import uvloop
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(server.serve())
+    uvloop.run(server.serve())
 
 
 def launch_server(model_store: Path, *models: str, **overrides: object) -> RunningServer:
@@ -121,11 +123,13 @@ def launch_server(model_store: Path, *models: str, **overrides: object) -> Runni
         "log_location": model_store.parent / "logs",
         **overrides,
     }
-    server = Server(ServerConfig(**settings))  # type: ignore[arg-type]
+    started = threading.Event()
+    server = Server(ServerConfig(**settings),  # type: ignore[arg-type]
+                    on_started=lambda _: started.set())
     thread = threading.Thread(target=_run, args=(server,), daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not server.started.wait(0.05):
+    while not started.wait(0.05):
         if not thread.is_alive() or time.monotonic() > deadline:
             raise AssertionError("server failed to start")
     assert server.bound is not None and server.bound.metrics is not None

@@ -26,11 +26,11 @@ from google.rpc import status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from frontend import __version__
 from frontend.api import grpc_wire, kserve
 from frontend.api.auth import KeyKind
 from frontend.errors import InternalError, ServeError, WorkerError, grpc_code, type_for_status
 from frontend.models.management import ManagementOps
-from frontend.models.registry import SERVER_VERSION
 from frontend.services import Services
 from frontend.serving.plane import Answer, Call, Origin
 from frontend.serving.streams import ResponseStream
@@ -249,7 +249,7 @@ class OpenInferenceServicer(_InferenceRpcs, open_inference_pb2_grpc.GRPCInferenc
         async def run() -> Any:
             self._check(_metadata_headers(context))
             model = self.registry.get(request.name, request.version or None)
-            return open_inference_pb2.ModelReadyResponse(ready=kserve.is_model_ready(model))
+            return open_inference_pb2.ModelReadyResponse(ready=model.is_ready())
 
         return await _answer(context, run())
 
@@ -257,7 +257,7 @@ class OpenInferenceServicer(_InferenceRpcs, open_inference_pb2_grpc.GRPCInferenc
         async def run() -> Any:
             self._check(_metadata_headers(context))
             return open_inference_pb2.ServerMetadataResponse(
-                **kserve.server_metadata(SERVER_VERSION))
+                **kserve.server_metadata(__version__))
 
         return await _answer(context, run())
 

@@ -10,33 +10,24 @@ and encoded in the worker (backend/open_inference.py), so no tensor code runs he
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
 from frontend.errors import BadRequest
-
-if TYPE_CHECKING:
-    from frontend.models.registry import Model
+from frontend.models.model import Model
 
 SERVER_NAME = "batchserve"
 #: Open Inference Protocol extensions we implement.
 EXTENSIONS = ("binary_tensor_data", "parameters")
 PLATFORM = "pytorch"
-DATATYPES = frozenset({"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
-                       "UINT64", "FP16", "FP32", "FP64", "BYTES"})
 HEADER_LENGTH = "inference-header-content-length"
 #: The request header TorchServe's handlers look at to explain instead of predict.
 EXPLAIN_HEADER = "explain"
 
 
-def is_model_ready(model: Model) -> bool:
-    """A model version is ready when one of its workers can take a batch."""
-    return any(worker.is_up for worker in model.workers)
-
-
 def is_server_ready(models: Iterable[Model]) -> bool:
     """Ready when every registered model version is (so, with none registered)."""
-    return all(is_model_ready(model) for model in models)
+    return all(model.is_ready() for model in models)
 
 
 def server_metadata(version: str) -> dict[str, Any]:
@@ -45,35 +36,8 @@ def server_metadata(version: str) -> dict[str, Any]:
 
 def model_metadata(model: Model, versions: list[str]) -> dict[str, Any]:
     """OIP model metadata; the tensors come from the archive's model-config.yaml."""
-    config = model.archive.model_config
     return {"name": model.name, "versions": versions, "platform": PLATFORM,
-            "inputs": tensor_metadata(config, "inputs"),
-            "outputs": tensor_metadata(config, "outputs")}
-
-
-def tensor_metadata(config: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
-    """model-config.yaml's ``inputs`` or ``outputs``: a list of {name, datatype, shape} (-1 for
-    a variable dimension); [] when absent. Raises BadRequest when malformed."""
-    entries = config.get(key)
-    if entries is None:
-        return []
-    if not isinstance(entries, list):
-        raise BadRequest(f"model-config.yaml: {key} must be a list of tensors")
-    tensors = []
-    for index, entry in enumerate(entries):
-        where = f"model-config.yaml: {key}[{index}]"
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
-            raise BadRequest(f"{where} must have a name")
-        datatype = entry.get("datatype")
-        if datatype not in DATATYPES:
-            raise BadRequest(f"{where}: datatype must be one of {', '.join(sorted(DATATYPES))}, "
-                             f"got {datatype!r}")
-        shape = entry.get("shape", [-1])
-        if not isinstance(shape, list) or not all(
-                isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
-            raise BadRequest(f"{where}: shape must be a list of sizes (-1: variable)")
-        tensors.append({"name": entry["name"], "datatype": datatype, "shape": shape})
-    return tensors
+            "inputs": model.tensors.inputs, "outputs": model.tensors.outputs}
 
 
 def parse_json(data: bytes) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from frontend.errors import BadRequest
 
 
-def int_param(params: dict[str, str], name: str, default: int | None = None) -> int | None:
+def int_param(params: dict[str, str], name: str, default: int) -> int:
     if name not in params or params[name] == "":
         return default
     try:

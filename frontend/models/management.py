@@ -8,15 +8,19 @@ the JSON body, so both transports answer with the same text.
 from __future__ import annotations
 
 import json
+import time
 import uuid
-from dataclasses import replace
+
+import psutil
 
 from frontend.api.params import bool_param, int_param
 from frontend.errors import BadRequest, InternalError, MethodNotAllowed
-from frontend.models.registry import Model, RegisterRequest
+from frontend.models.loader import RegisterRequest
+from frontend.models.model import Model
+from frontend.models.settings import Source, read_layer
 from frontend.services import Services
 from frontend.serving.plane import InferencePlane
-from frontend.serving.policies import batch_settings_from_aliases
+from frontend.serving.workers import Worker, WorkerState
 from protos import worker_pb2
 
 MAX_LIST_LIMIT = 100
@@ -29,6 +33,7 @@ class ManagementOps:
     def __init__(self, services: Services) -> None:
         self.config = services.config
         self.registry = services.registry
+        self.loader = services.loader
         self.plane = services.plane
         self.snapshots = services.snapshots
 
@@ -39,9 +44,9 @@ class ManagementOps:
                 "enable_model_api=true) to register or unregister models at runtime.")
 
     def list_models(self, params: dict[str, str]) -> dict[str, object]:
-        limit = int_param(params, "limit", MAX_LIST_LIMIT) or 0
+        limit = int_param(params, "limit", MAX_LIST_LIMIT)
         limit = MAX_LIST_LIMIT if limit <= 0 or limit > MAX_LIST_LIMIT else limit
-        start = int_param(params, "next_page_token", 0) or 0
+        start = int_param(params, "next_page_token", 0)
         if start < 0:
             raise BadRequest("next_page_token must be >= 0")
         names = self.registry.names()
@@ -59,7 +64,7 @@ class ManagementOps:
                        customized: bool) -> list[dict[str, object]]:
         models = (self.registry.versions(name) if version == "all"
                   else [self.registry.get(name, version)])
-        descriptions = [model.describe() for model in models]
+        descriptions = [describe_model(model) for model in models]
         if customized:
             for model, description in zip(models, descriptions, strict=True):
                 description["customizedMetadata"] = await _customized_metadata(self.plane,
@@ -74,24 +79,18 @@ class ManagementOps:
         if runtime not in ("python", "python3"):
             raise BadRequest(f"unsupported runtime {runtime!r}: only python is supported")
         try:  # MLServer's and KServe's names for the batch settings are accepted too
-            aliases = batch_settings_from_aliases(params)
+            settings = read_layer(params, Source.API)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         request = RegisterRequest(
             url=params["url"],
             model_name=params.get("model_name") or None,
             handler=params.get("handler") or None,
-            batch_size=int_param(params, "batch_size", aliases.get("batch_size")),
-            max_batch_delay_ms=int_param(params, "max_batch_delay",
-                                         aliases.get("max_batch_delay_ms")),
-            initial_workers=int_param(params, "initial_workers"),
-            response_timeout_s=int_param(params, "response_timeout"),
-            startup_timeout_s=int_param(params, "startup_timeout"),
-            batch_policy=params.get("batch_policy") or None,
+            settings=settings,
             # TorchServe's code defaults synchronous to true for REST (its docs say false).
             synchronous=bool_param(params, "synchronous", True),
         )
-        model = await self.registry.register(request)
+        model = await self.loader.register(request)
         self.snapshots.save(self.registry)
         return (200 if request.synchronous else 202,
                 {"status": _registered_message(model, request.synchronous)})
@@ -99,20 +98,18 @@ class ManagementOps:
     async def scale(self, name: str, version: str | None,
                     params: dict[str, str]) -> tuple[int, Body]:
         model = self.registry.get(name, version)
-        if int_param(params, "number_gpu", 0) < 0:  # type: ignore[operator]
+        if int_param(params, "number_gpu", 0) < 0:
             raise BadRequest("number_gpu must be >= 0")
         min_worker = int_param(params, "min_worker", 1)
         max_worker = int_param(params, "max_worker", min_worker)
-        assert min_worker is not None and max_worker is not None
         if min_worker < 0:
             raise BadRequest("min_worker must be >= 0")
         if max_worker < min_worker:
             raise BadRequest("max_worker cannot be less than min_worker.")
         synchronous = bool_param(params, "synchronous", False)
         timeout = int_param(params, "timeout", -1)
-        assert timeout is not None
-        model.settings = replace(model.settings, min_workers=min_worker, max_workers=max_worker)
-        started = await model.scale(min_worker, None if timeout < 0 else float(timeout))
+        started = await model.scale(min_worker, max_worker,
+                                    None if timeout < 0 else float(timeout))
         self.snapshots.save(self.registry)
         if not synchronous:
             return 202, {"status": "Processing worker updates..."}
@@ -131,7 +128,7 @@ class ManagementOps:
 
     async def unregister(self, name: str, version: str | None) -> Body:
         self._require_model_api()
-        model = await self.registry.unregister(name, version)
+        model = await self.loader.unregister(name, version)
         self.snapshots.save(self.registry)
         suffix = f' version "{version}"' if version else ""
         return {"status": f'Model "{model.name}"{suffix} unregistered'}
@@ -159,3 +156,61 @@ def _registered_message(model: Model, synchronous: bool) -> str:
     elif not synchronous:
         text += ". Processing worker updates..."
     return text
+
+
+def describe_model(model: Model) -> dict[str, object]:
+    """TorchServe's describe body for one model version, with our ``batching`` section."""
+    s = model.settings
+    sizes = list(model.recent_batch_sizes)
+    return {
+        "modelName": model.name,
+        "modelVersion": model.version,
+        "modelUrl": model.archive.url,
+        "runtime": model.archive.manifest.runtime or "python",
+        **s.torchserve_fields(),
+        "loadedAtStartup": model.loaded_at_startup,
+        "status": model.health(),
+        **({"deviceIds": list(s.device_ids)} if s.device_ids else {}),
+        "handler": model.handler,
+        "workers": [describe_worker(worker) for worker in model.workers],
+        "jobQueueStatus": {
+            "remainingCapacity": model.batcher.remaining_capacity,
+            "pendingRequests": model.batcher.depth,
+        },
+        "batching": {
+            "policy": s.batch_policy.value,
+            "queueDepth": model.batcher.depth,
+            "inFlightBatches": sum(w.in_flight for w in model.workers),
+            "batchesTotal": model.batches_total,
+            "requestsTotal": model.requests_total,
+            "recentBatchSizes": sizes,
+            "meanBatchSize": round(sum(sizes) / len(sizes), 3) if sizes else 0.0,
+        },
+    }
+
+
+def describe_worker(worker: Worker) -> dict[str, object]:
+    return {
+        "id": worker.id,
+        "startTime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(worker.start_time)),
+        "status": "READY" if worker.state is WorkerState.READY
+        else "UNLOADING" if worker.state in (WorkerState.STOPPING, WorkerState.STOPPED)
+        else worker.state.value,
+        "memoryUsage": _memory_usage(worker.pid),
+        "pid": worker.pid if worker.pid is not None else -1,
+        "gpu": worker.gpu_id is not None,
+        **({"gpuId": worker.gpu_id} if worker.gpu_id is not None else {}),
+        "restarts": worker.restarts,
+        **({"cpus": list(worker.cpus)} if worker.cpus else {}),
+        **({"cpuThreads": worker.threads} if worker.threads else {}),
+        **({"lastError": worker.last_error} if worker.last_error else {}),
+    }
+
+
+def _memory_usage(pid: int | None) -> int:
+    if pid is None:
+        return 0
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0

@@ -13,15 +13,15 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import javaproperties
 
-from frontend.models.registry import RegisterRequest
-
-if TYPE_CHECKING:
-    from frontend.models.registry import ModelRegistry
+from frontend.models.loader import RegisterRequest
+from frontend.models.registry import ModelRegistry
+from frontend.models.settings import Source, read_layer
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def snapshot_document(registry: ModelRegistry) -> dict[str, Any]:
             "marName": model.archive.url,
             **s.torchserve_fields(),
             "handler": model.handler,
-            "batchPolicy": s.batch_policy,
+            "batchPolicy": s.batch_policy.value,
         }
     count = sum(len(versions) for versions in models.values())
     return {"name": "snapshot", "modelCount": count, "created": int(time.time() * 1000),
@@ -82,25 +82,26 @@ class Snapshots:
             return None
 
 
-def restore_requests(document: dict[str, Any]) -> tuple[list[RegisterRequest], dict[str, str]]:
+def restore_requests(document: Mapping[str, Any]) -> tuple[list[RegisterRequest], dict[str, str]]:
     """Registrations for every model of a snapshot, and each model's default version."""
     requests: list[RegisterRequest] = []
     defaults: dict[str, str] = {}
     for name, versions in document.get("models", {}).items():
-        for version, settings in versions.items():
+        for version, entry in versions.items():
+            try:
+                settings = read_layer(entry, Source.JSON)
+            except ValueError as exc:
+                logger.error("snapshot: not restoring model %s version %s: %s", name, version,
+                             exc)
+                continue
             requests.append(RegisterRequest(
-                url=settings["marName"],
+                url=entry["marName"],
                 model_name=name,
-                handler=settings.get("handler"),
-                batch_size=settings.get("batchSize"),
-                max_batch_delay_ms=settings.get("maxBatchDelay"),
-                initial_workers=settings.get("minWorkers"),
-                response_timeout_s=settings.get("responseTimeout"),
-                startup_timeout_s=settings.get("startupTimeout"),
-                batch_policy=settings.get("batchPolicy"),
+                handler=entry.get("handler"),
+                settings=settings,
                 synchronous=False,
                 loaded_at_startup=True,
             ))
-            if settings.get("defaultVersion"):
+            if entry.get("defaultVersion"):
                 defaults[name] = version
     return requests, defaults

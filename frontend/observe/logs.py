@@ -16,7 +16,9 @@ from typing import TextIO
 
 ACCESS_LOG = "access_log.log"
 MODEL_LOG = "model_log.log"
-model_logger = logging.getLogger("batchserve.model")
+#: The parent of every server's model logger (a child per server, so that two servers in
+#: one process write their workers' output to their own model_log.log).
+MODEL_LOGGER = "batchserve.model"
 FLUSH_INTERVAL_S = 0.2
 _LINE = '%s %s "%s %s %s" %d %.1fms model=%s version=%s queue_ms=%.2f batch=%d\n'
 
@@ -84,14 +86,16 @@ class ServerLogs:
     def __init__(self, log_location: Path, access_log: bool) -> None:
         self.log_location = log_location
         self.access = AccessLog(log_location / ACCESS_LOG if access_log else None)
+        #: This server's worker output (stdout and stderr, line by line).
+        self.model = logging.getLogger(f"{MODEL_LOGGER}.{id(self):x}")
         self._model_file: logging.Handler | None = None
 
     def __enter__(self) -> ServerLogs:
         self.log_location.mkdir(parents=True, exist_ok=True)
         model_file = logging.FileHandler(self.log_location / MODEL_LOG, encoding="utf-8")
         model_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-        model_logger.addHandler(model_file)
-        model_logger.setLevel(logging.INFO)  # worker output is the model log's content
+        self.model.addHandler(model_file)
+        self.model.setLevel(logging.INFO)  # worker output is the model log's content
         self._model_file = model_file
         self.access.open()
         return self
@@ -99,6 +103,6 @@ class ServerLogs:
     def __exit__(self, *_: object) -> None:
         self.access.close()
         if self._model_file is not None:
-            model_logger.removeHandler(self._model_file)
+            self.model.removeHandler(self._model_file)
             self._model_file.close()
             self._model_file = None

@@ -20,18 +20,15 @@ import re
 import shutil
 import socket
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from frontend.models.model import Model
+from frontend.serving.batching import Job
 from protos import worker_pb2
-
-if TYPE_CHECKING:
-    from frontend.models.registry import Model
-    from frontend.serving.batching import Job
 
 HOSTNAME = socket.gethostname()
 MODEL_LABELS = ("model_name", "model_version")

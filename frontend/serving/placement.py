@@ -6,22 +6,19 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 _DEVICE = re.compile(r"^nvidia\d+$")
 
 
-#: Test hook: pretend this many GPUs are visible (GPU code paths tested without a GPU).
-SIMULATED_GPUS_ENV = "BATCHSERVE_SIMULATED_GPUS"
+#: TorchServe numbers its workers from port 9000 up; so does each server here.
+FIRST_WORKER_ID = 9000
 
 
-def visible_gpu_count(dev: Path = Path("/dev"), environ: Mapping[str, str] | None = None) -> int:
+def visible_gpu_count(dev: Path = Path("/dev")) -> int:
     """Count GPUs without initialising CUDA: nvidia-ml-py when installed, else the NVIDIA
     device nodes in /dev."""
-    environ = os.environ if environ is None else environ
-    if environ.get(SIMULATED_GPUS_ENV):
-        return int(environ[SIMULATED_GPUS_ENV])
     try:
         import pynvml  # nvidia-ml-py: optional
     except ImportError:
@@ -49,8 +46,9 @@ class GpuAssigner:
         self._next = itertools.count()
 
     @classmethod
-    def detect(cls, number_of_gpu: int | None) -> GpuAssigner:
-        visible = visible_gpu_count()
+    def detect(cls, number_of_gpu: int | None, visible: int | None = None) -> GpuAssigner:
+        """All ``visible`` GPUs (None: count them), at most ``number_of_gpu``."""
+        visible = visible_gpu_count() if visible is None else visible
         return cls(visible if number_of_gpu is None else min(number_of_gpu, visible))
 
     def next(self, device_ids: tuple[int, ...] = ()) -> int | None:
@@ -86,3 +84,29 @@ class CpuAssigner:
     def next(self) -> tuple[int, ...]:
         start = next(self._next) * self.per_worker
         return tuple(self.cores[(start + i) % len(self.cores)] for i in range(self.per_worker))
+
+
+class Placement:
+    """Where one server's new workers run: their ids, GPUs, CPU cores and thread counts."""
+
+    def __init__(self, gpus: GpuAssigner, cpus: CpuAssigner | None,
+                 running_workers: Callable[[], int], cores: int | None = None) -> None:
+        self.gpus = gpus
+        self._cpus = cpus
+        self._running = running_workers
+        self._cores = len(os.sched_getaffinity(0)) if cores is None else cores
+        self._ids = itertools.count(FIRST_WORKER_ID)
+
+    def worker_id(self) -> int:
+        return next(self._ids)
+
+    def gpu(self, device_ids: tuple[int, ...]) -> int | None:
+        return self.gpus.next(device_ids)
+
+    def cpus(self) -> tuple[int, ...] | None:
+        return self._cpus.next() if self._cpus is not None else None
+
+    def threads(self, adding: int) -> int:
+        """Threads for each of ``adding`` new workers: the cores this process may use, shared
+        among every worker of every model on this host (the new ones included)."""
+        return max(1, self._cores // max(1, self._running() + adding))

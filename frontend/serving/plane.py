@@ -26,7 +26,8 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from frontend.errors import BadRequest, GatewayTimeout, ServeError
-from frontend.models.registry import Model, ModelRegistry
+from frontend.models.model import Model
+from frontend.models.registry import ModelRegistry
 from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
 from frontend.serving.batching import Job

@@ -25,7 +25,6 @@ from pathlib import Path
 import psutil
 
 from frontend.errors import GatewayTimeout, InternalError, WorkerDied, worker_error
-from frontend.observe.logs import model_logger
 from frontend.serving.batching import Batcher, Job, fail_jobs
 from frontend.serving.dispatch import Dispatcher, InFlight
 from frontend.serving.wire import read_frame, write_frame
@@ -34,7 +33,6 @@ from protos.framing import Frame, Kind, ProtocolError
 
 logger = logging.getLogger(__name__)
 
-_worker_ids = itertools.count(9000)  # TorchServe numbers its workers from port 9000 up
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 #: A worker that stayed up this long has its restart backoff reset.
@@ -235,14 +233,14 @@ def _expire(reply: asyncio.Future[Frame], timeout_s: float, name: str) -> None:
 
 
 async def _forward_output(stream: asyncio.StreamReader | None, name: str,
-                          tail: collections.deque[str]) -> None:
+                          tail: collections.deque[str], model_log: logging.Logger) -> None:
     """Copy a worker's stdout or stderr into the model log, one line at a time."""
     if stream is None:
         return
     while line := await stream.readline():
         text = line.decode("utf-8", "replace").rstrip()
         tail.append(text)
-        model_logger.info("[%s] %s", name, text)
+        model_log.info("[%s] %s", name, text)
 
 
 class Worker:
@@ -252,13 +250,14 @@ class Worker:
         self,
         launch: WorkerLaunch,
         batcher: Batcher,
+        number: int,
         gpu_id: int | None,
         cpus: tuple[int, ...] | None = None,
         threads: int = 0,
         on_batch: Callable[[list[Job], worker_pb2.PredictResult | None], None] | None = None,
         on_down: Callable[[], None] | None = None,
+        model_log: logging.Logger | None = None,
     ) -> None:
-        number = next(_worker_ids)
         self.id = str(number)
         self.name = f"W-{number}-{launch.load.model_name}_{launch.load.model_version}"
         self.gpu_id = gpu_id
@@ -284,6 +283,8 @@ class Worker:
         self._log_tasks: list[asyncio.Task[None]] = []
         self._dispatcher: Dispatcher | None = None
         self._on_down = on_down or (lambda: None)
+        #: Where the worker's stdout and stderr go, line by line (its server's model log).
+        self._model_log = model_log or logger
         self._task: asyncio.Task[None]
         self._supervise()
 
@@ -420,7 +421,8 @@ class Worker:
             self.start_time = time.time()
             # Keep hard references: the loop holds tasks only weakly.
             self._log_tasks = [
-                loop.create_task(_forward_output(stream, self.name, self._stderr_tail))
+                loop.create_task(_forward_output(stream, self.name, self._stderr_tail,
+                                                 self._model_log))
                 for stream in (process.stdout, process.stderr)
             ]
             reader, writer = await self._await_connection(process, connected)
@@ -629,36 +631,10 @@ class Worker:
         """Keeps failing and is not up now: nothing queued for it will run soon."""
         return self.is_unhealthy and not self.is_up
 
-    def describe(self) -> dict[str, object]:
-        return {
-            "id": self.id,
-            "startTime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(self.start_time)),
-            "status": "READY" if self.state is WorkerState.READY
-            else "UNLOADING" if self.state in (WorkerState.STOPPING, WorkerState.STOPPED)
-            else self.state.value,
-            "memoryUsage": _memory_usage(self.pid),
-            "pid": self.pid if self.pid is not None else -1,
-            "gpu": self.gpu_id is not None,
-            **({"gpuId": self.gpu_id} if self.gpu_id is not None else {}),
-            "restarts": self.restarts,
-            **({"cpus": list(self.cpus)} if self.cpus else {}),
-            **({"cpuThreads": self.threads} if self.threads else {}),
-            **({"lastError": self.last_error} if self.last_error else {}),
-        }
-
 
 def describe_error(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _memory_usage(pid: int | None) -> int:
-    if pid is None:
-        return 0
-    try:
-        return int(psutil.Process(pid).memory_info().rss)
-    except psutil.Error:
-        return 0
 
 
 def _resolve(jobs: list[Job], responses: Sequence[worker_pb2.Response], max_bytes: int

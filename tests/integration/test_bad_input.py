@@ -314,7 +314,7 @@ def test_bad_query_parameters_are_400_and_change_nothing(build_mar, start_server
     build_mar("echo", "echo")
     server = start_server("echo.mar")
     before = server.describe("echo")
-    run_dir = server.server.registry.run_dir  # type: ignore[union-attr]
+    run_dir = server.server.services.loader.run_dir  # type: ignore[union-attr]
     extracted = set((run_dir / "models").iterdir())
     for method, path, params, words in BAD_PARAMETERS:
         answer = requests.request(method, f"{server.management}/models{path}", params=params,
@@ -344,7 +344,7 @@ def test_path_traversal_in_model_names_and_urls_is_refused(
     # allowed_urls admits the store itself, by path and by file:// URL, and nothing else.
     server = start_server("echo.mar", allowed_urls=(f"file://{model_store}/.*",
                                                     f"{model_store}/.*"))
-    run_dir = server.server.registry.run_dir  # type: ignore[union-attr]
+    run_dir = server.server.services.loader.run_dir  # type: ignore[union-attr]
     before, run_before = _tree(tmp_path), _tree(run_dir)
     models = f"{server.management}/models"
     refused = [
@@ -438,7 +438,7 @@ def test_zip_slip_archives_are_400_and_write_nothing_outside(
     _evil_tar(good, model_store / "link.tar.gz", _symlink("escape", "/tmp"))
     _evil_tar(good, model_store / "dotdot.tar.gz", _symlink(f"../{marker}", "echo.py"))
     server = start_server("echo.mar")
-    run_dir = server.server.registry.run_dir  # type: ignore[union-attr]
+    run_dir = server.server.services.loader.run_dir  # type: ignore[union-attr]
     before = _tree(tmp_path)
     for name in [*archives, "link.tar.gz", "dotdot.tar.gz"]:
         answer = requests.post(f"{server.management}/models",

@@ -113,7 +113,6 @@ def test_access_log_can_be_turned_off(build_mar, start_server, model_store: Path
 
 def test_workers_round_robin_over_simulated_gpus(build_mar, start_server, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BATCHSERVE_SIMULATED_GPUS", "3")
     probes = tmp_path / "probes"
     probes.mkdir()
     monkeypatch.setenv("BATCHSERVE_TEST_PROBE_DIR", str(probes))
@@ -121,7 +120,7 @@ def test_workers_round_robin_over_simulated_gpus(build_mar, start_server, tmp_pa
     config_file = tmp_path / "model-config.yaml"
     config_file.write_text("deviceIds: [1, 2]\n")
     build_mar("pinned", "gpu_probe", config_file=config_file)
-    server = start_server()
+    server = start_server(visible_gpus=3)  # GPU placement without a GPU
 
     def register(url: str, workers: int) -> list[dict[str, object]]:
         requests.post(f"{server.management}/models",
@@ -139,10 +138,9 @@ def test_workers_round_robin_over_simulated_gpus(build_mar, start_server, tmp_pa
 
 def test_without_gpus_workers_run_on_cpu(build_mar, start_server, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BATCHSERVE_SIMULATED_GPUS", "0")
     monkeypatch.setenv("BATCHSERVE_TEST_PROBE_DIR", str(tmp_path))
     build_mar("probe", "gpu_probe")
-    server = start_server("probe.mar")
+    server = start_server("probe.mar", visible_gpus=0)
     worker = server.describe("probe")["workers"][0]  # type: ignore[index]
     assert worker["gpu"] is False and "gpuId" not in worker
     assert server.predict("probe", b"x").text == "None"

@@ -50,8 +50,7 @@ def test_properties_file_is_parsed_with_torchserve_keys(tmp_path: Path) -> None:
     assert config.number_of_gpu == 2
     assert config.enable_model_api is True
     noop = config.models["noop"]["1.0"]
-    assert (noop.mar_name, noop.batch_size, noop.max_batch_delay_ms, noop.min_workers) == (
-        "noop.mar", 4, 25, 2)
+    assert noop.settings == {"batch_size": 4, "max_batch_delay_ms": 25, "min_workers": 2}
     assert noop.is_default_version
 
 

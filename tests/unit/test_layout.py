@@ -1,4 +1,5 @@
-"""Module boundaries and generated code: the frontend and backend meet only in protos/."""
+"""Module boundaries and generated code: the frontend and backend meet only in protos/, no
+module imports itself through others, and generated code matches the .proto files."""
 
 from __future__ import annotations
 
@@ -25,6 +26,54 @@ def test_frontend_and_backend_only_meet_in_protos(package: str) -> None:
                 continue
             for name in names:
                 assert name.split(".")[0] not in BANNED[package], f"{path} imports {name}"
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """Each of our modules -> the modules of ours it imports anywhere (under TYPE_CHECKING
+    and inside functions too)."""
+    paths = {}
+    for package in ("frontend", "backend", "model_archiver", "protos"):
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            paths[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    found.add(full if full in paths else node.module)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        graph[name] = {module for module in found if module in paths and module != name}
+    return graph
+
+
+def _cycle_from(start: str, graph: dict[str, set[str]]) -> list[str] | None:
+    """A path of imports from ``start`` back to it, if there is one."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        module, path = stack.pop()
+        for imported in sorted(graph[module]):
+            if imported == start:
+                return [*path, start]
+            if imported not in seen:
+                seen.add(imported)
+                stack.append((imported, [*path, imported]))
+    return None
+
+
+def test_no_import_cycles() -> None:
+    graph = _module_imports()
+    assert "frontend.models.registry" in graph and graph["frontend.models.loader"]
+    cycles = [cycle for module in sorted(graph) if (cycle := _cycle_from(module, graph))]
+    assert not cycles, "import cycle: " + " -> ".join(cycles[0])
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycle_from("a", {"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle_from("a", {"a": {"b"}, "b": set()}) is None
 
 
 def _version_line(source: str, prefix: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from frontend.models.management import describe_worker
 from frontend.serving.batching import Batcher
 from frontend.serving.policies import FixedPolicy
 from frontend.serving.workers import (
@@ -39,15 +40,16 @@ def test_an_os_error_starting_the_process_is_retried_logged_and_reported(
 
     async def scenario() -> None:
         batcher = Batcher(max_batch_size=1, capacity=10, policy=FixedPolicy(1, 0.0))
-        worker = Worker(launch, batcher, None, on_down=lambda: downs.append(worker.failures))
+        worker = Worker(launch, batcher, 9000, None, on_down=lambda: downs.append(worker.failures))
         first = await asyncio.wait_for(worker.first_start, 5)
         assert isinstance(first, WorkerStartError)
         assert "FileNotFoundError" in str(first)
         await _until(lambda: worker.failures >= UNHEALTHY_AFTER_FAILURES, "repeated retries")
         assert worker.is_unhealthy and worker.is_down
         assert worker.restarts >= UNHEALTHY_AFTER_FAILURES - 1
-        assert "FileNotFoundError" in worker.describe()["lastError"]  # type: ignore[operator]
-        assert worker.describe()["pid"] == -1
+        described = describe_worker(worker)
+        assert "FileNotFoundError" in described["lastError"]  # type: ignore[operator]
+        assert described["pid"] == -1
         await asyncio.wait_for(worker.stop(5), 10)
 
     with caplog.at_level(logging.ERROR, logger="frontend.serving.workers"):

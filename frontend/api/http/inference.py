@@ -24,7 +24,7 @@ from frontend.errors import (
     torchserve_body,
     type_for_status,
 )
-from frontend.models.registry import Model
+from frontend.models.model import Model
 from frontend.services import Services
 from frontend.serving.plane import Call
 from frontend.serving.streams import ResponseStream

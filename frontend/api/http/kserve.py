@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from frontend import __version__
 from frontend.api import kserve
 from frontend.api.auth import KeyKind
 from frontend.api.http import common
@@ -30,7 +31,6 @@ from frontend.errors import (
     header_pairs,
     kserve_body,
 )
-from frontend.models.registry import SERVER_VERSION
 from frontend.services import Services
 from frontend.serving.plane import Call
 from frontend.serving.streams import ResponseStream
@@ -98,7 +98,7 @@ class KServeRoutes:
             self._expect(scope, "GET")
             model = self.registry.get(name)
             await common.send_json(send, 200, {"name": name,
-                                               "ready": kserve.is_model_ready(model)})
+                                               "ready": model.is_ready()})
             return
         if verb not in ("predict", "explain"):
             raise RouteNotFound()
@@ -148,7 +148,7 @@ class KServeRoutes:
         self._check_auth(scope)
         if not parts:
             self._expect(scope, "GET")
-            await common.send_json(send, 200, kserve.server_metadata(SERVER_VERSION))
+            await common.send_json(send, 200, kserve.server_metadata(__version__))
             return
         if parts[0] != "models" or len(parts) < 2:
             raise RouteNotFound()
@@ -166,7 +166,7 @@ class KServeRoutes:
         elif rest == ["ready"]:
             self._expect(scope, "GET")
             model = self.registry.get(name, version)
-            ready = kserve.is_model_ready(model)
+            ready = model.is_ready()
             await common.send_json(send, 200 if ready else 503, {"name": name, "ready": ready})
         elif rest == ["infer"]:
             self._expect(scope, "POST")

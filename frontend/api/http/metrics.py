@@ -14,7 +14,7 @@ from frontend.services import Services
 
 class MetricsApp(common.Routes):
     def __init__(self, services: Services) -> None:
-        self.metrics: ServerMetrics = services.registry.metrics
+        self.metrics: ServerMetrics = services.metrics
         #: metrics_mode=legacy: only TorchServe's three ts_* counters, as TorchServe.
         self.legacy = services.config.metrics_mode == "legacy"
 

@@ -1,0 +1,239 @@
+"""Loading and unloading model versions: archives and downloads, settings, workers.
+
+``ModelLoader.register`` downloads (http/https URLs, into the model store) or resolves the
+archive, unpacks it into the run directory, resolves the settings (server defaults <
+config.properties ``models=`` < model-config.yaml < the API), checks the Open Inference
+metadata, adds the ``Model`` to the registry and starts its workers. Whatever fails on the
+way leaves nothing behind: not the download, not the unpacked archive, not a half-registered
+model. ``unregister`` and ``close`` undo it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from frontend import __version__
+from frontend.config import ConfiguredVersion, ServerConfig
+from frontend.errors import BadRequest, Conflict, Forbidden, InternalError
+from frontend.models import archive as archives
+from frontend.models.download import download_archive
+from frontend.models.model import BatchRecorder, Model, TensorMetadata
+from frontend.models.registry import ModelRegistry
+from frontend.models.settings import ModelSettings, SettingsLayer, Source, read_layer, resolve
+from frontend.serving.placement import Placement
+from frontend.serving.workers import WorkerLaunch, WorkerStartError
+from protos import worker_pb2
+
+logger = logging.getLogger(__name__)
+
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: Open Inference Protocol datatypes model-config.yaml may name.
+DATATYPES = frozenset({"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
+                       "UINT64", "FP16", "FP32", "FP64", "BYTES"})
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterRequest:
+    """A registration: from the management API, the startup model list or a snapshot."""
+
+    url: str
+    model_name: str | None = None
+    handler: str | None = None
+    #: The settings the request sets (above model-config.yaml).
+    settings: SettingsLayer = field(default_factory=lambda: SettingsLayer())
+    synchronous: bool = True
+    loaded_at_startup: bool = False
+
+
+def tensor_metadata(config: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    """model-config.yaml's ``inputs`` or ``outputs``: a list of {name, datatype, shape} (-1 for
+    a variable dimension); [] when absent. Raises BadRequest when malformed."""
+    entries = config.get(key)
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise BadRequest(f"model-config.yaml: {key} must be a list of tensors")
+    tensors = []
+    for index, entry in enumerate(entries):
+        where = f"model-config.yaml: {key}[{index}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            raise BadRequest(f"{where} must have a name")
+        datatype = entry.get("datatype")
+        if datatype not in DATATYPES:
+            raise BadRequest(f"{where}: datatype must be one of {', '.join(sorted(DATATYPES))}, "
+                             f"got {datatype!r}")
+        shape = entry.get("shape", [-1])
+        if not isinstance(shape, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
+            raise BadRequest(f"{where}: shape must be a list of sizes (-1: variable)")
+        tensors.append({"name": entry["name"], "datatype": datatype, "shape": shape})
+    return tensors
+
+
+class ModelLoader:
+    """Registers and unregisters model versions for one server."""
+
+    def __init__(self, config: ServerConfig, run_dir: Path, registry: ModelRegistry,
+                 placement: Placement, record_batch: BatchRecorder,
+                 model_log: logging.Logger) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.archive_dir = run_dir / "models"
+        self.archive_dir.mkdir(mode=0o700, exist_ok=True)
+        self.registry = registry
+        self._placement = placement
+        self._record_batch = record_batch
+        self._model_log = model_log
+
+    # ---- settings -----------------------------------------------------------------------
+
+    def server_defaults(self) -> SettingsLayer:
+        """The bottom layer: the server's defaults for every setting."""
+        config = self.config
+        # TorchServe's rule: one worker per GPU, or per CPU core without one.
+        workers = config.default_workers_per_model or self._placement.gpus.count or \
+            os.cpu_count() or 1
+        return SettingsLayer(
+            batch_size=config.default_batch_size,
+            max_batch_delay_ms=config.default_max_batch_delay_ms,
+            min_workers=workers,
+            response_timeout_s=config.default_response_timeout_s,
+            startup_timeout_s=config.default_startup_timeout_s,
+            job_queue_size=config.job_queue_size,
+            device_ids=(),
+            batch_policy=config.default_batch_policy,
+        )
+
+    def settings(self, name: str, version: str, request: RegisterRequest,
+                 model_config: Mapping[str, Any]) -> ModelSettings:
+        configured = self.config.models.get(name, {}).get(version) or ConfiguredVersion()
+        try:
+            from_yaml = read_layer(model_config, Source.YAML)
+        except ValueError as exc:
+            raise BadRequest(f"model-config.yaml: {exc}") from None
+        return resolve(self.server_defaults(), configured.settings, from_yaml, request.settings)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    async def register(self, request: RegisterRequest) -> Model:
+        """Download or find, unpack and validate a model version, add it to the registry and
+        start its workers.
+
+        With ``synchronous`` it returns once every initial worker has loaded the model, and
+        a model whose workers fail to load is removed again (nothing stays half-registered).
+        """
+        url = request.url
+        downloaded: Path | None = None
+        if url.lower().startswith(("http://", "https://")):
+            if self.config.model_store is None:
+                raise BadRequest("no model store is configured to download the archive into")
+            downloaded = await asyncio.to_thread(
+                download_archive, url, self.config.model_store, self.config.allowed_urls,
+                self.config.max_archive_size_bytes)
+            logger.info("downloaded %s into the model store as %s", url, downloaded.name)
+            url = downloaded.name  # snapshots restore it from the store
+        try:
+            return await self._register(request, url)
+        except BaseException:
+            if downloaded is not None:
+                # A refused registration leaves nothing behind in the model store.
+                downloaded.unlink(missing_ok=True)
+            raise
+
+    async def _register(self, request: RegisterRequest, url: str) -> Model:
+        source = archives.resolve_url(url, self.config.model_store, self.config.allowed_urls)
+        unpacked = await asyncio.to_thread(archives.unpack, url, source, self.archive_dir)
+        try:
+            model = self._add(request, unpacked)
+        except BaseException:
+            archives.remove_unpacked(unpacked, self.archive_dir)
+            raise
+        workers = model.start_workers(model.settings.min_workers)
+        if not request.synchronous or not workers:
+            return model
+        outcomes = await asyncio.gather(*(worker.first_start for worker in workers))
+        failures = [outcome for outcome in outcomes if outcome is not None]
+        if failures:
+            await self._remove(model, drain_timeout_s=0)
+            raise InternalError(str(failures[0]))
+        return model
+
+    def _add(self, request: RegisterRequest, unpacked: archives.UnpackedArchive) -> Model:
+        manifest = unpacked.manifest
+        name = request.model_name or manifest.model_name
+        if not name or not MODEL_NAME.match(name):
+            raise BadRequest(f"invalid model name {name!r}: use letters, digits, '_', '-', '.'")
+        version = manifest.model_version or "1.0"
+        if self.registry.has(name, version):
+            raise Conflict(f"Model version {version} is already registered for model {name}")
+        handler = request.handler or manifest.handler or self.config.default_service_handler
+        if not handler:
+            raise BadRequest(f"model {name!r} names no handler: pass handler=")
+        settings = self.settings(name, version, request, unpacked.model_config)
+        tensors = TensorMetadata(tensor_metadata(unpacked.model_config, "inputs"),
+                                 tensor_metadata(unpacked.model_config, "outputs"))
+        model = Model(name, version, unpacked, handler, settings,
+                      self._launch(name, version, unpacked, handler, settings),
+                      self._placement, self._record_batch, self._model_log,
+                      request.loaded_at_startup, tensors)
+        configured = self.config.models.get(name, {}).get(version) or ConfiguredVersion()
+        self.registry.add(model, make_default=configured.is_default_version)
+        logger.info("registered model %s version %s (batch_size=%d, max_batch_delay=%d ms, "
+                    "workers=%d)", name, version, settings.batch_size,
+                    settings.max_batch_delay_ms, settings.min_workers)
+        return model
+
+    def _launch(self, name: str, version: str, unpacked: archives.UnpackedArchive,
+                handler: str, settings: ModelSettings) -> WorkerLaunch:
+        config = self.config
+        return WorkerLaunch(
+            load=worker_pb2.LoadModel(
+                model_name=name,
+                model_version=version,
+                model_dir=str(unpacked.model_dir),
+                handler=handler,
+                batch_size=settings.batch_size,
+                manifest_json=unpacked.manifest_json,
+                limit_max_image_pixels=config.limit_max_image_pixels,
+                envelope=config.service_envelope,
+                decode_input_request=config.decode_input_request,
+                server_version=__version__,
+                response_timeout_ms=settings.response_timeout_s * 1000,
+            ),
+            run_dir=self.run_dir,
+            startup_timeout_s=settings.startup_timeout_s,
+            response_timeout_s=settings.response_timeout_s,
+            max_response_bytes=config.max_response_size_bytes,
+            batches_in_flight=config.batches_in_flight,
+        )
+
+    async def unregister(self, name: str, version: str | None = None) -> Model:
+        model = self.registry.get(name, version)
+        if (version is not None and self.registry.default_version(name) == version
+                and len(self.registry.versions(name)) > 1):
+            raise Forbidden(f"Cannot remove default version {version} for model {name}")
+        await self._remove(model, self.config.unregister_model_timeout_s)
+        return model
+
+    async def _remove(self, model: Model, drain_timeout_s: float | None) -> None:
+        self.registry.remove(model)
+        await model.stop(drain_timeout_s)
+        archives.remove_unpacked(model.archive, self.archive_dir)
+        logger.info("unregistered model %s version %s", model.name, model.version)
+
+    async def close(self, drain_timeout_s: float) -> None:
+        """Stop every model, draining in-flight requests within ``drain_timeout_s``."""
+        await asyncio.gather(*(self._remove(model, drain_timeout_s)
+                               for model in list(self.registry)))
+
+    @staticmethod
+    async def wait_started(models: list[Model]) -> list[WorkerStartError]:
+        outcomes = await asyncio.gather(*(w.first_start for m in models for w in m.workers))
+        return [outcome for outcome in outcomes if outcome is not None]

@@ -1,0 +1,167 @@
+"""One registered model version at run time: its settings, job queue and workers.
+
+A ``Model`` is built by the loader (frontend/models/loader.py) and looked up through the
+registry; it owns every change to itself (scaling changes its worker settings with its
+workers). What it records about batches goes to an injected callback (the server's metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from frontend.errors import ServiceUnavailable
+from frontend.models import archive as archives
+from frontend.models.settings import ModelSettings
+from frontend.serving.batching import Batcher, Job
+from frontend.serving.placement import Placement
+from frontend.serving.policies import make_policy
+from frontend.serving.workers import Worker, WorkerLaunch
+from protos import worker_pb2
+
+#: Called after each batch: the model, its jobs and the worker's result (None: it failed).
+BatchRecorder = Callable[["Model", list[Job], "worker_pb2.PredictResult | None"], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMetadata:
+    """The Open Inference Protocol tensors of model-config.yaml (``inputs``, ``outputs``)."""
+
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Model:
+    """One registered model version: its archive, settings, job queue and workers."""
+
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        unpacked: archives.UnpackedArchive,
+        handler: str,
+        settings: ModelSettings,
+        launch: WorkerLaunch,
+        placement: Placement,
+        record_batch: BatchRecorder,
+        model_log: logging.Logger,
+        loaded_at_startup: bool = False,
+        tensors: TensorMetadata = TensorMetadata(),
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.archive = unpacked
+        self.handler = handler
+        self.settings = settings
+        self.tensors = tensors
+        self.loaded_at_startup = loaded_at_startup
+        self.registered_at = time.time()
+        self.launch = launch
+        self._placement = placement
+        self._record = record_batch
+        self._model_log = model_log
+        self.batcher = Batcher(
+            max_batch_size=settings.batch_size,
+            capacity=settings.job_queue_size,
+            policy=make_policy(settings.batch_policy, settings.batch_size,
+                               settings.max_batch_delay_ms / 1000),
+        )
+        self.workers: list[Worker] = []
+        #: Set when a worker fails: all of them may be down (only then is it worked out).
+        self._maybe_down = False
+        self.recent_batch_sizes: collections.deque[int] = collections.deque(maxlen=64)
+        self.batches_total = 0
+        self.requests_total = 0
+
+    def restarts_total(self) -> int:
+        return sum(worker.restarts for worker in self.workers)
+
+    def _record_batch(self, jobs: list[Job], result: worker_pb2.PredictResult | None) -> None:
+        self.recent_batch_sizes.append(len(jobs))
+        self.batches_total += 1
+        self.requests_total += len(jobs)
+        self._record(self, jobs, result)
+
+    def submit(self, job: Job) -> None:
+        if not self.workers:
+            raise ServiceUnavailable(
+                f'Model "{self.name}" has no worker to serve inference request. '
+                "Please use scale workers API to add workers.")
+        if self._maybe_down:  # only after a worker failed: no cost on the hot path
+            if self._all_workers_down():
+                raise self._down_error()
+            self._maybe_down = False
+        self.batcher.submit(job)
+
+    def _all_workers_down(self) -> bool:
+        return bool(self.workers) and all(worker.is_down for worker in self.workers)
+
+    def _down_error(self) -> ServiceUnavailable:
+        reasons = sorted({w.last_error for w in self.workers if w.last_error})
+        return ServiceUnavailable(
+            f'Model "{self.name}" has no working worker: they keep failing and are being '
+            f"restarted ({'; '.join(reasons) or 'no reason given'})",
+            headers={"Retry-After": "1"})
+
+    def _worker_down(self) -> None:
+        """A worker died or failed to start: when none is left that could take a batch soon,
+        what waits in the queue is answered now (503) instead of at its deadline."""
+        self._maybe_down = True
+        if self._all_workers_down() and self.batcher.depth:
+            self.batcher.fail_queued(self._down_error())
+
+    def start_workers(self, count: int) -> list[Worker]:
+        started = []
+        threads = self._placement.threads(count)
+        for _ in range(count):
+            worker = Worker(self.launch, self.batcher, self._placement.worker_id(),
+                            self._placement.gpu(self.settings.device_ids),
+                            self._placement.cpus(), threads, self._record_batch,
+                            self._worker_down, self._model_log)
+            self.workers.append(worker)
+            started.append(worker)
+        return started
+
+    async def scale(self, min_workers: int, max_workers: int,
+                    drain_timeout_s: float | None) -> list[Worker]:
+        """Run ``min_workers`` workers (starting or stopping some) and keep both bounds in the
+        settings; return the workers started."""
+        self.settings = self.settings.with_workers(min_workers, max_workers)
+        if min_workers > len(self.workers):
+            return self.start_workers(min_workers - len(self.workers))
+        surplus = self.workers[min_workers:]
+        del self.workers[min_workers:]
+        await asyncio.gather(*(worker.stop(drain_timeout_s) for worker in surplus))
+        return []
+
+    async def stop(self, drain_timeout_s: float | None) -> None:
+        """Let the workers take what is queued (bounded), then stop them."""
+        deadline = None if drain_timeout_s is None else time.monotonic() + drain_timeout_s
+        if any(worker.first_start.done() for worker in self.workers):
+            await self.batcher.wait_empty(drain_timeout_s)
+        self.batcher.close(ServiceUnavailable(f'Model "{self.name}" is being unregistered'))
+        workers, self.workers = self.workers, []
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        await asyncio.gather(*(worker.stop(remaining) for worker in workers))
+
+    def health(self) -> str:
+        """TorchServe's words: Healthy, Partial Healthy (some workers keep dying) or Unhealthy
+        (fewer live workers than min_workers and some keep dying)."""
+        failing = sum(1 for w in self.workers if w.is_unhealthy)
+        if not failing:
+            return "Healthy"
+        live = sum(1 for w in self.workers
+                   if w.is_up and not w.is_unhealthy)
+        return "Partial Healthy" if live >= max(1, self.settings.min_workers) else "Unhealthy"
+
+    def is_healthy(self) -> bool:
+        return self.health() != "Unhealthy"
+
+    def is_ready(self) -> bool:
+        """Ready when one of its workers can take a batch."""
+        return any(worker.is_up for worker in self.workers)

@@ -1,0 +1,224 @@
+"""A model version's settings: one frozen ``ModelSettings``, the names every source uses for
+each field, and how the sources layer.
+
+Sources, lowest priority first: the server's defaults, ``models=`` in config.properties,
+the archive's model-config.yaml, then the register API (or a snapshot, which replays one).
+Each source is read into a ``SettingsLayer`` (only the fields it sets, already checked, so a
+bad value is reported under the name the user wrote), and ``resolve`` stacks the layers.
+
+Names per field: TorchServe's JSON name (config.properties ``models=``, model-config.yaml,
+describe bodies, snapshots), TorchServe's register parameter, and the batch-setting aliases
+of MLServer (model-settings.json) and KServe (the ``batcher`` section), which
+model-config.yaml and the register API accept too. Within one source TorchServe's name wins
+over an alias; two aliases that disagree are an error.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypedDict, cast
+
+from frontend.serving.policies import PolicyName
+
+
+class Source(enum.Enum):
+    """Where a layer comes from: decides which names are read and how a bad value is told."""
+
+    #: config.properties ``models=`` and snapshots: TorchServe's JSON names.
+    JSON = "json"
+    #: the archive's model-config.yaml: TorchServe's JSON names and the aliases.
+    YAML = "yaml"
+    #: the register API's query parameters: TorchServe's parameter names and the aliases.
+    API = "api"
+
+
+class SettingsLayer(TypedDict, total=False):
+    """The settings one source sets (field name -> checked value)."""
+
+    batch_size: int
+    max_batch_delay_ms: int
+    min_workers: int
+    max_workers: int
+    response_timeout_s: int
+    startup_timeout_s: int
+    job_queue_size: int
+    device_ids: tuple[int, ...]
+    batch_policy: PolicyName
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    """The batching and worker settings in force for one model version."""
+
+    batch_size: int
+    max_batch_delay_ms: int
+    min_workers: int
+    max_workers: int
+    response_timeout_s: int
+    startup_timeout_s: int
+    job_queue_size: int
+    #: GPUs this model's workers may use (model-config.yaml ``deviceIds``); empty: any.
+    device_ids: tuple[int, ...] = ()
+    #: ADAPTIVE (default) or FIXED (TorchServe's behaviour).
+    batch_policy: PolicyName = PolicyName.ADAPTIVE
+
+    def torchserve_fields(self) -> dict[str, int]:
+        """The settings TorchServe shows under its JSON names (describe bodies, snapshots)."""
+        return {field.json: getattr(self, field.name) for field in FIELDS if field.shown}
+
+    def with_workers(self, min_workers: int, max_workers: int) -> ModelSettings:
+        if not 0 <= min_workers <= max_workers:
+            raise ValueError(f"need 0 <= min_workers <= max_workers, got {min_workers} and "
+                             f"{max_workers}")
+        return replace(self, min_workers=min_workers, max_workers=max_workers)
+
+
+# ---- parsing one value ----------------------------------------------------------------------
+
+Parse = Callable[[str, object], Any]
+
+
+def _number(value: object) -> object:
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return value
+
+
+def integer(minimum: int) -> Parse:
+    """Whole numbers >= ``minimum``; TorchServe's names take ints or their decimal text."""
+    def parse(key: str, value: object) -> int:
+        if isinstance(value, str):
+            try:
+                value = int(value.strip())
+            except ValueError:
+                raise ValueError(f"{key} must be an integer, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{key} must be an integer, got {value!r}")
+        if value < minimum:
+            raise ValueError(f"{key} must be an integer >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _alias_integer(minimum: int) -> Parse:
+    """MLServer and KServe counts: JSON numbers, so 4.0 is 4 (but 2.5 is refused)."""
+    def parse(key: str, value: object) -> int:
+        number = _number(value)
+        if isinstance(number, bool) or not isinstance(number, int | float) \
+                or not math.isfinite(number) or number != int(number) or number < minimum:
+            raise ValueError(f"{key} must be an integer >= {minimum}, got {value!r}")
+        return int(number)
+    return parse
+
+
+def _mlserver_batch_size(key: str, value: object) -> int:
+    count: int = _alias_integer(0)(key, value)
+    return max(1, count)  # MLServer: 0 or 1 turns batching off
+
+
+def _duration_ms(unit_ms: float) -> Parse:
+    def parse(key: str, value: object) -> int:
+        number = _number(value)
+        if isinstance(number, bool) or not isinstance(number, int | float) \
+                or not math.isfinite(number) or number < 0:
+            unit = "seconds" if unit_ms == 1000 else "milliseconds"
+            raise ValueError(f"{key} must be a number of {unit} >= 0, got {value!r}")
+        ms = round(number * unit_ms)
+        # NOTE: a positive delay never rounds down to 0, which would mean "never wait".
+        return max(ms, 1) if number > 0 else 0
+    return parse
+
+
+def policy(key: str, value: object) -> PolicyName:
+    """``fixed`` or ``adaptive``, in any case."""
+    try:
+        return PolicyName(value.strip().lower() if isinstance(value, str) else value)
+    except ValueError:
+        choices = ", ".join(p.value for p in PolicyName)
+        raise ValueError(f"{key} must be one of {choices}, got {value!r}") from None
+
+
+def _device_ids(key: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple) \
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+        raise ValueError(f"{key} must be a list of GPU ids, got {value!r}")
+    return tuple(value)
+
+
+# ---- the fields -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One setting and its names."""
+
+    name: str
+    #: TorchServe's JSON name (properties ``models=``, model-config.yaml, describe, snapshot).
+    json: str
+    #: TorchServe's register API parameter; None: not settable at registration.
+    param: str | None
+    parse: Parse
+    #: MLServer's and KServe's names, each with its own units.
+    aliases: tuple[tuple[str, Parse], ...] = ()
+    #: in TorchServe's describe body and snapshot.
+    shown: bool = True
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("min_workers", "minWorkers", "initial_workers", integer(0)),
+    Field("max_workers", "maxWorkers", None, integer(0)),
+    Field("batch_size", "batchSize", "batch_size", integer(1),
+          aliases=(("max_batch_size", _mlserver_batch_size),
+                   ("maxBatchSize", _alias_integer(1)))),
+    Field("max_batch_delay_ms", "maxBatchDelay", "max_batch_delay", integer(0),
+          aliases=(("max_batch_time", _duration_ms(1000.0)),
+                   ("maxLatency", _duration_ms(1.0)))),
+    Field("response_timeout_s", "responseTimeout", "response_timeout", integer(1)),
+    Field("startup_timeout_s", "startupTimeout", "startup_timeout", integer(1)),
+    Field("job_queue_size", "jobQueueSize", None, integer(1), shown=False),
+    Field("device_ids", "deviceIds", None, _device_ids, shown=False),
+    Field("batch_policy", "batchPolicy", "batch_policy", policy, shown=False),
+)
+
+
+def read_layer(mapping: Mapping[str, object], source: Source) -> SettingsLayer:
+    """The settings ``mapping`` sets, under the names ``source`` uses; other keys are ignored.
+
+    Raises ValueError naming the key of a bad value, or the aliases that disagree. A value
+    of None (JSON null), or an empty query parameter, counts as not set.
+    """
+    if source is Source.API:  # an empty query parameter is an absent one
+        mapping = {key: value for key, value in mapping.items() if value != ""}
+    layer: dict[str, object] = {}
+    for field in FIELDS:
+        name = field.param if source is Source.API else field.json
+        if name is not None and mapping.get(name) is not None:
+            layer[field.name] = field.parse(name, mapping[name])
+            continue
+        if source is Source.JSON:
+            continue
+        given = [(key, parse(key, mapping[key])) for key, parse in field.aliases
+                 if key in mapping]
+        if len({value for _, value in given}) > 1:
+            listed = ", ".join(f"{key}={value}" for key, value in given)
+            raise ValueError(f"conflicting batch settings: {listed} (both set {field.name})")
+        if given:
+            layer[field.name] = given[0][1]
+    return cast(SettingsLayer, layer)
+
+
+def resolve(*layers: SettingsLayer) -> ModelSettings:
+    """Stack ``layers`` (later ones win) into complete settings. The first must set every
+    field but ``max_workers``, which defaults to ``min_workers`` and is never below it."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer)
+    merged["max_workers"] = max(merged["min_workers"],
+                                merged.get("max_workers", merged["min_workers"]))
+    return ModelSettings(**merged)
