@@ -4,7 +4,8 @@ The batcher only groups jobs; it never touches sockets or processes. Each worker
 batch when it is idle (as TorchServe's WorkerThread does), so there is at most one batch in
 flight per worker and the queue fills naturally while every worker is busy. *When* a batch is
 released is decided by a small pure policy object, so other policies plug in without touching
-the queue.
+the queue. Time comes in through two seams, a ``clock`` and a ``call_later`` timer, so tests and
+frontend/serving/simulation.py drive the same batcher with simulated time.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from frontend.errors import GatewayTimeout, ServeError, ServiceUnavailable
 from frontend.serving.policies import BatchPolicy
@@ -22,6 +24,11 @@ from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
+
+#: A policy's wait at most this long is no wait. "D - waited" from float times can come out a
+#: few ulps above 0 at the very wake-up that asked for it; asyncio, too, runs a timer up to its
+#: clock's resolution (1 ns) early.
+MIN_WAIT_S = 1e-9
 
 
 @dataclass(slots=True, eq=False)
@@ -77,6 +84,22 @@ class Job:
 Take = Callable[[list[Job] | ServeError], None]
 
 
+class Timer(Protocol):
+    """A pending callback (asyncio's TimerHandle, or a simulated one)."""
+
+    def cancel(self) -> None: ...
+
+
+#: ``call_later(delay_s, callback)``: runs ``callback`` ``delay_s`` seconds from now, on the
+#: clock the caller reads.
+CallLater = Callable[[float, Callable[[], None]], Timer]
+
+
+def loop_call_later(delay_s: float, callback: Callable[[], None]) -> Timer:
+    """The running event loop's ``call_later``: the production timer."""
+    return asyncio.get_running_loop().call_later(delay_s, callback)
+
+
 class Batcher:
     """Groups the queued jobs of one model (version) into batches of up to ``max_batch_size``.
 
@@ -93,6 +116,7 @@ class Batcher:
         capacity: int,
         policy: BatchPolicy,
         clock: Callable[[], float] = time.monotonic,
+        call_later: CallLater = loop_call_later,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -102,6 +126,7 @@ class Batcher:
         self.capacity = capacity
         self.policy = policy
         self._clock = clock
+        self._call_later = call_later
         self._queue: collections.deque[Job] = collections.deque()
         self._emptied = asyncio.Event()
         self._emptied.set()
@@ -113,7 +138,7 @@ class Batcher:
         #: When the parked workers found the first job of the batch being collected.
         self._collecting_since: float | None = None
         #: The timer that asks the policy again when its wait runs out, and when.
-        self._wake: asyncio.TimerHandle | None = None
+        self._wake: Timer | None = None
         self._wake_at = float("inf")
         #: Sum of the queued jobs' weights (items, not requests).
         self._queued_weight = 0
@@ -271,7 +296,7 @@ class Batcher:
                 self._collecting_since = now
             wait = self.policy.wait_s(self._queued_weight, now - self._collecting_since,
                                       len(self._parked), now)
-            if wait > 0:
+            if wait > MIN_WAIT_S:
                 self._wake_in(now, wait)
                 return
             jobs = self._take(now)
@@ -285,7 +310,7 @@ class Batcher:
                 return  # an earlier wake-up asks again anyway
             self._wake.cancel()
         self._wake_at = at
-        self._wake = asyncio.get_running_loop().call_later(wait_s, self._woken)
+        self._wake = self._call_later(wait_s, self._woken)
 
     def _woken(self) -> None:
         self._wake = None
@@ -301,34 +326,12 @@ class Batcher:
         now = self._clock()
         self._expire(now)
         if not self._queue or self.policy.wait_s(self._queued_weight, 0.0,
-                                                 len(self._parked) + 1, now) > 0:
+                                                 len(self._parked) + 1, now) > MIN_WAIT_S:
             return None
         jobs = self._take(now)
         if not self._queue or not self._parked:
             self._collecting_since = None
         return jobs
-
-    async def next_batch(self) -> list[Job]:
-        """Wait (parked) for the next batch (1..max_batch_size live jobs)."""
-        loop = asyncio.get_running_loop()
-        batch: asyncio.Future[list[Job]] = loop.create_future()
-
-        def take(outcome: list[Job] | ServeError) -> None:
-            if isinstance(outcome, ServeError):
-                if not batch.done():
-                    batch.set_exception(outcome)
-            elif batch.done():
-                # Cancelled as the batch came: put it back for another worker.
-                loop.call_soon(self.requeue, outcome)
-            else:
-                batch.set_result(outcome)
-
-        self.park(take)
-        try:
-            return await batch
-        finally:
-            if not batch.done() or batch.cancelled():
-                self.unpark(take)
 
     def completed(self, size: int, service_s: float) -> None:
         """A worker answered a batch of ``size`` in ``service_s`` (feeds the policy)."""
@@ -344,14 +347,12 @@ class Batcher:
             items += job.weight
             batch.append(job)
         self._queued_weight -= items
-        count = items
         for job in batch:
             job.queue_wait_s = now - job.enqueued_at
             job.dispatched = True
-            job.batch_size = count
+            job.batch_size = items
         if not self._queue:
             self._emptied.set()
-        self.policy.on_dispatch(count, now)
         if self._room_waiters:
             self._make_room(len(batch))
         return batch

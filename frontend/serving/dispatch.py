@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from frontend.errors import GatewayTimeout, InternalError, ServeError, WorkerDied
-from frontend.serving.batching import Batcher, Job, Take, fail_jobs
+from frontend.serving.batching import Batcher, CallLater, Job, Take, Timer, fail_jobs
 from protos import worker_pb2
 from protos.framing import Frame
 
@@ -59,14 +59,6 @@ class Connection(Protocol):
     def forget_replies(self) -> None: ...
 
     def kill(self) -> None: ...
-
-
-class Timer(Protocol):
-    def cancel(self) -> None: ...
-
-
-#: ``call_later(delay_s, callback)``: asyncio's, or a fake clock's in tests.
-CallLater = Callable[[float, Callable[[], None]], Timer]
 
 
 @dataclass(slots=True, eq=False)

@@ -1,10 +1,10 @@
 """Batch policies: when a free worker should stop collecting jobs and dispatch its batch.
 
-The Batcher (frontend/serving/batching.py) tells a policy what happened (a job arrived, a batch
-left the queue, a worker answered a batch) and, whenever a worker is free and jobs are queued,
-asks it how much longer to wait. A policy never reads a clock and never touches the queue:
-every hook gets the Batcher's ``now``, so tests drive it with a fake clock and ``simulate``
-replays whole workloads in milliseconds.
+The Batcher (frontend/serving/batching.py) tells a policy what happened (a job arrived, a
+worker answered a batch) and, whenever a worker is free and jobs are queued, asks it how much
+longer to wait. A policy never reads a clock and never touches the queue: every hook gets the
+Batcher's ``now``, so tests drive it with a fake clock, and frontend/serving/simulation.py
+replays whole workloads through the real Batcher in simulated time.
 
 * ``FixedPolicy`` is TorchServe's rule: dispatch when ``max_batch_size`` jobs are queued, else
   ``max_delay_s`` after the worker found the first one.
@@ -14,14 +14,9 @@ replays whole workloads in milliseconds.
 
 from __future__ import annotations
 
-import collections
 import enum
-import heapq
 import math
-import random
-import statistics
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Protocol, TypedDict
 
 
@@ -34,10 +29,6 @@ class BatchPolicy(Protocol):
 
     def on_arrival(self, now: float) -> None:
         """A job entered the queue (once per job, before the ``wait_s`` that counts it)."""
-        ...
-
-    def on_dispatch(self, size: int, now: float) -> None:
-        """A batch of ``size`` jobs left the queue for a worker."""
         ...
 
     def on_completed(self, size: int, service_s: float, now: float) -> None:
@@ -67,9 +58,6 @@ class PolicyName(str, enum.Enum):
     ADAPTIVE = "adaptive"
 
 
-DEFAULT_POLICY = PolicyName.ADAPTIVE
-
-
 def _check_limits(max_batch_size: int, max_delay_s: float) -> None:
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) \
             or max_batch_size < 1:
@@ -89,9 +77,6 @@ class FixedPolicy:
         self.max_delay_s = max_delay_s
 
     def on_arrival(self, now: float) -> None:
-        pass
-
-    def on_dispatch(self, size: int, now: float) -> None:
         pass
 
     def on_completed(self, size: int, service_s: float, now: float) -> None:
@@ -236,9 +221,6 @@ class AdaptivePolicy:
         self._arrivals[self._next] = now
         self._next = (self._next + 1) % ARRIVAL_WINDOW
         self._count = min(self._count + 1, ARRIVAL_WINDOW)
-
-    def on_dispatch(self, size: int, now: float) -> None:
-        pass  # the Batcher reports queued and idle workers with every question
 
     def on_completed(self, size: int, service_s: float, now: float) -> None:
         self._fit.add(size, service_s)
@@ -417,138 +399,3 @@ def _agreed(field_name: str, given: list[tuple[str, int]]) -> int | None:
         listed = ", ".join(f"{key}={value}" for key, value in given)
         raise ValueError(f"conflicting batch settings: {listed} (both set {field_name})")
     return given[0][1] if given else None
-
-
-# -- simulation -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SimulationResult:
-    """What ``simulate`` measured: latencies in seconds, throughput in jobs per second."""
-
-    jobs: int
-    batches: int
-    mean_latency_s: float
-    p50_latency_s: float
-    p99_latency_s: float
-    throughput_per_s: float
-
-    @property
-    def mean_batch_size(self) -> float:
-        return self.jobs / self.batches if self.batches else 0.0
-
-
-def linear_service(overhead_s: float, per_item_s: float) -> Callable[[int], float]:
-    """A handler whose batch of n takes ``overhead_s + per_item_s * n``."""
-    return lambda size: overhead_s + per_item_s * size
-
-
-def simulate(
-    policy: BatchPolicy,
-    *,
-    max_batch_size: int,
-    service_s: Callable[[int], float],
-    rate_per_s: float | None = None,
-    clients: int | None = None,
-    think_s: float = 0.001,
-    workers: int = 1,
-    duration_s: float = 10.0,
-    seed: int = 0,
-) -> SimulationResult:
-    """Replay a workload through ``policy`` as the Batcher drives it (discrete events, no I/O).
-
-    Load is open (Poisson arrivals at ``rate_per_s``) or closed (``clients`` that each send their
-    next request ``think_s`` (0.5-1.5x, uniform) after their answer). Requests are sent for
-    ``duration_s``; the run ends when all are answered. As in the Batcher, one free worker at
-    a time collects, from the moment it finds a job, and asks again on every arrival and when
-    its wait runs out.
-    """
-    if (rate_per_s is None) == (clients is None):
-        raise ValueError("give exactly one of rate_per_s (open loop) or clients (closed loop)")
-    if max_batch_size < 1 or workers < 1:
-        raise ValueError("max_batch_size and workers must be >= 1")
-    rng = random.Random(seed)
-    arrive, complete, wake = 0, 1, 2
-    # (time, tie-break, kind, wake token, batch's arrival times, its service time)
-    events: list[tuple[float, int, int, int, list[float], float]] = []
-    sequence = 0
-
-    def schedule(at: float, kind: int, token: int = 0, batch: list[float] | None = None,
-                 took: float = 0.0) -> None:
-        nonlocal sequence
-        heapq.heappush(events, (at, sequence, kind, token, batch or [], took))
-        sequence += 1
-
-    if rate_per_s is not None:
-        if rate_per_s <= 0:
-            raise ValueError("rate_per_s must be > 0")
-        schedule(rng.expovariate(rate_per_s), arrive)
-    else:
-        assert clients is not None
-        for _ in range(clients):
-            schedule(think_s * rng.uniform(0.5, 1.5), arrive)
-
-    queue: collections.deque[float] = collections.deque()
-    idle = workers
-    collecting_since: float | None = None
-    wake_token = 0
-    latencies: list[float] = []
-    batches = 0
-    end = 0.0
-
-    def release(now: float) -> None:
-        nonlocal idle, collecting_since, wake_token, batches
-        while idle > 0 and queue:
-            if collecting_since is None:
-                collecting_since = now
-            wait = policy.wait_s(len(queue), now - collecting_since, idle, now)
-            # NOTE: "D - waited" computed from float times can be a few ulps above 0 at the
-            # very wake-up it asked for; a real clock moves on, a simulated one would not.
-            if wait > 1e-9:
-                wake_token += 1
-                schedule(now + wait, wake, wake_token)
-                return
-            size = min(max_batch_size, len(queue))
-            batch = [queue.popleft() for _ in range(size)]
-            policy.on_dispatch(size, now)
-            idle -= 1
-            collecting_since = None
-            wake_token += 1  # a pending wake-up belongs to the collection that just ended
-            batches += 1
-            took = service_s(size)
-            schedule(now + took, complete, batch=batch, took=took)
-
-    while events:
-        now, _, kind, token, batch, took = heapq.heappop(events)
-        if kind == arrive:
-            queue.append(now)
-            policy.on_arrival(now)
-            if rate_per_s is not None:
-                following = now + rng.expovariate(rate_per_s)
-                if following < duration_s:
-                    schedule(following, arrive)
-        elif kind == complete:
-            latencies.extend(now - arrived for arrived in batch)
-            end = now
-            idle += 1
-            policy.on_completed(len(batch), took, now)
-            if clients is not None:
-                for _ in batch:
-                    following = now + think_s * rng.uniform(0.5, 1.5)
-                    if following < duration_s:
-                        schedule(following, arrive)
-        elif token != wake_token:
-            continue  # an earlier wait, overtaken by an arrival or a dispatch
-        release(now)
-
-    if not latencies:
-        return SimulationResult(0, 0, 0.0, 0.0, 0.0, 0.0)
-    ordered = sorted(latencies)
-    return SimulationResult(
-        jobs=len(ordered),
-        batches=batches,
-        mean_latency_s=statistics.fmean(ordered),
-        p50_latency_s=ordered[len(ordered) // 2],
-        p99_latency_s=ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
-        throughput_per_s=len(ordered) / end,
-    )

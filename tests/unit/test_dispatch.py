@@ -1,5 +1,5 @@
-"""The Dispatcher's states and transitions, driven by a fake worker connection and a fake
-clock: no process, no socket, no real time."""
+"""The Dispatcher's states and transitions, driven by a fake worker connection and simulated
+time (frontend/serving/simulation.py): no process, no socket, no real time."""
 
 from __future__ import annotations
 
@@ -13,44 +13,11 @@ from frontend.errors import GatewayTimeout, ServiceUnavailable, WorkerDied
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.dispatch import Dispatcher, DispatchState, InFlight
 from frontend.serving.policies import FixedPolicy
+from frontend.serving.simulation import SimulatedTime
 from protos import worker_pb2
 from protos.framing import Frame, Kind
 
 TIMEOUT_S = 10.0
-
-
-class FakeClock:
-    """Time that moves only when told; timers fire when it passes them."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._timers: list[FakeTimer] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def call_later(self, delay_s: float, callback: Callable[[], None]) -> FakeTimer:
-        timer = FakeTimer(self.now + delay_s, callback)
-        self._timers.append(timer)
-        return timer
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        for timer in sorted(self._timers, key=lambda t: t.at):
-            if timer.at <= self.now and not timer.cancelled:
-                timer.cancelled = True
-                timer.callback()
-        self._timers = [t for t in self._timers if not t.cancelled]
-
-
-@dataclass
-class FakeTimer:
-    at: float
-    callback: Callable[[], None]
-    cancelled: bool = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
 
 
 @dataclass
@@ -93,7 +60,7 @@ class FakeConnection:
 @dataclass
 class Rig:
     loop: asyncio.AbstractEventLoop
-    clock: FakeClock
+    clock: SimulatedTime
     batcher: Batcher
     connection: FakeConnection
     dispatcher: Dispatcher
@@ -111,11 +78,12 @@ class Rig:
 
 def rig(loop: asyncio.AbstractEventLoop, *, batch_size: int = 2, max_in_flight: int = 2
         ) -> Rig:
-    clock = FakeClock()
+    clock = SimulatedTime()
     # TorchServe's policy with a long delay: a batch goes when it is full (the batcher's own
     # timer, which would send a partial batch after the delay, never fires in these tests).
     batcher = Batcher(max_batch_size=batch_size, capacity=100,
-                      policy=FixedPolicy(batch_size, 100.0), clock=clock)
+                      policy=FixedPolicy(batch_size, 100.0), clock=clock,
+                      call_later=clock.call_later)
     connection = FakeConnection()
     done: list[BaseException | None] = []
     service_times: list[float] = []
@@ -123,8 +91,12 @@ def rig(loop: asyncio.AbstractEventLoop, *, batch_size: int = 2, max_in_flight: 
     def finish(batch: InFlight, reply: Frame, service_s: float) -> Callable[[], None]:
         service_times.append(service_s)
         result = worker_pb2.PredictResult.FromString(reply.payload)
-        return lambda: [job.resolve(r) for job, r in zip(batch.jobs, result.responses,
-                                                         strict=True)]  # type: ignore[func-returns-value]
+
+        def deliver() -> None:
+            for job, response in zip(batch.jobs, result.responses, strict=True):
+                job.resolve(response)
+
+        return deliver
 
     def frame_of(jobs: list[Job]) -> Frame:
         batch = worker_pb2.PredictBatch(requests=[job.request for job in jobs])
@@ -313,8 +285,8 @@ def test_max_in_flight_must_be_positive() -> None:
             Dispatcher("W", Batcher(max_batch_size=1, capacity=1, policy=FixedPolicy(1, 0.0)),
                        FakeConnection(), timeout_s=1, max_in_flight=0, frame_of=lambda j: Frame(
                            Kind.PREDICT), finish_batch=lambda b, f, s: None,
-                       on_done=lambda e: None, call_later=FakeClock().call_later,
-                       clock=FakeClock())
+                       on_done=lambda e: None, call_later=SimulatedTime().call_later,
+                       clock=SimulatedTime())
 
     asyncio.run(run())
 

@@ -1,4 +1,5 @@
-"""Batch policies: TorchServe's fixed rule exactly, and the adaptive one driven by a fake clock."""
+"""Batch policies: TorchServe's fixed rule exactly, and the adaptive one driven by a fake clock;
+then whole workloads replayed through the real Batcher and Dispatcher in simulated time."""
 
 from __future__ import annotations
 
@@ -13,10 +14,9 @@ from frontend.serving.policies import (
     FixedPolicy,
     PolicyName,
     batch_settings_from_aliases,
-    linear_service,
     make_policy,
-    simulate,
 )
+from frontend.serving.simulation import SimulatedTime, linear_service, simulate
 
 B = 8
 D = 0.050
@@ -52,7 +52,6 @@ def _arrive(policy: AdaptivePolicy, clock: FakeClock, count: int, gap_s: float) 
 def test_fixed_policy_is_torchserves_rule() -> None:
     policy = FixedPolicy(max_batch_size=8, max_delay_s=0.05)
     policy.on_arrival(0.0)
-    policy.on_dispatch(3, 0.0)
     policy.on_completed(3, 0.02, 0.0)
     assert policy.wait_s(queued=8, waited_s=0.0, idle_workers=1, now=0.0) == 0.0
     assert policy.wait_s(queued=9, waited_s=0.01, idle_workers=1, now=0.0) == 0.0
@@ -174,7 +173,6 @@ def test_the_wait_never_passes_the_budget_in_any_state() -> None:
                 policy.on_arrival(clock.now)
             elif event < 0.8:
                 n = rng.randrange(1, size + 1)
-                policy.on_dispatch(n, clock.now)
                 policy.on_completed(n, rng.uniform(0, 0.2), clock.advance(rng.random() * 0.05))
             else:
                 queued = rng.randrange(1, 2 * size + 2)
@@ -222,7 +220,7 @@ def test_closed_loop_clients_are_waited_for() -> None:
     assert policy.wait_s(1, 0.010, 1, clock.now) <= 0
 
 
-# -- simulated workloads ----------------------------------------------------------------------
+# -- simulated workloads: the real Batcher and Dispatcher, simulated time --------------------
 
 SERVICE = linear_service(A_S, B_S)
 
@@ -259,6 +257,32 @@ def test_closed_loop_clients_get_full_batches_without_the_delay(clients: int) ->
     assert batch_size >= clients - 0.1
     assert adaptive <= min(greedy, fixed) + 0.001
     assert throughput >= 0.97 * max(greedy_throughput, fixed_throughput)
+
+
+def test_with_several_workers_adaptive_beats_fixed_for_closed_loop_clients() -> None:
+    # 8 clients on 4 workers: fixed waits to fill one batch of 8; adaptive sends a batch to
+    # each free worker at once (the idle_workers rule).
+    runs = {name: simulate(policy, max_batch_size=B, service_s=SERVICE, clients=8, workers=4,
+                           batches_in_flight=2, duration_s=5.0, seed=7)
+            for name, policy in (("fixed", FixedPolicy(B, D)), ("adaptive", AdaptivePolicy(B, D)))}
+    assert runs["adaptive"].mean_latency_s <= runs["fixed"].mean_latency_s - 0.003
+    assert runs["adaptive"].throughput_per_s >= runs["fixed"].throughput_per_s
+
+
+def test_simulated_time_runs_each_timer_at_its_own_time_in_order() -> None:
+    time = SimulatedTime(start=1000.0)
+    ran: list[tuple[str, float]] = []
+    time.call_later(0.2, lambda: ran.append(("b", time())))
+    time.call_later(0.1, lambda: ran.append(("a", time())))
+    time.call_later(0.1, lambda: time.call_later(0.0, lambda: ran.append(("a2", time()))))
+    time.call_later(0.15, lambda: ran.append(("cancelled", time()))).cancel()
+    time.call_later(1e-20, lambda: ran.append(("tiny", time())))  # below the clock's resolution
+    time.advance(0.15)
+    assert ran[0][0] == "tiny" and ran[0][1] > 1000.0  # later than now, as on a real clock
+    assert ran[1:] == [("a", 1000.1), ("a2", 1000.1)] and time() == 1000.15
+    assert time.pending == 1
+    time.run()
+    assert ran[-1] == ("b", 1000.2) and time.pending == 0
 
 
 def test_simulate_needs_exactly_one_kind_of_load() -> None:
