@@ -14,7 +14,10 @@ INSTALL_REQUIRES = [
     "psutil>=5.9",
     "click>=8.1",
     "prometheus-client>=0.19",
-    "uvicorn>=0.30",
+    # One minor version: frontend/api/http/{fast,protocol,app}.py build on uvicorn's private
+    # HttpToolsProtocol, RequestResponseCycle and Server steps; a new minor must pass
+    # tests/unit/test_uvicorn_contract.py before this pin moves.
+    "uvicorn>=0.54,<0.55",
     "httptools>=0.6",
     "uvloop>=0.19; sys_platform != 'win32'",
     "python-multipart>=0.0.9",

@@ -1,7 +1,18 @@
-"""Bind the HTTP listeners and serve our ASGI apps on them with uvicorn (httptools)."""
+"""Bind the HTTP listeners and serve our ASGI apps on them with uvicorn (httptools).
+
+A listener is a ``uvicorn.Server`` driven by its ``startup(sockets=...)`` and
+``shutdown(sockets=...)``, not by ``serve()``: ``serve()`` installs its own SIGINT/SIGTERM
+handlers with ``signal.signal`` (replacing the CLI's ``loop.add_signal_handler``, and raising
+the signal again when it returns) and polls ``should_exit`` every 0.1 s (its tick refreshes
+the Date and Server headers, which are off here). Doing without it means doing the one step
+of its private ``_serve`` that ``startup`` needs: creating ``server.lifespan``.
+tests/unit/test_uvicorn_contract.py checks that step and every other uvicorn name used here
+(uvicorn's minor version is pinned in setup.py).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
@@ -24,10 +35,14 @@ logger = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 30
 
 
+#: One of the three APIs (TorchServe's inference, management and metrics).
+Api = InferenceApp | ManagementApp | MetricsApp
+
+
 class CombinedApp:
     """One listener serving several APIs (TorchServe does this when addresses coincide)."""
 
-    def __init__(self, apps: list[InferenceApp | ManagementApp | MetricsApp]) -> None:
+    def __init__(self, apps: list[Api]) -> None:
         self.apps = apps
 
     async def __call__(self, scope: common.Scope, receive: common.Receive,
@@ -67,6 +82,25 @@ class CountedResponses:
         await self.app(scope, receive, counted)
 
 
+def uvicorn_config(app: common.AsgiApp, http: type[asyncio.Protocol]) -> uvicorn.Config:
+    """A listener's uvicorn settings, loaded: ``http`` is its connection protocol."""
+    config = uvicorn.Config(
+        app,
+        http=http,
+        interface="asgi3",
+        ws="none",  # no WebSocket on any port: an Upgrade is ignored (protocol.py)
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    config.load()
+    return config
+
+
 def bind(address: Address) -> socket.socket:
     """Bind a listening TCP socket now, so a busy port fails the start at once."""
     family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
@@ -87,7 +121,7 @@ class HttpListeners:
 
     def __init__(self, services: Services) -> None:
         config = services.config
-        apps: dict[str, InferenceApp | ManagementApp | MetricsApp] = {
+        apps: dict[str, Api] = {
             "inference": InferenceApp(services),
             "management": ManagementApp(services),
         }
@@ -103,11 +137,11 @@ class HttpListeners:
             groups.setdefault(key, []).append(name)
         self._plan = [(names, wanted[names[0]], [apps[n] for n in names])
                       for names in groups.values()]
-        self._sockets: list[tuple[list[str], socket.socket, object]] = []
+        self._sockets: list[tuple[list[str], socket.socket, Api | CombinedApp]] = []
         self._servers: list[uvicorn.Server] = []
         self.bound: dict[str, Address] = {}
         self._header_timeout_s = config.request_header_timeout_s
-        self._metrics = services.registry.metrics
+        self._metrics = services.metrics
 
     def bind(self) -> None:
         try:
@@ -131,30 +165,16 @@ class HttpListeners:
         for _names, sock, app in self._sockets:
             apps = app.apps if isinstance(app, CombinedApp) else [app]
             inference = next((a for a in apps if isinstance(a, InferenceApp)), None)
-            config = uvicorn.Config(
-                CountedResponses(app, self._metrics.count_response),  # type: ignore[arg-type]
-                http=protocol_for(inference, self._header_timeout_s,
-                                  self._metrics.count_response),
-                interface="asgi3",
-                ws="none",  # no WebSocket on any port: an Upgrade is ignored (protocol.py)
-                lifespan="off",
-                access_log=False,
-                log_config=None,
-                proxy_headers=False,
-                server_header=False,
-                date_header=False,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-            )
-            config.load()
+            config = uvicorn_config(
+                CountedResponses(app, self._metrics.count_response),
+                protocol_for(inference, self._header_timeout_s, self._metrics.count_response))
             server = uvicorn.Server(config)
-            server.lifespan = config.lifespan_class(config)
+            server.lifespan = config.lifespan_class(config)  # as Server._serve does
             await server.startup(sockets=[sock])
             self._servers.append(server)
 
     async def stop(self) -> None:
         """Stop accepting, let open requests finish (bounded), close the sockets."""
-        for server in self._servers:
-            server.should_exit = True
         for server, (_, sock, _) in zip(self._servers, self._sockets, strict=False):
             with contextlib.suppress(Exception):
                 await server.shutdown(sockets=[sock])

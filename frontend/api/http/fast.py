@@ -11,23 +11,29 @@ per-request task, the ASGI message dicts and a second task watching for a hang-u
 were most of the frontend's cost per request (benchmarks/RESULTS.md, "What bounds the echo
 throughput").
 
-Relies on uvicorn's HttpToolsProtocol attributes (``cycle``, ``scope``, ``url``,
-``expect_100_continue``, ``on_response_complete``); tests/integration cover it end to end.
-Request-head limits, the head deadline and upgrades are handled below it, in
-``frontend/api/http/protocol.py``.
+Relies on uvicorn's private ``HttpToolsProtocol`` state (``cycle``, ``scope``, ``url``,
+``headers``, ``parser``, ``flow``, ``expect_100_continue``, ``on_response_complete``), its
+``STATUS_LINE`` and header checks, and its ``RequestResponseCycle`` for streamed answers:
+setup.py pins uvicorn's minor version, tests/unit/test_uvicorn_contract.py checks each of
+them, and tests/integration cover the behaviour end to end. Request-head limits, the head
+deadline and upgrades are handled below it, in ``frontend/api/http/protocol.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import urllib.parse
 from collections.abc import Callable
 from typing import ClassVar
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    RequestResponseCycle,
+)
 
 from frontend.api.http import common
 from frontend.api.http.inference import InferenceApp
@@ -51,14 +57,16 @@ _FAST_METHODS = (b"POST", b"PUT")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: Longest a connection refused for a full queue goes unread (its 503 says Retry-After: 1).
 REFUSED_PAUSE_MAX_S = 1.0
-# What HTTP forbids in a header name or value (a handler's header must not split a response).
-_BAD_NAME = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
-_BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
+# What HTTP forbids in a header name or value (a handler's header must not split a response):
+# uvicorn's own checks, so both paths of this port refuse the same headers.
+_BAD_NAME = HEADER_RE
+_BAD_VALUE = HEADER_VALUE_RE
 
 
 class _Prediction:
     """One /predictions request on a connection: what uvicorn calls its cycle (it reads
-    ``response_complete`` and ``keep_alive``), plus its call in the inference plane."""
+    ``response_complete``, and sets ``keep_alive`` at shutdown), plus its call in the
+    inference plane."""
 
     __slots__ = ("body_done", "call", "chunks", "keep_alive", "response_complete", "scope",
                  "size", "submitted")
@@ -79,7 +87,13 @@ class PredictionsProtocol(ServerProtocol):
 
     inference: ClassVar[InferenceApp]
     plane: ClassVar[InferencePlane]
+    # uvicorn's per-request state, as this class uses it. Its cycle may be a prediction
+    # (uvicorn reads only what _Prediction has: the contract test checks) or None (uvicorn
+    # checks for None too); its scope is read as our apps read every ASGI scope.
+    cycle: RequestResponseCycle | _Prediction | None  # type: ignore[assignment]
+    scope: common.Scope  # type: ignore[assignment]
 
+    # uvicorn narrows asyncio.Protocol's BaseTransport to Transport in the same way.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         client = self.client or ("-", 0)
@@ -111,7 +125,7 @@ class PredictionsProtocol(ServerProtocol):
         keep_alive = http_version != "1.0" and parser.should_keep_alive()
         origin = Origin(self._peer, scope["method"], scope["path"], f"HTTP/{http_version}")
         prediction = _Prediction(scope, keep_alive, self.plane.begin(origin, self.loop))
-        self.cycle = prediction  # type: ignore[assignment]
+        self.cycle = prediction
         try:
             model = self.inference.model_for(scope, prediction.call)
             self.inference.admit(model, scope)
@@ -160,20 +174,22 @@ class PredictionsProtocol(ServerProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         prediction = self.cycle
         if type(prediction) is _Prediction:
-            self.cycle = None  # type: ignore[assignment]
+            self.cycle = None
             if not prediction.response_complete:
                 # The client hung up: its job leaves the queue (a cancelled job is never
                 # dispatched), and nothing is written.
                 prediction.response_complete = True
-                if prediction.submitted:
-                    prediction.call.job.future.cancel()
-                else:
+                future = prediction.call.job.future
+                if prediction.submitted and not future.done():
+                    future.cancel()  # _answered records it
+                else:  # not queued yet, or answering (a stream): recorded as abandoned
                     self._record(prediction, 0)
         super().connection_lost(exc)
 
     # -- answering --------------------------------------------------------------------------
 
-    def _answered(self, prediction: _Prediction, future: asyncio.Future[object]) -> None:
+    def _answered(self, prediction: _Prediction,
+                  future: asyncio.Future[worker_pb2.Response | ResponseStream]) -> None:
         """The job's future is done: write its answer (runs as a callback, never raises)."""
         try:
             if future.cancelled():
@@ -267,29 +283,24 @@ class PredictionsProtocol(ServerProtocol):
     async def _stream(self, prediction: _Prediction, stream: ResponseStream,
                       request_id: str) -> None:
         """Intermediate responses: chunked transfer encoding, through the ASGI route's
-        writer (``respond_in_parts``) with a send() that writes to this connection."""
+        messages (``respond_in_parts``), written by uvicorn's ASGI response writer, as on the
+        ASGI path. The writer calls nothing when done (``on_response``): ``_complete`` does."""
         transport = self.transport
         flow = self.flow
+        writer = RequestResponseCycle(
+            scope=prediction.scope,  # type: ignore[arg-type]  # the same dict uvicorn made
+            transport=transport, flow=flow, logger=self.logger,
+            access_logger=self.access_logger, access_log=False,
+            default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
+            expect_100_continue=False, keep_alive=prediction.keep_alive,
+            on_response=lambda: None)
 
         async def send(message: common.Message) -> None:
             if flow.write_paused:
                 await flow.drain()
-            if transport.is_closing():
-                return  # the client went away: the stream is still read to its end
-            if message["type"] == "http.response.start":
-                head = [STATUS_LINE[message["status"]]]
-                for name, value in message["headers"]:
-                    head += (name, b": ", value, b"\r\n")
-                if not prediction.keep_alive:
-                    head.append(b"connection: close\r\n")
-                head.append(b"transfer-encoding: chunked\r\n\r\n")
-                transport.write(b"".join(head))
-                return
-            body = message.get("body", b"")
-            if body:
-                transport.write(b"%x\r\n%b\r\n" % (len(body), body))
-            if not message.get("more_body", False):
-                transport.write(b"0\r\n\r\n")
+            # The client went away: the stream is still read to its end, and nothing written.
+            writer.disconnected = transport.is_closing()
+            await writer.send(message)  # type: ignore[arg-type]  # an ASGI response message
 
         status = 500
         try:

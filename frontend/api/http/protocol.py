@@ -18,13 +18,16 @@ stalled everyone; a 32 MB URL was appended to itself piece by piece) and without
   parser primed with the request's own framing.
 
 Every response a connection sends is counted by status (``Requests2XX/4XX/5XX``).
+
+``HttpToolsProtocol`` is private to uvicorn: setup.py pins uvicorn's minor version, and
+tests/unit/test_uvicorn_contract.py checks every name used here (``data_received`` is replaced
+whole; the test checks that uvicorn's does nothing else we would be missing).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import ClassVar
 
 import httptools
@@ -49,10 +52,9 @@ MAX_HEADERS = 100
 #: connection closes (closing on unread input would reset it and lose the answer).
 LINGER_S = 2.0
 
+
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing a request that was refused."""
-
-
 
 
 def error_response(error: ServeError) -> bytes:
@@ -67,9 +69,12 @@ class ServerProtocol(HttpToolsProtocol):
     upgrades and responses counted by status."""
 
     header_timeout_s: ClassVar[float] = 30.0
-    #: Called with the status of every response the connection sends (None: not counted).
-    count_status: ClassVar[Callable[[int], None] | None] = None
 
+    def count_status(self, status: int) -> None:
+        """Called with the status of every response the connection sends: a listener's
+        protocol class (``fast.protocol_for``) replaces it with its metrics counter."""
+
+    # uvicorn narrows asyncio.Protocol's BaseTransport to Transport in the same way.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_bytes = 0
@@ -220,7 +225,7 @@ class ServerProtocol(HttpToolsProtocol):
         logger.warning("HTTP request from %s refused (%d): %s", client, error.http_status,
                        error.message)
         self._refusal = error_response(error)
-        self._count(error.http_status)
+        self.count_status(error.http_status)
         self._write_refusal()
 
     def _write_refusal(self) -> None:
@@ -254,10 +259,6 @@ class ServerProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-
-    def _count(self, status: int) -> None:
-        if self.count_status is not None:
-            self.count_status(status)
 
 
 class _AfterUpgrade:
