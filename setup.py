@@ -18,7 +18,7 @@ INSTALL_REQUIRES = [
     # HttpToolsProtocol, RequestResponseCycle and Server steps; a new minor must pass
     # tests/unit/test_uvicorn_contract.py before this pin moves.
     "uvicorn>=0.54,<0.55",
-    "httptools>=0.6",
+    "httptools>=0.8",  # what uvicorn 0.54 asks for; protocol.py sets its leniencies
     "uvloop>=0.19; sys_platform != 'win32'",
     "python-multipart>=0.0.9",
     "javaproperties>=0.8",

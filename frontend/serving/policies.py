@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
-from typing import Protocol, TypedDict
+from typing import Protocol
 
 
 class BatchPolicy(Protocol):
@@ -322,80 +321,3 @@ def make_policy(name: str, max_batch_size: int, max_delay_s: float) -> BatchPoli
     if kind is PolicyName.FIXED:
         return FixedPolicy(max_batch_size, max_delay_s)
     return AdaptivePolicy(max_batch_size, max_delay_s)
-
-
-class BatchSettings(TypedDict, total=False):
-    """TorchServe's names for the batch settings, as ``ModelSettings`` holds them."""
-
-    batch_size: int
-    max_batch_delay_ms: int
-
-
-def _integer(key: str, value: object, minimum: int) -> int:
-    number: object = value
-    if isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            number = None
-    if isinstance(number, bool) or not isinstance(number, int | float) \
-            or not math.isfinite(number) or number != int(number) or number < minimum:
-        raise ValueError(f"{key} must be an integer >= {minimum}, got {value!r}")
-    return int(number)
-
-
-def _duration_ms(key: str, value: object, unit_ms: float) -> int:
-    number: object = value
-    if isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            number = None
-    if isinstance(number, bool) or not isinstance(number, int | float) \
-            or not math.isfinite(number) or number < 0:
-        unit = "seconds" if unit_ms == 1000 else "milliseconds"
-        raise ValueError(f"{key} must be a number of {unit} >= 0, got {value!r}")
-    ms = round(number * unit_ms)
-    # NOTE: a positive delay never rounds down to 0, which would mean "never wait".
-    return max(ms, 1) if number > 0 else 0
-
-
-def batch_settings_from_aliases(mapping: Mapping[str, object]) -> BatchSettings:
-    """Map MLServer's and KServe's batch settings to ``batch_size`` / ``max_batch_delay_ms``.
-
-    * MLServer (model-settings.json): ``max_batch_size`` (0 or 1: no batching) and
-      ``max_batch_time`` in seconds.
-    * KServe (the ``batcher`` section): ``maxBatchSize`` (>= 1) and ``maxLatency`` in
-      milliseconds.
-
-    Only the settings present are returned; other keys are ignored. Delays are rounded to the
-    millisecond, a positive one to at least 1 ms. Two aliases that disagree, or a value that
-    is not a count or a duration, raise ValueError naming the key.
-    """
-    sizes: list[tuple[str, int]] = []
-    delays: list[tuple[str, int]] = []
-    if "max_batch_size" in mapping:
-        sizes.append(("max_batch_size", max(1, _integer("max_batch_size",
-                                                        mapping["max_batch_size"], 0))))
-    if "maxBatchSize" in mapping:
-        sizes.append(("maxBatchSize", _integer("maxBatchSize", mapping["maxBatchSize"], 1)))
-    if "max_batch_time" in mapping:
-        delays.append(("max_batch_time",
-                       _duration_ms("max_batch_time", mapping["max_batch_time"], 1000.0)))
-    if "maxLatency" in mapping:
-        delays.append(("maxLatency", _duration_ms("maxLatency", mapping["maxLatency"], 1.0)))
-    settings: BatchSettings = {}
-    size = _agreed("batch_size", sizes)
-    if size is not None:
-        settings["batch_size"] = size
-    delay_ms = _agreed("max_batch_delay_ms", delays)
-    if delay_ms is not None:
-        settings["max_batch_delay_ms"] = delay_ms
-    return settings
-
-
-def _agreed(field_name: str, given: list[tuple[str, int]]) -> int | None:
-    if len({value for _, value in given}) > 1:
-        listed = ", ".join(f"{key}={value}" for key, value in given)
-        raise ValueError(f"conflicting batch settings: {listed} (both set {field_name})")
-    return given[0][1] if given else None

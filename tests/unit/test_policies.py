@@ -13,7 +13,6 @@ from frontend.serving.policies import (
     AdaptivePolicy,
     FixedPolicy,
     PolicyName,
-    batch_settings_from_aliases,
     make_policy,
 )
 from frontend.serving.simulation import SimulatedTime, linear_service, simulate
@@ -317,41 +316,6 @@ def test_policies_refuse_bad_limits(size: int, delay: float) -> None:
         make_policy("adaptive", size, delay)
     with pytest.raises(ValueError):
         FixedPolicy(size, delay)
-
-
-@pytest.mark.parametrize(("mapping", "expected"), [
-    ({"max_batch_size": 8, "max_batch_time": 0.05}, {"batch_size": 8, "max_batch_delay_ms": 50}),
-    ({"maxBatchSize": 32, "maxLatency": 500}, {"batch_size": 32, "max_batch_delay_ms": 500}),
-    ({"max_batch_size": 0}, {"batch_size": 1}),  # MLServer: 0 or 1 turns batching off
-    ({"max_batch_time": 0}, {"max_batch_delay_ms": 0}),
-    ({"max_batch_time": 0.0004}, {"max_batch_delay_ms": 1}),  # positive never rounds to 0
-    ({"max_batch_time": "0.0125"}, {"max_batch_delay_ms": 12}),
-    ({"maxBatchSize": "16", "maxLatency": 2.6}, {"batch_size": 16, "max_batch_delay_ms": 3}),
-    ({"max_batch_size": 4, "maxBatchSize": 4.0}, {"batch_size": 4}),
-    ({"name": "resnet", "parallel_workers": 2}, {}),
-])
-def test_batch_settings_from_aliases(mapping: dict[str, object],
-                                     expected: dict[str, int]) -> None:
-    assert batch_settings_from_aliases(mapping) == expected
-
-
-@pytest.mark.parametrize(("mapping", "message"), [
-    ({"max_batch_size": -1}, "max_batch_size must be an integer >= 0"),
-    ({"max_batch_size": 2.5}, "max_batch_size must be an integer"),
-    ({"max_batch_size": True}, "max_batch_size must be an integer"),
-    ({"maxBatchSize": 0}, "maxBatchSize must be an integer >= 1"),
-    ({"maxBatchSize": "many"}, "maxBatchSize must be an integer"),
-    ({"max_batch_time": -0.1}, "max_batch_time must be a number of seconds"),
-    ({"max_batch_time": "soon"}, "max_batch_time must be a number of seconds"),
-    ({"maxLatency": math.nan}, "maxLatency must be a number of milliseconds"),
-    ({"maxLatency": None}, "maxLatency must be a number of milliseconds"),
-    ({"max_batch_size": 8, "maxBatchSize": 16}, "conflicting batch settings"),
-    ({"max_batch_time": 0.05, "maxLatency": 100}, "conflicting batch settings"),
-])
-def test_batch_settings_from_aliases_refuses_bad_values(mapping: dict[str, object],
-                                                        message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        batch_settings_from_aliases(mapping)
 
 
 def test_closed_loop_rounds_are_not_split_when_the_cost_is_mostly_per_item() -> None:
