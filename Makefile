@@ -27,11 +27,14 @@ $(TS_STAMP):
 		torch-model-archiver==0.12.0
 	@touch $(TS_STAMP)
 
-test: $(STAMP) $(TS_STAMP)
+# The checks first (seconds), then the suite: ruff, mypy --strict (its files and settings are
+# in pyproject.toml: frontend/, backend/, model_archiver/, protos/framing.py), pytest.
+test: lint $(TS_STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # Built once (seeded random weights: no download is possible), then reused.
 $(DEMO_MODEL): $(STAMP)

@@ -131,7 +131,7 @@ def tune_model(model: torch.nn.Module, device: torch.device, tuning: Tuning) -> 
         if torch.cuda.get_device_capability(device) >= (8, 0):
             torch.set_float32_matmul_precision("high")
     if tuning.channels_last:
-        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        model = model.to(memory_format=torch.channels_last)
     if tuning.compile_options is not None:
         try:
             compiled = torch.compile(model, **tuning.compile_options)

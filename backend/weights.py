@@ -122,7 +122,8 @@ def load_torchscript(path: Path, device: torch.device) -> torch.nn.Module:
             # for TorchServe hold TorchScript models and must keep loading; the warning is
             # meant for whoever writes new models, not for the server that runs old ones.
             warnings.filterwarnings("ignore", r".*torch\.jit\.load.*deprecated", FutureWarning)
-            model = torch.jit.load(str(path), map_location=device)
+            # torch.jit.load carries no annotations.
+            model = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
     except Exception as exc:
         raise ModelLoadError(
             f"cannot load {path.name} as TorchScript: {describe(exc)}; an eager model's state "

@@ -140,7 +140,8 @@ class ImagePipeline:
         self._cuda = device.type == "cuda"
         # Decoding and resizing run on a stream of their own, so a batch can be prepared
         # while the previous one computes (``load`` returns once its work is done).
-        self._stream = torch.cuda.Stream(device) if self._cuda else None
+        self._stream = (torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # unannotated
+                        if self._cuda else None)
         scale = 255.0
         self._mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * scale
         self._std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * scale
@@ -154,7 +155,8 @@ class ImagePipeline:
 
     def _resize_crop(self, image: torch.Tensor) -> torch.Tensor:
         image = F.resize(image, [RESIZE], antialias=True)
-        return F.center_crop(image, [CROP, CROP])
+        cropped: torch.Tensor = F.center_crop(image, [CROP, CROP])  # torchvision: untyped
+        return cropped
 
     def _pillow(self, data: bytes, header: Image.Image | None = None) -> torch.Tensor:
         """The slow path of one image: Pillow decodes it to RGB (InvalidInput if it cannot)."""

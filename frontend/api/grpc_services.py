@@ -100,6 +100,10 @@ def _body_of(response: worker_pb2.Response) -> bytes:
         raise WorkerError(status, type_for_status(status), response.error)
     return response.body
 
+#: The generated registration function, typed (grpcio-tools writes it without annotations).
+_add_management: Callable[[management_pb2_grpc.ManagementAPIsServiceServicer, grpc.aio.Server],
+                          None] = \
+    management_pb2_grpc.add_ManagementAPIsServiceServicer_to_server
 
 class _InferenceRpcs:
     """What both inference services share: the plane, token checks, the limits."""
@@ -333,7 +337,7 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
         self.auth = services.auth
         self.ops = ManagementOps(services)
 
-    async def _run(self, context: grpc.aio.ServicerContext,
+    async def _run(self, context: Context,
                    operation: Callable[[], Awaitable[object]]) -> Any:
         async def run() -> Any:
             if self.auth is not None:
@@ -450,8 +454,7 @@ class GrpcServers:
             ("inference", config.grpc_inference_address, config.grpc_inference_port,
              (INFERENCE_SERVICE, OPEN_INFERENCE_SERVICE), add_inference),
             ("management", config.grpc_management_address, config.grpc_management_port,
-             (MANAGEMENT_SERVICE,), lambda server: management_pb2_grpc
-             .add_ManagementAPIsServiceServicer_to_server(
+             (MANAGEMENT_SERVICE,), lambda server: _add_management(
                  ManagementServicer(self.services), server)),
         ]
         for name, host, port, service_names, add in plan:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 ACCESS_LOG = "access_log.log"
 MODEL_LOG = "model_log.log"
@@ -30,6 +30,7 @@ class AccessLog:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._file: TextIO | None = None
+        #: (unix time, then the line's fields after the timestamp)
         self._pending: list[tuple[object, ...]] = []
         self._flush_handle: asyncio.TimerHandle | None = None
         self._stamp_second = -1
@@ -67,7 +68,7 @@ class AccessLog:
         if self._file is None or not self._pending:
             return
         entries, self._pending = self._pending, []
-        self._file.write("".join(_LINE % (self._timestamp(entry[0]), *entry[1:])
+        self._file.write("".join(_LINE % (self._timestamp(cast(float, entry[0])), *entry[1:])
                                  for entry in entries))
         self._file.flush()
 

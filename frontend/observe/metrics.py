@@ -66,7 +66,7 @@ def exposition(families: Iterable[Metric]) -> bytes:
     and TYPE lines of legacy counters under their own names."""
     parts = []
     for family in families:
-        text = generate_latest(_One(family))  # type: ignore[arg-type]
+        text = generate_latest(_One(family))
         if isinstance(family, _LegacyCounter):
             name = family.name.encode()
             text = text.replace(b"# HELP " + name + b"_total ", b"# HELP " + name + b" ", 1) \

@@ -117,7 +117,8 @@ class InferencePlane:
     @staticmethod
     def build(call: Call, headers: Iterable[tuple[bytes, bytes]],
               inputs: Iterable[tuple[str, bytes, str | None]], *,
-              weight: int = 1, instances: bool = False, tensor_format: int = 0,
+              weight: int = 1, instances: bool = False,
+              tensor_format: worker_pb2.TensorFormat = worker_pb2.TENSOR_FORMAT_NONE,
               sequence_id: str | None = None) -> float | None:
         """Make the call's worker request; returns the client's own deadline (seconds).
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -75,7 +76,7 @@ def backoff_s(failures: int) -> float:
     """Seconds to wait before restart number ``failures`` (1-based): 0.5, 1, 2, ... capped."""
     if failures <= 0:
         return 0.0
-    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (failures - 1))
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** (failures - 1))
 
 
 class WorkerConnection:
@@ -460,7 +461,8 @@ class Worker:
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         exited = asyncio.ensure_future(process.wait())
         try:
-            await asyncio.wait({connected, exited}, timeout=self._launch.startup_timeout_s,
+            waited: set[asyncio.Future[Any]] = {connected, exited}
+            await asyncio.wait(waited, timeout=self._launch.startup_timeout_s,
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
             exited.cancel()

@@ -116,8 +116,10 @@ def query_params(scope: Scope) -> dict[str, str]:
 
 def is_api_description(scope: Scope) -> bool:
     """``GET /api-description`` or ``OPTIONS /``: TorchServe's OpenAPI self-description."""
-    return (scope["path"] == "/api-description" and scope["method"] == "GET") or (
-        scope["path"] == "/" and scope["method"] == "OPTIONS")
+    path: str = scope["path"]
+    method: str = scope["method"]
+    return (path == "/api-description" and method == "GET") or (
+        path == "/" and method == "OPTIONS")
 
 
 def path_parts(scope: Scope) -> list[str]:

@@ -56,7 +56,9 @@ class VisionHandler(BaseHandler):
             for image in loaded:
                 if isinstance(image, InvalidInput):
                     raise image  # TorchServe's rule: one bad image fails the batch
-            return pipeline.batch(loaded)  # type: ignore[arg-type]
+            batch: torch.Tensor = pipeline.batch(
+                [image for image in loaded if isinstance(image, torch.Tensor)])
+            return batch
         images: list[torch.Tensor] = []
         for row in data:
             value = _value(row)
