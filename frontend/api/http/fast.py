@@ -4,7 +4,7 @@ httptools' parser callbacks, without an ASGI task per request.
 Everything else on the inference port (``/ping``, KServe, the API description, pipelined or
 upgraded requests, other methods) goes through uvicorn's own ``HttpToolsProtocol``, which
 this class extends, to our ASGI apps. A prediction here follows the same steps as the ASGI
-route (``InferenceApp.model_for``, ``admit``, ``worker_request``, ``answer``): it may be
+route (``InferenceApp.model_for``, ``admit``, ``build``, ``answer``): it may be
 refused as soon as its headers are parsed (before the body is read), is queued when its body
 is complete, and is answered from a callback on its job's future. That removes the
 per-request task, the ASGI message dicts and a second task watching for a hang-up, which
