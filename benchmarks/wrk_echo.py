@@ -1,0 +1,169 @@
+"""Echo throughput measured with `wrk`, a C load generator, against TorchServe 0.12 in one run.
+
+    .venv/bin/python -m benchmarks.wrk_echo --rounds 3 --duration 10
+
+One echo handler (examples/echo/echo_handler.py: each request answered with its 100-byte
+body), batch_size 8, max_batch_delay 5 ms, one worker, served by: batchserve with its
+defaults (adaptive policy, access log on), batchserve with TorchServe's fixed policy, and
+TorchServe 0.12 with quiet logging (benchmarks/torchserve.py: no access, model or metrics
+log). All run at once on free loopback ports; the rounds interleave them (A B C, A B C, ...),
+so that a noisy neighbour hits every server alike, and each server's median round is
+reported, with the ratio to TorchServe's. ``wrk -t1 -c16`` keeps 16 connections busy with
+one client thread, which leaves the servers as much of the machine as a client can. The lone
+client (``-c1``) gives the latency of a request that never waits for a batch. Finally the
+project's own asyncio load generator (benchmarks/loadgen.py) runs once per server with 16
+clients, for comparison with wrk's numbers (see benchmarks/RESULTS.md for why they differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks import torchserve
+from benchmarks.servers import Batchserve
+from model_archiver.packaging import ArchiveOptions, build_archive
+
+ROOT = Path(__file__).resolve().parent.parent
+HANDLER = ROOT / "examples" / "echo" / "echo_handler.py"
+BATCH_SIZE = 8
+MAX_BATCH_DELAY_MS = 5
+LUA = """wrk.method = "POST"
+wrk.body = string.rep("x", 100)
+wrk.headers["Content-Type"] = "application/octet-stream"
+"""
+
+
+@dataclass
+class WrkRun:
+    rate: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    runs: list[WrkRun] = field(default_factory=list)
+    lone: WrkRun | None = None
+    loadgen_rate: float | None = None
+
+    def median(self, attribute: str) -> float:
+        return statistics.median(getattr(run, attribute) for run in self.runs)
+
+
+_UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
+
+
+def _ms(text: str) -> float:
+    """A wrk latency ("812.00us", "1.93ms", "1.01s") in milliseconds."""
+    found = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if found is None:
+        raise ValueError(f"not a wrk latency: {text!r}")
+    return float(found.group(1)) * _UNITS_MS[found.group(2)]
+
+
+def wrk(url: str, connections: int, duration_s: float, script: Path) -> WrkRun:
+    output = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s", "--latency", "-s", str(script),
+         url], check=True, capture_output=True, text=True, timeout=duration_s + 60).stdout
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))  # type: ignore[union-attr]
+    p50 = re.search(r"\s50%\s+([\d.]+\w+)", output)
+    p99 = re.search(r"\s99%\s+([\d.]+\w+)", output)
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    socket_errors = re.search(r"Socket errors: .*", output)
+    if socket_errors:
+        print(f"  wrk: {socket_errors.group()}", file=sys.stderr)
+    return WrkRun(rate, _ms(p50.group(1)) if p50 else float("nan"),
+                  _ms(p99.group(1)) if p99 else float("nan"),
+                  int(errors.group(1)) if errors else 0)
+
+
+def loadgen(url: str, duration_s: float) -> float:
+    output = subprocess.run(
+        [sys.executable, "-m", "benchmarks.loadgen", url, "--clients", "16",
+         "--duration", f"{duration_s:g}"],
+        check=True, capture_output=True, text=True, timeout=duration_s + 120, cwd=ROOT).stdout
+    found = re.search(r"([\d.]+) ok/s", output)
+    if not found:
+        raise SystemExit(f"cannot read the load generator's output:\n{output}")
+    return float(found.group(1).replace(",", ""))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk round")
+    parser.add_argument("--no-torchserve", action="store_true")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("needs wrk: apt-get install -y wrk")
+    work = Path(tempfile.mkdtemp(prefix="bench-wrk-"))
+    script = work / "post.lua"
+    script.write_text(LUA)
+    store = work / "store"
+    store.mkdir()
+    build_archive(ArchiveOptions(model_name="echo", version="1.0", handler=str(HANDLER),
+                                 export_path=store, force=True))
+    started = time.time()
+    with contextlib.ExitStack() as stack:
+        ours = stack.enter_context(Batchserve(store))
+        targets = []
+        for policy in ("adaptive", "fixed"):
+            name = f"echo_{policy}"
+            ours.register("echo.mar", model_name=name, batch_size=BATCH_SIZE,
+                          max_batch_delay=MAX_BATCH_DELAY_MS, initial_workers=1,
+                          batch_policy=policy)
+            targets.append(Target(f"batchserve {policy}", f"{ours.inference}/predictions/{name}"))
+        if not args.no_torchserve:
+            bin_dir = torchserve.ensure_venv()
+            ts_store = work / "ts-store"
+            ts_store.mkdir()
+            mar = torchserve.archive(bin_dir, ts_store, "echo", HANDLER)
+            theirs = stack.enter_context(torchserve.TorchServe(ts_store, quiet=True))
+            theirs.register(mar, batch_size=BATCH_SIZE, max_batch_delay=MAX_BATCH_DELAY_MS,
+                            initial_workers=1)
+            targets.append(Target("TorchServe 0.12 quiet", f"{theirs.inference}/predictions/echo"))
+        for target in targets:  # warm-up: connections, JIT, the policies' estimates
+            wrk(target.url, 16, 3, script)
+        for round_number in range(args.rounds):
+            for target in targets:
+                run = wrk(target.url, 16, args.duration, script)
+                target.runs.append(run)
+                print(f"round {round_number + 1}: {target.name}: {run.rate:,.0f} req/s, "
+                      f"p50 {run.p50_ms:.2f} ms, p99 {run.p99_ms:.2f} ms, "
+                      f"non-2xx {run.errors}", file=sys.stderr, flush=True)
+        for target in targets:
+            target.lone = wrk(target.url, 1, min(args.duration, 5), script)
+            target.loadgen_rate = loadgen(target.url, min(args.duration, 8))
+    baseline = targets[-1] if not args.no_torchserve else None
+    print(f"\nwrk -t1 -c16, {args.rounds} interleaved rounds of {args.duration:g} s "
+          f"(median round); batch_size {BATCH_SIZE}, max_batch_delay {MAX_BATCH_DELAY_MS} ms, "
+          f"one worker; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}\n")
+    print("| server | wrk req/s | vs TorchServe | p50 ms | p99 ms | lone client p50 ms | "
+          "loadgen req/s (16 clients) |\n|---|---|---|---|---|---|---|")
+    for target in targets:
+        ratio = (f"{target.median('rate') / baseline.median('rate'):.2f}x" if baseline else "-")
+        assert target.lone is not None
+        print(f"| {target.name} | {target.median('rate'):,.0f} | {ratio} | "
+              f"{target.median('p50_ms'):.2f} | {target.median('p99_ms'):.2f} | "
+              f"{target.lone.p50_ms:.2f} | {target.loadgen_rate:,.0f} |")
+    print("\nrounds (req/s): " + "; ".join(
+        f"{t.name}: {', '.join(f'{r.rate:,.0f}' for r in t.runs)}" for t in targets))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
