@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.soak --minutes 10
     .venv/bin/python -m benchmarks.soak --minutes 0.5 --clients 8 --json soak.json
 
-The long form of tests/integration/test_soak.py. A background batchserve
+The long form of tests/e2e/test_soak.py. A background batchserve
 (``torchserve --start``, benchmarks/servers.py) serves the echo example with ``--workers``
 workers and ``--batch-size``; ``--clients`` threads (half HTTP, half gRPC) send unique
 payloads and check that each answer carries its own. Every ``--kill-every`` seconds (on

@@ -556,9 +556,11 @@ def test_text_classifier_needs_a_plain_vocabulary(tmp_path: Path) -> None:
 
 
 # --- the ResNet-152 example -----------------------------------------------------------------
-# Not marked slow: weights, load and 11 images take about 4 s on a 2-core CPU.
+# Marked slow: the real model (weights, load and the images) takes about 8 s a test on a 2-core
+# CPU.
 
 
+@pytest.mark.slow
 def test_resnet152_example_batches_consistently(tmp_path: Path) -> None:
     sys.path.insert(0, str(RESNET_EXAMPLE))
     from make_weights import write_weights  # the example's own script
@@ -598,6 +600,7 @@ def test_resnet152_example_batches_consistently(tmp_path: Path) -> None:
     assert len({frozenset(prediction) for prediction in alone.values()}) == 3
 
 
+@pytest.mark.slow
 def test_resnet152_tensor_and_pil_decoding_agree(tmp_path: Path) -> None:
     """The documented tolerance between ``image_decode: tensor`` (the default) and Pillow's
     pixel-exact TorchServe path: the same top-5 labels, probabilities within 2e-3."""

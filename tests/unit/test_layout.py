@@ -1,5 +1,6 @@
 """Module boundaries and generated code: the frontend and backend meet only in protos/, no
-module imports itself through others, and generated code matches the .proto files."""
+module imports itself through others, and generated code matches the .proto files. And the
+test folders' one rule: everything in tests/e2e is marked slow (tests/__init__.py)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,17 @@ def test_no_import_cycles() -> None:
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycle_from("a", {"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle_from("a", {"a": {"b"}, "b": set()}) is None
+
+
+def test_every_e2e_module_is_marked_slow() -> None:
+    """``pytest -m "not slow"`` must leave out all of tests/e2e: each module says so once."""
+    modules = sorted((ROOT / "tests" / "e2e").glob("test_*.py"))
+    assert modules
+    for path in modules:
+        marks = [ast.unparse(node.value) for node in ast.parse(path.read_text()).body
+                 if isinstance(node, ast.Assign)
+                 and [ast.unparse(target) for target in node.targets] == ["pytestmark"]]
+        assert marks and "pytest.mark.slow" in marks[0], f"{path.name}: pytestmark lacks slow"
 
 
 def _version_line(source: str, prefix: str) -> str:

@@ -30,10 +30,13 @@ from dataclasses import dataclass, field
 
 import grpc
 import psutil
+import pytest
 import requests
 
 from protos import inference_pb2, inference_pb2_grpc
 from tests.conftest import RunningServer
+
+pytestmark = pytest.mark.slow  # 3000 requests, worker kills and scaling
 
 TOTAL = 3000
 CLIENTS = 32  # even ones HTTP, odd ones gRPC

@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 import requests
+
+pytestmark = pytest.mark.slow  # whole-system: each test starts the installed commands
 
 BIN = Path(sys.executable).parent
 

@@ -14,6 +14,8 @@ import requests
 
 from tests.conftest import ROOT, RunningServer, launch_server
 
+pytestmark = pytest.mark.slow  # the real ResNet-152: about a minute on a 2-core CPU
+
 EXAMPLE = ROOT / "examples" / "image_classifier" / "resnet_152_batch"
 MODEL = "resnet-152-batch_v2"
 IMAGES = {name: (EXAMPLE / f"{name}.jpg").read_bytes() for name in ("kitten", "dog", "croco")}
