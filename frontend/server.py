@@ -49,7 +49,7 @@ def startup_requests(config: ServerConfig, entries: tuple[str, ...]) -> list[Reg
     """Turn ``load_models`` / ``--models`` entries (``all``, ``x.mar``, ``name=x.mar``)
     into registrations."""
     requests: list[RegisterRequest] = []
-    for entry in entries:
+    for entry in (entry.strip() for entry in entries):
         if entry == "all":
             if config.model_store is None:
                 raise ConfigError("load_models=all needs a model store (--model-store)")
@@ -59,6 +59,8 @@ def startup_requests(config: ServerConfig, entries: tuple[str, ...]) -> list[Reg
         name, sep, url = entry.partition("=")
         if not sep:
             name, url = "", entry
+        if not url.strip():
+            raise ConfigError(f"load_models: {entry!r} names no archive")
         requests.append(RegisterRequest(url=url.strip(), model_name=name.strip() or None,
                                         loaded_at_startup=True))
     return requests

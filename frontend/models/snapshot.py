@@ -8,6 +8,7 @@ without ``--models`` (and without ``--ncs``) registers them again.
 
 from __future__ import annotations
 
+import calendar
 import json
 import logging
 import os
@@ -49,13 +50,25 @@ class Snapshots:
     def __init__(self, folder: Path, enabled: bool) -> None:
         self.folder = folder
         self.enabled = enabled
+        #: The newest snapshot's time (ms since the epoch): each name is later than the last.
+        self._last_ms: int | None = None
+
+    def _stamp(self) -> str:
+        """TorchServe's ``yyyyMMddHHmmssSSS`` in UTC, from one clock reading; strictly later
+        than every snapshot already in the folder, so sorting the names sorts the changes
+        (two changes in one millisecond, a clock step back, a daylight-saving hour)."""
+        if self._last_ms is None:
+            names = sorted(p.name for p in self.folder.glob(f"*{SUFFIX}"))
+            self._last_ms = _stamp_ms(names[-1]) if names else -1
+        ms = max(time.time_ns() // 1_000_000, self._last_ms + 1)
+        self._last_ms = ms
+        return time.strftime("%Y%m%d%H%M%S", time.gmtime(ms // 1000)) + f"{ms % 1000:03d}"
 
     def save(self, registry: ModelRegistry) -> Path | None:
         if not self.enabled:
             return None
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        stamp = time.strftime("%Y%m%d%H%M%S") + f"{time.time_ns() // 1_000_000 % 1000:03d}"
-        path = self.folder / f"{stamp}{SUFFIX}"
+        path = self.folder / f"{self._stamp()}{SUFFIX}"
         text = javaproperties.dumps(
             {"model_snapshot": json.dumps(snapshot_document(registry))}, timestamp=False)
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
@@ -80,6 +93,15 @@ class Snapshots:
         except (KeyError, ValueError) as exc:
             logger.error("ignoring unreadable snapshot %s: %s", candidates[-1], exc)
             return None
+
+
+def _stamp_ms(name: str) -> int:
+    """The time in a snapshot's name, in ms since the epoch (-1 when it is not a stamp)."""
+    try:
+        whole = calendar.timegm(time.strptime(name[:14], "%Y%m%d%H%M%S"))
+        return whole * 1000 + int(name[14:17])
+    except ValueError:
+        return -1
 
 
 def restore_requests(document: Mapping[str, Any]) -> tuple[list[RegisterRequest], dict[str, str]]:

@@ -296,8 +296,6 @@ def test_legacy_metrics_mode_shows_only_torchserve_counters(tmp_path: Path) -> N
     _with_apps(tmp_path, None, test, metrics_mode="legacy")
 
 
-@pytest.mark.xfail(strict=True, reason="frontend/api/http/metrics.py: in legacy mode a filter "
-                   "naming no legacy counter becomes an empty filter, which shows every family")
 def test_legacy_metrics_mode_filter_of_other_names_is_empty(tmp_path: Path) -> None:
     async def test(services: Services) -> None:
         other = await call(MetricsApp(services), "GET", "/metrics", query=b"name[]=Requests2XX")

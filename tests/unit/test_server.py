@@ -74,3 +74,15 @@ def test_every_startup_registration_is_marked_loaded_at_startup(tmp_path: Path) 
     requests = startup_requests(config, ("all", "x.mar", "n=y.mar"))
     assert all(r.loaded_at_startup for r in requests)
     assert all(r.synchronous for r in requests)  # Server makes them asynchronous itself
+
+
+def test_all_with_whitespace_is_still_all(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    assert startup_requests(ServerConfig(model_store=store), (" all ",)) == \
+        startup_requests(ServerConfig(model_store=store), ("all",))
+
+
+@pytest.mark.parametrize("entry", ["x=", "x= ", " "])
+def test_an_entry_without_an_archive_is_a_config_error(entry: str) -> None:
+    with pytest.raises(ConfigError, match="names no archive"):
+        startup_requests(ServerConfig(), (entry,))

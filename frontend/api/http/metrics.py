@@ -26,8 +26,10 @@ class MetricsApp(common.Routes):
             raise MethodNotAllowed()
         names = [value for key, value in parse_qsl(scope.get("query_string", b"").decode())
                  if key in ("name[]", "name")]
-        if self.legacy:
-            names = [n for n in names if n in LEGACY] if names else list(LEGACY)
-        body = self.metrics.exposition(set(names))
+        if self.legacy:  # only the legacy counters, whatever else the filter names
+            wanted = set(names) & set(LEGACY) if names else set(LEGACY)
+            body = self.metrics.exposition(wanted) if wanted else b""
+        else:
+            body = self.metrics.exposition(set(names))
         await common.send_bytes(send, 200, body, CONTENT_TYPE_LATEST.encode())
         return True
