@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import json
 import os
 import signal
@@ -9,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,3 +247,75 @@ def server_process(tmp_path: Path, model_store: Path) -> Iterator[Callable[..., 
     yield start
     for handle in running:
         handle.stop()
+
+
+# ---- a server on the test's own event loop ----------------------------------------------------
+
+STOP_TIMEOUT_S = 120.0
+
+
+def server_config(model_store: Path, *models: str, **overrides: object) -> ServerConfig:
+    """``launch_server``'s configuration: free loopback ports, one worker per model, the
+    model API on, no token, logs beside the model store; ``overrides`` are ServerConfig
+    fields."""
+    settings: dict[str, object] = {
+        "inference_address": Address("127.0.0.1", 0),
+        "management_address": Address("127.0.0.1", 0),
+        "metrics_address": Address("127.0.0.1", 0),
+        "grpc_inference_port": 0,
+        "grpc_management_port": 0,
+        "model_store": model_store,
+        "load_models": models,
+        "default_workers_per_model": 1,
+        "enable_model_api": True,
+        "disable_token_authorization": True,
+        "log_location": model_store.parent / "logs",
+        **overrides,
+    }
+    return ServerConfig(**settings)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def serving(model_store: Path, *models: str, **overrides: object
+                  ) -> AsyncIterator[Server]:
+    """Run a real server (real worker subprocesses, ``server_config``) on the running event
+    loop until the block ends: a test calls ``server.services`` (the plane, the loader, the
+    metrics) directly, in the server's own loop, with no transport in between."""
+    loop = asyncio.get_running_loop()
+    started: asyncio.Future[None] = loop.create_future()
+
+    def on_started(_: Server) -> None:
+        if not started.done():
+            started.set_result(None)
+
+    server = Server(server_config(model_store, *models, **overrides), on_started=on_started)
+    task = asyncio.ensure_future(server.serve())
+    try:
+        done, _ = await asyncio.wait({started, task}, timeout=START_TIMEOUT_S,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            error = task.exception()
+            raise AssertionError(f"server.serve() ended before the server started: {error!r}"
+                                 ) from error
+        if not done:
+            raise AssertionError(f"the server did not start within {START_TIMEOUT_S} s")
+        assert server.services is not None and server.bound is not None
+        yield server
+    finally:
+        started.cancel()
+        if not task.done():
+            server.request_stop()
+            try:
+                # wait_for cancels serve() if it overruns: its cleanup still runs.
+                await asyncio.wait_for(task, STOP_TIMEOUT_S)
+            except TimeoutError:
+                raise AssertionError(f"the server did not stop within {STOP_TIMEOUT_S} s"
+                                     ) from None
+
+
+@pytest.fixture
+def async_server(model_store: Path
+                 ) -> Callable[..., contextlib.AbstractAsyncContextManager[Server]]:
+    """``async with async_server("echo.mar", **overrides) as server:`` runs a server on the
+    test's event loop (``serving`` on the test's model store); it stops when the block ends."""
+    return functools.partial(serving, model_store)
