@@ -129,6 +129,14 @@ class ServiceUnavailable(ServeError):
     type_name = "ServiceUnavailableException"
 
 
+class QueueFull(ServiceUnavailable):
+    """The model's job queue is full (``job_queue_size``): refused at once; retry later."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(f"job queue is full ({capacity} requests waiting); retry later",
+                         headers={"Retry-After": "1"})
+
+
 class OutOfResources(ServeError):
     http_status = 507
     type_name = "OutOfResourcesException"
@@ -139,6 +147,13 @@ class GatewayTimeout(ServeError):
 
     http_status = 504
     type_name = "RequestTimeoutException"
+
+
+def expired(budget_s: float, dispatched: bool) -> GatewayTimeout:
+    """The 504 of a request whose deadline passed, the same text whoever notices first (the
+    plane's timer, or the batcher while the request still waits in its queue)."""
+    where = "in a worker" if dispatched else "in the queue, before a worker was free"
+    return GatewayTimeout(f"no answer within {budget_s:g} s: the request timed out {where}")
 
 
 class ConfigError(Exception):

@@ -3,7 +3,8 @@
 * ``tests/unit``: one module at a time, in this process; no worker process and no socket
   where avoidable (seconds in all).
 * ``tests/integration``: a real server (in this process, or ``torchserve`` in its own) with
-  real worker processes, driven over HTTP and gRPC on free loopback ports.
+  real worker processes, driven over HTTP and gRPC on free loopback ports, or, with the
+  ``async_server`` fixture, through its inference plane on the test's own event loop.
 * ``tests/compat``: TorchServe compatibility: archives made by TorchServe's own
   torch-model-archiver (``make test`` installs it in ``.venv-torchserve-archiver``; without
   it these tests skip) and TorchServe custom handlers.

@@ -112,22 +112,8 @@ def _run(server: Server) -> None:
 
 def launch_server(model_store: Path, *models: str, **overrides: object) -> RunningServer:
     """Start a real server (real worker subprocesses) on free loopback ports."""
-    settings: dict[str, object] = {
-        "inference_address": Address("127.0.0.1", 0),
-        "management_address": Address("127.0.0.1", 0),
-        "metrics_address": Address("127.0.0.1", 0),
-        "grpc_inference_port": 0,
-        "grpc_management_port": 0,
-        "model_store": model_store,
-        "load_models": models,
-        "default_workers_per_model": 1,
-        "enable_model_api": True,
-        "disable_token_authorization": True,
-        "log_location": model_store.parent / "logs",
-        **overrides,
-    }
     started = threading.Event()
-    server = Server(ServerConfig(**settings),  # type: ignore[arg-type]
+    server = Server(server_config(model_store, *models, **overrides),
                     on_started=lambda _: started.set())
     thread = threading.Thread(target=_run, args=(server,), daemon=True)
     thread.start()

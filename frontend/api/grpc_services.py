@@ -180,7 +180,7 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
                     yield inference_pb2.PredictionResponse(prediction=_body_of(part))
                 call.status = 200
             except ServeError as error:
-                call.status = error.http_status
+                call.fail(error)
                 await context.abort(grpc_code(error.http_status), error.message)
 
     async def StreamPredictions2(self, request_iterator: AsyncIterator[bytes],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -97,9 +96,10 @@ class ModelLoader:
     def server_defaults(self) -> SettingsLayer:
         """The bottom layer: the server's defaults for every setting."""
         config = self.config
-        # TorchServe's rule: one worker per GPU, or per CPU core without one.
+        # TorchServe's rule: one worker per GPU, or per CPU core without one (the cores this
+        # process may use: in a container or under taskset, not the host's).
         workers = config.default_workers_per_model or self._placement.gpus.count or \
-            os.cpu_count() or 1
+            self._placement.cores
         return SettingsLayer(
             batch_size=config.default_batch_size,
             max_batch_delay_ms=config.default_max_batch_delay_ms,

@@ -244,8 +244,9 @@ class ServerMetrics:
                                       buckets=_TIME_BUCKETS, registry=self.registry)
         self._latency_of: dict[tuple[str, str], Histogram] = {}
         self.refused = Counter("batchserve_refused_requests",
-                               "Requests answered without running: queue full (503) or past "
-                               "their deadline (504)", [*MODEL_LABELS, "reason"],
+                               "Requests answered without running: queue full (503), no "
+                               "worker to take them (503), or past their deadline while "
+                               "queued (504)", [*MODEL_LABELS, "reason"],
                                registry=self.registry)
 
     def record_batch(self, model: Model, jobs: list[Job], result: worker_pb2.PredictResult |
@@ -280,9 +281,11 @@ class ServerMetrics:
                         or any(sample.name in names for sample in family.samples))
         return exposition(families)
 
-    def record_request(self, model: Model | None, status: int, latency_s: float) -> None:
+    def record_request(self, model: Model | None, status: int, latency_s: float,
+                       refused: str | None = None) -> None:
         """One prediction request answered (``model`` None when it named no known model;
-        ``status`` 0 when its client left before the answer)."""
+        ``status`` 0 when its client left before the answer; ``refused`` why it was answered
+        without running: "queue_full", "unavailable" or "deadline")."""
         if model is None:
             return
         key = (model.name, model.version)
@@ -293,6 +296,5 @@ class ServerMetrics:
         if latency is None:  # labels() costs a lock and a lookup: once per model, not request
             latency = self._latency_of[key] = self.latency.labels(*key)
         latency.observe(latency_s)
-        if status in (503, 504):
-            reason = "queue_full" if status == 503 else "deadline"
-            self.refused.labels(*key, reason).inc()
+        if refused is not None:
+            self.refused.labels(*key, refused).inc()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from frontend.errors import GatewayTimeout, ServeError, ServiceUnavailable
+from frontend.errors import QueueFull, ServeError, ServiceUnavailable, expired
 from frontend.serving.policies import BatchPolicy
 from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
@@ -38,10 +38,12 @@ class Job:
     request: worker_pb2.Request
     #: Resolves to the Response, or to a ResponseStream once a first intermediate part came.
     future: asyncio.Future[worker_pb2.Response | ResponseStream]
-    #: loop.time() when the job entered the queue.
+    #: time.monotonic() (the Batcher's clock) when the job entered the queue.
     enqueued_at: float = 0.0
-    #: loop.time() after which the answer is no use to the client.
+    #: time.monotonic() after which the answer is no use to the client.
     deadline: float = float("inf")
+    #: The seconds from submission to ``deadline`` (for the 504's text).
+    budget_s: float = float("inf")
     #: wall-clock seconds the job waited in the queue, set when it is dispatched.
     queue_wait_s: float = field(default=0.0)
     stream: ResponseStream | None = None
@@ -161,7 +163,7 @@ class Batcher:
         return len(self._queue) >= self.capacity
 
     def refuse_if_full(self) -> None:
-        """Raise ServiceUnavailable now if a job would be refused: lets the HTTP layer answer
+        """Raise QueueFull (503) now if a job would be refused: lets the HTTP layer answer
         503 before it reads the body (overload must stay cheap to turn away)."""
         if self._closed is not None:
             raise self._closed
@@ -170,10 +172,7 @@ class Batcher:
             if len(self._queue) >= self.capacity:
                 # A full queue answers at once instead of holding memory and latency for
                 # requests that would time out anyway (job_queue_size).
-                raise ServiceUnavailable(
-                    f"job queue is full ({self.capacity} requests waiting); retry later",
-                    headers={"Retry-After": "1"},
-                )
+                raise QueueFull(self.capacity)
 
     def when_room(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once a job has left the full queue (or the batcher closed): the
@@ -190,7 +189,7 @@ class Batcher:
                 logger.exception("a queue-room callback failed")
 
     def submit(self, job: Job) -> None:
-        """Queue a job, or raise ServiceUnavailable at once when the queue is full."""
+        """Queue a job, or raise QueueFull (503) at once when the queue is full."""
         self.refuse_if_full()
         job.enqueued_at = now = self._clock()
         self.policy.on_arrival(now)
@@ -211,8 +210,7 @@ class Batcher:
     def _expire(self, now: float) -> None:
         for job in self._queue:
             if job.deadline <= now and job.is_live():
-                job.future.set_exception(
-                    GatewayTimeout("request timed out in the queue before a worker was free"))
+                job.future.set_exception(expired(job.budget_s, dispatched=False))
         self._drop_finished()
 
     # -- handing batches to free workers --------------------------------------------------

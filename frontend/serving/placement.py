@@ -94,7 +94,8 @@ class Placement:
         self.gpus = gpus
         self._cpus = cpus
         self._running = running_workers
-        self._cores = len(os.sched_getaffinity(0)) if cores is None else cores
+        #: The CPU cores this process may use (its affinity, not every core of the host).
+        self.cores = len(os.sched_getaffinity(0)) if cores is None else cores
         self._ids = itertools.count(FIRST_WORKER_ID)
 
     def worker_id(self) -> int:
@@ -109,4 +110,4 @@ class Placement:
     def threads(self, adding: int) -> int:
         """Threads for each of ``adding`` new workers: the cores this process may use, shared
         among every worker of every model on this host (the new ones included)."""
-        return max(1, self._cores // max(1, self._running() + adding))
+        return max(1, self.cores // max(1, self._running() + adding))

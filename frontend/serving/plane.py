@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from frontend.errors import BadRequest, GatewayTimeout, ServeError
+from frontend.errors import BadRequest, QueueFull, ServeError, expired
 from frontend.models.model import Model
 from frontend.models.registry import ModelRegistry
 from frontend.observe.logs import AccessLog
@@ -66,7 +66,7 @@ class Origin:
 class Call:
     """One prediction in the plane, from ``begin`` to ``end``."""
 
-    __slots__ = ("ended", "job", "model", "origin", "started", "status", "timer")
+    __slots__ = ("ended", "error", "job", "model", "origin", "started", "status", "timer")
 
     def __init__(self, origin: Origin, job: Job) -> None:
         self.origin = origin
@@ -76,7 +76,24 @@ class Call:
         self.timer: asyncio.TimerHandle | None = None
         #: The status it was answered with (0: the client left before its answer).
         self.status = 500
+        #: The error it was answered with, if any (``fail``).
+        self.error: ServeError | None = None
         self.ended = False
+
+    def fail(self, error: ServeError) -> None:
+        """Answered with ``error``: its status, and why (for the refusal metrics)."""
+        self.status = error.http_status
+        self.error = error
+
+    def refusal(self) -> str | None:
+        """Why it was answered without running, for ``batchserve_refused_requests``: a full
+        queue (503), no worker to take it (503), or its deadline passed in the queue (504);
+        None when it ran, or was answered otherwise."""
+        if self.status not in (503, 504) or self.job.dispatched:
+            return None
+        if isinstance(self.error, QueueFull):
+            return "queue_full"
+        return "deadline" if self.status == 504 else "unavailable"
 
 
 def parse_timeout(value: str) -> float:
@@ -153,6 +170,7 @@ class InferencePlane:
         if timeout_s is not None:
             budget_s = min(budget_s, timeout_s)
         job = call.job
+        job.budget_s = budget_s
         job.deadline = time.monotonic() + budget_s
         model.submit(job)
         call.timer = loop.call_later(budget_s, _expire, job, budget_s)
@@ -178,7 +196,7 @@ class InferencePlane:
             call.timer.cancel()
         latency_s = time.perf_counter() - call.started
         model, job, origin = call.model, call.job, call.origin
-        self.metrics.record_request(model, call.status, latency_s)
+        self.metrics.record_request(model, call.status, latency_s, call.refusal())
         if origin.count_status and call.status:
             self.metrics.count_response(call.status)
         self.access.write(origin.peer, origin.method, origin.path, origin.protocol, call.status,
@@ -203,7 +221,7 @@ class InferencePlane:
         try:
             yield call
         except ServeError as error:
-            call.status = error.http_status
+            call.fail(error)
             raise
         except asyncio.CancelledError:
             call.status = 0
@@ -229,8 +247,5 @@ class InferencePlane:
 
 
 def _expire(job: Job, budget_s: float) -> None:
-    if job.future.done():
-        return
-    where = "in a worker" if job.dispatched else "in the queue, before a worker was free"
-    job.future.set_exception(GatewayTimeout(f"no answer within {budget_s:g} s: the request "
-                                            f"timed out {where}"))
+    if not job.future.done():
+        job.future.set_exception(expired(budget_s, job.dispatched))

@@ -24,6 +24,7 @@ from frontend.errors import (
     NotFound,
     OutOfResources,
     PayloadTooLarge,
+    QueueFull,
     RequestHeadTimeout,
     RouteNotFound,
     ServeError,
@@ -33,6 +34,7 @@ from frontend.errors import (
     WorkerDied,
     WorkerError,
     error_body,
+    expired,
     grpc_code,
     header_pairs,
     kserve_body,
@@ -63,6 +65,7 @@ STATUS_AND_TYPE: dict[type[ServeError], tuple[int, str]] = {
     InternalError: (500, "InternalServerException"),
     WorkerDied: (500, "InternalServerException"),
     ServiceUnavailable: (503, "ServiceUnavailableException"),
+    QueueFull: (503, "ServiceUnavailableException"),
     GatewayTimeout: (504, "RequestTimeoutException"),
     OutOfResources: (507, "OutOfResourcesException"),
 }
@@ -81,6 +84,8 @@ def _instance(cls: type[ServeError]) -> ServeError:
         return WorkerError(507, "OutOfResourcesException", "oom")
     if cls in (RouteNotFound, MethodNotAllowed):
         return cls()
+    if cls is QueueFull:
+        return QueueFull(100)
     return cls("what went wrong")
 
 
@@ -239,3 +244,18 @@ def test_only_500s_and_http_only_errors_fall_back_to_internal() -> None:
     unmapped = {cls for cls in STATUS_AND_TYPE if _instance(cls).http_status not in GRPC_CODES}
     assert {cls for cls in unmapped if _instance(cls).http_status != 500} == {
         UriTooLong, HeaderFieldsTooLarge}
+
+
+def test_a_full_queue_says_so_and_when_to_retry() -> None:
+    error = QueueFull(7)
+    assert isinstance(error, ServiceUnavailable)
+    assert error.message == "job queue is full (7 requests waiting); retry later"
+    assert error.headers == {"Retry-After": "1"}
+
+
+@pytest.mark.parametrize(("dispatched", "where"), [
+    (False, "in the queue, before a worker was free"), (True, "in a worker")])
+def test_an_expired_request_says_where_it_waited(dispatched: bool, where: str) -> None:
+    error = expired(2.5, dispatched)
+    assert (error.http_status, error.type_name) == (504, "RequestTimeoutException")
+    assert error.message == f"no answer within 2.5 s: the request timed out {where}"

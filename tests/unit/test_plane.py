@@ -12,6 +12,7 @@ checks the real timer's wiring with a 10 ms deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -555,3 +556,53 @@ def test_ask_is_answered_but_not_recorded(rig: Rig) -> None:
     assert rig.requests_total() is None
     assert rig.responses() == {"Requests2XX": 0, "Requests4XX": 0, "Requests5XX": 0}
     assert rig.access_lines() == []
+
+
+# ---- why a request was refused ------------------------------------------------------------
+
+
+def _refused(rig: Rig) -> dict[str, float]:
+    return {dict(labels)["reason"]: value
+            for labels, value in rig.samples("batchserve_refused_requests_total").items()}
+
+
+def test_refusals_are_counted_by_their_reason(rig: Rig) -> None:
+    rig.add_model("full", job_queue_size=1)
+    idle, _ = rig.add_model("idle")
+    idle.workers.clear()  # no worker: Model.submit answers 503 itself
+    rig.add_model("late")
+
+    async def ask(name: str, headers: list[tuple[bytes, bytes]]) -> int:
+        with contextlib.suppress(ServeError):
+            async with rig.plane.call(HTTP) as call:
+                await within(rig.plane.predict(call, name, None, headers, _body(b"x")))
+                call.status = 200
+        return call.status
+
+    async def scenario() -> None:
+        filler = rig.plane.begin(HTTP, asyncio.get_running_loop())
+        rig.plane.resolve(filler, "full")
+        rig.plane.build(filler, [], _body(b"x"))
+        rig.plane.submit(filler, None, asyncio.get_running_loop())  # the queue of one is full
+        assert await ask("full", []) == 503  # queue full
+        assert await ask("idle", []) == 503  # no worker
+        assert await ask("none", []) == 404  # not a model: no per-model sample
+        assert await ask("late", [(b"x-request-timeout", b"0.01")]) == 504  # deadline, queued
+        assert filler.timer is not None
+        filler.timer.cancel()
+
+    run(scenario)
+    assert _refused(rig) == {"queue_full": 1, "unavailable": 1, "deadline": 1}
+
+
+def test_a_timeout_in_a_worker_is_not_a_refusal(rig: Rig,
+                                                 loop: asyncio.AbstractEventLoop) -> None:
+    _, worker = rig.add_model()
+    timers = ManualTimers()
+    call = _submitted(rig, loop, timers, 0.5)
+    worker.take()
+    timers.pending[0].fire()
+    error = call.job.future.exception()
+    assert isinstance(error, GatewayTimeout)
+    call.fail(error)
+    assert (call.status, call.refusal()) == (504, None)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -228,13 +227,17 @@ def test_malformed_tensor_metadata_is_a_bad_request_naming_the_key(entries: obje
     assert str(refused.value).startswith(message)
 
 
+#: The cores the loader's placement may use (a GPU count that differs from it: GPUS, below).
+CORES = 3
+
+
 def _loader(tmp_path: Path, gpus: int = 0, **config: Any) -> ModelLoader:
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
     registry = ModelRegistry()
     # NoWorkers: a test that would start a worker process fails at once.
     return ModelLoader(ServerConfig(**config), run_dir, registry,
-                       NoWorkers(GpuAssigner(gpus), None, registry.worker_count, cores=1),
+                       NoWorkers(GpuAssigner(gpus), None, registry.worker_count, cores=CORES),
                        lambda *_: None, logging.getLogger(__name__))
 
 
@@ -271,15 +274,14 @@ def test_properties_models_apply_to_their_own_name_and_version_only(tmp_path: Pa
     assert loader.settings("other", "1.0", request, {}).batch_size == 2
 
 
-CPUS = os.cpu_count() or 1
-#: A GPU count that differs from the CPU count, so the two rules give different answers.
-GPUS = CPUS + 1
+#: A GPU count that differs from CORES, so the two rules give different answers.
+GPUS = CORES + 1
 
 
 @pytest.mark.parametrize(("workers", "gpus", "expected"), [
     (3, GPUS, 3),         # default_workers_per_model wins
     (0, GPUS, GPUS),      # else one per GPU
-    (0, 0, CPUS),         # else one per CPU core
+    (0, 0, CORES),        # else one per CPU core this process may use
 ])
 def test_server_defaults_workers_rule(tmp_path: Path, workers: int, gpus: int,
                                       expected: int) -> None:

@@ -224,6 +224,7 @@ class PredictionsProtocol(ServerProtocol):
             # Refused before its body came: a body that is too large or of unknown size is
             # not worth reading, and one held back for "100 Continue" will never come.
             prediction.keep_alive = False
+        prediction.call.fail(error)
         self._respond(prediction, error.http_status, common.JSON, error_body(error),
                       header_pairs(error))
         model = prediction.call.model
