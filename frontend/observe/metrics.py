@@ -16,15 +16,22 @@ rejected (503) and expired (504) requests. Custom metrics that handlers report t
 
 from __future__ import annotations
 
+import bisect
 import re
 import shutil
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import psutil
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from frontend.models.model import Model
 from frontend.serving.batching import Job
@@ -78,6 +85,55 @@ def exposition(families: Iterable[Metric]) -> bytes:
 def _metric_name(name: str) -> str:
     cleaned = _INVALID.sub("_", name)
     return cleaned if cleaned[:1].isalpha() or cleaned[:1] in "_:" else f"_{cleaned}"
+
+
+#: prometheus_client's formatting of a bucket bound ("0.005", "1.0", "+Inf"), typed.
+_go_float: Callable[[float], str] = floatToGoString
+
+
+class _Series:
+    """One label set's histogram: a count per bucket (the last: above every bound) and the
+    sum. An observation is a list increment: no lock (the event loop is the only writer) and
+    no work at all until a scrape reads it."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self, buckets: int) -> None:
+        self.counts = [0] * (buckets + 1)
+        self.total = 0.0
+
+
+class _Histogram(Collector):
+    """A Prometheus histogram per model version, kept as plain counts on the request path and
+    formatted by prometheus_client at scrape time (``HistogramMetricFamily``)."""
+
+    def __init__(self, name: str, documentation: str, bounds: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = bounds
+        self._le = [_go_float(bound) for bound in bounds]
+        self.series: dict[tuple[str, str], _Series] = {}
+
+    def of(self, key: tuple[str, str]) -> _Series:
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = _Series(len(self.bounds))
+        return series
+
+    def observe(self, key: tuple[str, str], value: float) -> None:
+        series = self.of(key)
+        series.counts[bisect.bisect_left(self.bounds, value)] += 1
+        series.total += value
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=MODEL_LABELS)
+        for key, series in list(self.series.items()):
+            buckets, seen = [], 0
+            for le, count in zip([*self._le, "+Inf"], series.counts, strict=True):
+                seen += count
+                buckets.append((le, float(seen)))
+            family.add_metric(list(key), buckets, sum_value=series.total)
+        yield family
 
 
 class _TorchServeCounters(Collector):
@@ -228,21 +284,20 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self._ts = _TorchServeCounters()
         self._custom = _CustomMetrics()
+        self.batch_size = _Histogram("batchserve_batch_size", "Requests per dispatched batch",
+                                     _BATCH_BUCKETS)
+        self.queue_wait = _Histogram("batchserve_queue_wait_seconds",
+                                     "Time a request waited in its model's queue", _TIME_BUCKETS)
+        self.latency = _Histogram("batchserve_request_latency_seconds",
+                                  "End-to-end latency of a prediction request, in the server",
+                                  _TIME_BUCKETS)
+        self.handler_time = _Histogram("batchserve_handler_seconds",
+                                       "Time a worker's handler spent on one batch",
+                                       _TIME_BUCKETS)
         for collector in (self._ts, _ModelGauges(models), _HostGauges(disk_path),
-                          self._custom):
+                          self._custom, self.batch_size, self.queue_wait, self.latency,
+                          self.handler_time):
             self.registry.register(collector)
-        self.batch_size = Histogram("batchserve_batch_size", "Requests per dispatched batch",
-                                    MODEL_LABELS, buckets=_BATCH_BUCKETS, registry=self.registry)
-        self.queue_wait = Histogram("batchserve_queue_wait_seconds",
-                                    "Time a request waited in its model's queue", MODEL_LABELS,
-                                    buckets=_TIME_BUCKETS, registry=self.registry)
-        self.latency = Histogram("batchserve_request_latency_seconds",
-                                 "End-to-end latency of a prediction request, in the server",
-                                 MODEL_LABELS, buckets=_TIME_BUCKETS, registry=self.registry)
-        self.handler_time = Histogram("batchserve_handler_seconds",
-                                      "Time a worker's handler spent on one batch", MODEL_LABELS,
-                                      buckets=_TIME_BUCKETS, registry=self.registry)
-        self._latency_of: dict[tuple[str, str], Histogram] = {}
         self.refused = Counter("batchserve_refused_requests",
                                "Requests answered without running: queue full (503), no "
                                "worker to take them (503), or past their deadline while "
@@ -253,14 +308,17 @@ class ServerMetrics:
                      None) -> None:
         """A batch came back from a worker (``result`` is None when it failed as a whole)."""
         key = (model.name, model.version)
-        self.batch_size.labels(*key).observe(len(jobs))
-        queue_wait = self.queue_wait.labels(*key)
+        self.batch_size.observe(key, len(jobs))
+        queue_wait = self.queue_wait.of(key)
+        bounds, counts, waited = self.queue_wait.bounds, queue_wait.counts, 0.0
         for job in jobs:
-            queue_wait.observe(job.queue_wait_s)
+            counts[bisect.bisect_left(bounds, job.queue_wait_s)] += 1
+            waited += job.queue_wait_s
+        queue_wait.total += waited
         sums = self._ts.per_model.setdefault(key, [0.0, 0.0, 0.0])
-        sums[2] += sum(job.queue_wait_s for job in jobs) * 1e6
+        sums[2] += waited * 1e6
         if result is not None:
-            self.handler_time.labels(*key).observe(result.handler_time_ms / 1000)
+            self.handler_time.observe(key, result.handler_time_ms / 1000)
             for metric in result.metrics:
                 self._custom.record(model, metric)
 
@@ -292,9 +350,6 @@ class ServerMetrics:
         sums = self._ts.per_model.setdefault(key, [0.0, 0.0, 0.0])
         sums[0] += 1
         sums[1] += latency_s * 1e6
-        latency = self._latency_of.get(key)
-        if latency is None:  # labels() costs a lock and a lookup: once per model, not request
-            latency = self._latency_of[key] = self.latency.labels(*key)
-        latency.observe(latency_s)
+        self.latency.observe(key, latency_s)
         if refused is not None:
             self.refused.labels(*key, refused).inc()
