@@ -188,6 +188,10 @@ class ServerConfig:
     #: How long a request's head (request line and headers) may take to arrive, from its
     #: first byte (a new connection: from connecting); then 408 and the connection closes.
     request_header_timeout_s: float = 30.0
+    #: How long an HTTP connection may wait idle for its next request before it is closed
+    #: (raise it above a load balancer's idle timeout, or the balancer may reuse a
+    #: connection the server is closing).
+    keep_alive_timeout_s: float = 5.0
     #: None means every visible GPU.
     number_of_gpu: int | None = None
     #: How many GPUs the host has; None: count them at start (nvidia-ml-py or /dev). Set, it
@@ -249,6 +253,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "max_request_inputs": ("max_request_inputs", _parse_positive_int),
     "max_request_instances": ("max_request_instances", _parse_positive_int),
     "request_header_timeout": ("request_header_timeout_s", _parse_positive_float),
+    "keep_alive_timeout": ("keep_alive_timeout_s", _parse_positive_float),
     "number_of_gpu": ("number_of_gpu", _parse_non_negative_int),
     "cpu_affinity": ("cpu_affinity", _parse_bool),
     "cpu_cores_per_worker": ("cpu_cores_per_worker", _parse_positive_int),

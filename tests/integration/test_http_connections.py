@@ -7,8 +7,10 @@ other request by the ASGI apps; these tests mix the two on one connection: pipel
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -216,3 +218,36 @@ def test_a_refused_connection_is_read_again_within_retry_after(full_queue) -> No
     # The queue stays full: the next request is still answered (503), not left unread.
     connection.sock.sendall(_post("/predictions/gate", b"/never"))
     assert connection.response()[0] == 503
+
+
+def test_an_idle_connection_is_closed_after_keep_alive_and_a_busy_one_is_not(
+        build_mar, start_server, tmp_path) -> None:
+    build_mar("gate", "gate")
+    build_mar("echo", "echo")
+    server = start_server("gate.mar", "echo.mar", keep_alive_timeout_s=0.3)
+    idle = Connection(server)
+    idle.sock.sendall(_post("/predictions/echo", b"hello"))
+    assert idle.response()[0] == 200
+    started = time.monotonic()
+    assert idle.closed_by_server()  # the server closes it, without a request on it
+    assert time.monotonic() - started < ANSWER_WITHIN_S
+    idle.close()
+
+    # A request answered after several keep-alive periods keeps its connection, which then
+    # serves the next request.
+    gate = tmp_path / "open"
+    busy = Connection(server)
+    try:
+        busy.sock.sendall(_post("/predictions/gate", str(gate).encode()))
+        deadline = time.monotonic() + 1.0  # > three keep-alive periods: still not closed
+        busy.sock.settimeout(0.05)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                assert busy.sock.recv(1, socket.MSG_PEEK) != b"", "closed while answering"
+        busy.sock.settimeout(ANSWER_WITHIN_S)
+        gate.touch()
+        assert busy.response()[0] == 200
+        busy.sock.sendall(_post("/predictions/echo", b"again"))
+        assert busy.response()[:3:2] == (200, b"again")
+    finally:
+        busy.close()

@@ -31,6 +31,7 @@ tests, not repeated here:
   test_serving.py::test_unknown_model_and_path_are_404_with_torchserve_error_body;
 - keep-alive after a prediction: test_http_connections.py::
   test_a_request_refused_before_its_body_keeps_the_connection,
+  test_an_idle_connection_is_closed_after_keep_alive_and_a_busy_one_is_not,
   test_a_client_leaving_halfway_through_its_body_harms_nobody;
 - ``Expect: 100-continue``: test_http_connections.py::
   test_expect_100_continue_is_answered_before_the_body,
@@ -268,6 +269,7 @@ def test_the_protocol_is_built_as_server_startup_builds_it() -> None:
     ("access_logger", lambda protocol, _: isinstance(protocol.access_logger, logging.Logger)),
     ("server_state", lambda protocol, _: protocol.server_state.default_headers == []),
     ("timeout_keep_alive_task", lambda protocol, _: protocol.timeout_keep_alive_task is None),
+    ("timeout_keep_alive", lambda protocol, _: protocol.timeout_keep_alive == 5.0),
 ])
 def test_the_protocol_state_we_use_exists_from_the_start(
         loop: asyncio.AbstractEventLoop, name: str,
@@ -290,6 +292,7 @@ def test_the_protocol_state_we_use_exists_from_the_start(
     ("on_message_complete", ["self"]),
     ("on_response_complete", ["self"]),
     ("_unset_keepalive_if_required", ["self"]),
+    ("_start_asgi_task", ["self", "cycle", "app"]),
     ("shutdown", ["self"]),
 ])
 def test_the_methods_we_extend_or_call_keep_their_signatures(
@@ -432,22 +435,39 @@ def test_a_request_behind_an_unanswered_prediction_waits_in_the_pipeline(
     assert prediction.keep_alive is False and not transport.closed
 
 
-def test_on_response_complete_reads_on_and_arms_keep_alive() -> None:
-    """fast.py calls ``on_response_complete`` after each prediction: reading resumes, the next
-    pipelined request starts or the keep-alive timer is armed (``data_received`` disarms it
-    with ``_unset_keepalive_if_required``)."""
+def test_on_response_complete_pieces_protocol_py_uses() -> None:
+    """protocol.py replaces ``on_response_complete`` (no keep-alive timer per response): it
+    counts ``server_state.total_requests``, resumes reading with ``flow``, starts the next
+    pipelined request with ``_start_asgi_task(cycle, app)``, and reads
+    ``timeout_keep_alive``; uvicorn's own version does no more than that and the timer."""
+    source = inspect.getsource(HttpToolsProtocol.on_response_complete)
+    for piece in ("self.server_state.total_requests += 1", "self.transport.is_closing()",
+                  "self._unset_keepalive_if_required()", "self.flow.resume_reading()",
+                  "self.pipeline.pop()", "self._start_asgi_task(cycle, app)",
+                  "self.loop.call_later(", "self.timeout_keep_alive,",
+                  "self.timeout_keep_alive_handler"):
+        assert piece in source, piece
+    calls = {ast.unparse(node.func) for node in ast.walk(_tree(
+        HttpToolsProtocol.on_response_complete)) if isinstance(node, ast.Call)}
+    assert calls == {"self.transport.is_closing", "self._unset_keepalive_if_required",
+                     "self.flow.resume_reading", "self.pipeline.pop",
+                     "self._start_asgi_task", "self.loop.call_later"}
 
+
+def test_our_response_completion_arms_no_timer_and_reads_on() -> None:
     async def scenario() -> None:
-        protocol = _protocol(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        protocol = PredictionsProtocol(config=uvicorn_config(_asgi_app, PredictionsProtocol),
+                                       server_state=ServerState(), app_state={}, _loop=loop)
         transport = _Transport()
         protocol.connection_made(transport)
         protocol.flow.pause_reading()
         protocol.on_response_complete()
         assert transport.reading
         assert protocol.server_state.total_requests == 1
-        assert protocol.timeout_keep_alive_task is not None
-        protocol._unset_keepalive_if_required()
-        assert protocol.timeout_keep_alive_task is None
+        assert protocol.timeout_keep_alive_task is None  # the connection's own timer closes it
+        assert protocol.timeout_keep_alive == 5.0  # uvicorn_config's default
+        protocol.connection_lost(None)
 
     asyncio.run(scenario())
 

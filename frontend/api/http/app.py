@@ -82,8 +82,10 @@ class CountedResponses:
         await self.app(scope, receive, counted)
 
 
-def uvicorn_config(app: common.AsgiApp, http: type[asyncio.Protocol]) -> uvicorn.Config:
-    """A listener's uvicorn settings, loaded: ``http`` is its connection protocol."""
+def uvicorn_config(app: common.AsgiApp, http: type[asyncio.Protocol],
+                   keep_alive_s: float = 5.0) -> uvicorn.Config:
+    """A listener's uvicorn settings, loaded: ``http`` is its connection protocol,
+    ``keep_alive_s`` how long a connection may wait idle for its next request."""
     config = uvicorn.Config(
         app,
         http=http,
@@ -96,6 +98,7 @@ def uvicorn_config(app: common.AsgiApp, http: type[asyncio.Protocol]) -> uvicorn
         server_header=False,
         date_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_keep_alive=keep_alive_s,
     )
     config.load()
     return config
@@ -141,6 +144,7 @@ class HttpListeners:
         self._servers: list[uvicorn.Server] = []
         self.bound: dict[str, Address] = {}
         self._header_timeout_s = config.request_header_timeout_s
+        self._keep_alive_s = config.keep_alive_timeout_s
         self._metrics = services.metrics
 
     def bind(self) -> None:
@@ -167,7 +171,8 @@ class HttpListeners:
             inference = next((a for a in apps if isinstance(a, InferenceApp)), None)
             config = uvicorn_config(
                 CountedResponses(app, self._metrics.count_response),
-                protocol_for(inference, self._header_timeout_s, self._metrics.count_response))
+                protocol_for(inference, self._header_timeout_s, self._metrics.count_response),
+                self._keep_alive_s)
             server = uvicorn.Server(config)
             server.lifespan = config.lifespan_class(config)  # as Server._serve does
             await server.startup(sockets=[sock])

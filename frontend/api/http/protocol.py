@@ -17,11 +17,14 @@ stalled everyone; a 32 MB URL was appended to itself piece by piece) and without
   stops at an upgrade request's head and skips its body, so the body is then read by a fresh
   parser primed with the request's own framing.
 
-Every response a connection sends is counted by status (``Requests2XX/4XX/5XX``).
+A connection idle between requests for ``timeout_keep_alive`` (``keep_alive_timeout``, 5 s)
+is closed, as uvicorn does, but by the connection's one timer, not by a timer armed for each
+response. Every response a connection sends is counted by status (``Requests2XX/4XX/5XX``).
 
 ``HttpToolsProtocol`` is private to uvicorn: setup.py pins uvicorn's minor version, and
-tests/unit/test_uvicorn_contract.py checks every name used here (``data_received`` is replaced
-whole; the test checks that uvicorn's does nothing else we would be missing).
+tests/unit/test_uvicorn_contract.py checks every name used here (``data_received`` and
+``on_response_complete`` are replaced whole; the test checks that uvicorn's do nothing else we
+would be missing).
 """
 
 from __future__ import annotations
@@ -91,11 +94,15 @@ class ServerProtocol(HttpToolsProtocol):
         self._upgrade_framing: bytes | None = None
         #: loop.time() when the head being read began (or the connection was made).
         self._head_since = self.loop.time()
+        #: loop.time() since when the connection waits for its next request (None: it does
+        #: not: a request is being read or answered).
+        self._idle_since: float | None = None
         self._spoken = False
-        # One timer per connection, not per request: it looks at the head in progress when it
-        # fires and sets itself again for what is left of that head's time.
+        # One timer per connection, not one per request: it looks at the connection when it
+        # fires (a head too slow, idle past keep-alive) and sets itself again for what is
+        # left; never further ahead than the keep-alive time, so nothing has to re-arm it.
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
-            self.header_timeout_s, self._check_head)
+            min(self.header_timeout_s, self.timeout_keep_alive), self._check_head)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
@@ -152,6 +159,7 @@ class ServerProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = self._began_in_chunk = self._spoken = True
+        self._idle_since = None
         self._head_bytes = 0
         self._head_since = self.loop.time()
 
@@ -198,23 +206,32 @@ class ServerProtocol(HttpToolsProtocol):
     # -- refusing -----------------------------------------------------------------------------
 
     def _check_head(self) -> None:
+        """The connection's timer: a head that takes longer than ``header_timeout_s`` is
+        answered 408; a connection silent since it was made, for as long, is closed; one idle
+        between requests for ``timeout_keep_alive`` is closed (uvicorn's keep-alive)."""
         self._head_timer = None
         if self.transport.is_closing() or self._refused:
             return
-        if not self._in_head and self._spoken:
-            # Answering a request, or idle between requests (uvicorn's keep-alive timeout
-            # bounds that): nothing to time; look again later.
-            self._head_timer = self.loop.call_later(self.header_timeout_s, self._check_head)
-            return
-        remaining_s = self._head_since + self.header_timeout_s - self.loop.time()
-        if remaining_s > 0:
-            self._head_timer = self.loop.call_later(remaining_s, self._check_head)
-        elif self._in_head:
-            self._refuse_head(RequestHeadTimeout(
-                f"the request head did not arrive within {self.header_timeout_s:g} s"))
-        else:  # connected, and silent since: nothing to answer
-            self._refused = True
-            self.transport.close()
+        now = self.loop.time()
+        if self._in_head or not self._spoken:
+            remaining_s = self._head_since + self.header_timeout_s - now
+            if remaining_s <= 0:
+                if self._in_head:
+                    self._refuse_head(RequestHeadTimeout(
+                        f"the request head did not arrive within {self.header_timeout_s:g} s"))
+                else:  # connected, and silent since: nothing to answer
+                    self._refused = True
+                    self.transport.close()
+                return
+        elif self._idle_since is not None:
+            remaining_s = self._idle_since + self.timeout_keep_alive - now
+            if remaining_s <= 0:
+                self.transport.close()
+                return
+        else:  # answering a request: look again later
+            remaining_s = self.timeout_keep_alive
+        self._head_timer = self.loop.call_later(min(remaining_s, self.timeout_keep_alive),
+                                                self._check_head)
 
     def _refuse_head(self, error: ServeError) -> None:
         """Answer ``error`` and close, once the requests before this one are answered."""
@@ -251,7 +268,18 @@ class ServerProtocol(HttpToolsProtocol):
                                        and not self.cycle.response_complete)
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        """uvicorn's, but for one thing: no keep-alive timer armed per response (and
+        cancelled by the next request); the connection's own timer (``_check_head``) closes
+        it once idle for ``timeout_keep_alive``."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif not self._in_head:
+            self._idle_since = self.loop.time()
         if self._refusal is not None:
             self._write_refusal()
 
