@@ -98,7 +98,8 @@ def uvicorn_config(app: common.AsgiApp, http: type[asyncio.Protocol],
         server_header=False,
         date_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        timeout_keep_alive=keep_alive_s,
+        # uvicorn annotates int but only ever uses it as a delay: a fraction works.
+        timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
     )
     config.load()
     return config
