@@ -20,8 +20,6 @@ Headers = list[tuple[bytes, bytes]]
 AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 JSON = b"application/json"
-#: A client's own deadline for its prediction, in seconds.
-REQUEST_TIMEOUT_HEADER = "x-request-timeout"
 
 
 class ClientDisconnected(Exception):
@@ -92,18 +90,6 @@ async def send_json(send: Send, status: int, value: object,
 async def send_error(send: Send, error: ServeError, headers: Headers | None = None) -> None:
     await send_bytes(send, error.http_status, error_body(error), JSON,
                      [*header_pairs(error), *(headers or [])])
-
-
-def parse_timeout(value: str) -> float:
-    """The value of the REQUEST_TIMEOUT_HEADER: seconds > 0, else BadRequest."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a number of seconds, got {value!r}")\
-            from None
-    if not seconds > 0:
-        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be > 0, got {value!r}")
-    return seconds
 
 
 def query_params(scope: Scope) -> dict[str, str]:
