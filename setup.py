@@ -44,6 +44,13 @@ EXTRAS_REQUIRE = {
         # Not its [grpc] extra, which pins protobuf<7; tritonclient.grpc needs only grpcio and
         # protobuf, which are installed anyway, and works with protobuf 7.
         "tritonclient[http]>=2.73,<3",
+        # Explanations by the built-in image classifiers (tests/integration/test_explanations.py).
+        "captum>=0.9,<0.10",
+    ],
+    # Explanations (/explanations, KServe's explain) with Captum's IntegratedGradients, as
+    # TorchServe's image classifier gives them; without it they answer 501.
+    "explain": [
+        "captum>=0.9,<0.10",
     ],
     # benchmarks/ (python -m benchmarks.suite): plots and progress bars.
     "bench": [

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 SEQUENCE_ID_HEADER = "ts_request_sequence_id"
+#: TorchServe's request header: "True" asks the handler for an explanation, not a prediction.
+EXPLAIN_HEADER = "explain"
 CONTENT_TYPE = "content-type"
 
 

@@ -31,6 +31,13 @@ class InvalidInput(BackendError):
     status = 400
 
 
+class Unsupported(BackendError):
+    """The handler cannot do what the batch asks: explain, when it has no explanation path or
+    Captum is not installed. Every request of the batch gets it, with status 501."""
+
+    status = 501
+
+
 class HandlerLoadError(BackendError):
     """The handler named by the LOAD message cannot be found, imported or instantiated."""
 

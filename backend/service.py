@@ -22,12 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from backend import open_inference
-from backend.context import CONTENT_TYPE, Context, read_manifest, read_model_yaml_config
+from backend.context import (
+    CONTENT_TYPE,
+    EXPLAIN_HEADER,
+    Context,
+    read_manifest,
+    read_model_yaml_config,
+)
 from backend.errors import (
     BatchSizeMismatch,
     HandlerLoadError,
     InvalidHandlerOutput,
     InvalidInput,
+    Unsupported,
     describe,
     is_prediction_exception,
     request_message,
@@ -72,7 +79,8 @@ class ModelService:
         handler = getattr(self.entry_point.handle, "__self__", None)
         stage = getattr(handler, "prepare_batch", None)
         if not callable(stage) or not callable(getattr(handler, "handle_prepared", None)) or any(
-                r.describe or r.instances or r.tensor_format for r in batch.requests):
+                r.describe or r.instances or r.tensor_format or is_explanation(r)
+                for r in batch.requests):
             return None
         data = [decode_request(r, decode=self.decode_input_request) for r in batch.requests]
         return Prepared(data, stage(data))
@@ -146,6 +154,9 @@ class ModelService:
         if any(r.describe for r in batch.requests):
             return self._describe(batch)
         requests = list(batch.requests)
+        explaining = [is_explanation(r) for r in requests]
+        if any(explaining) and not all(explaining):
+            return self._apart(batch, explaining)
         if any(r.instances or r.tensor_format for r in requests):
             return self._predict_rows(batch)
         self.context.begin_batch(
@@ -174,10 +185,11 @@ class ModelService:
                 handler = self.entry_point.handle.__self__  # type: ignore[attr-defined]
                 results = handler.handle_prepared(prepared.staged, self.context)
         except Exception as exc:
-            if not is_prediction_exception(exc):
+            if not (is_prediction_exception(exc) or isinstance(exc, Unsupported)):
                 raise
             # TorchServe's PredictionException(message, error_code) fails every request of the
-            # batch with the handler's own HTTP status, so keep it per request.
+            # batch with the handler's own HTTP status, so keep it per request (and the 501 of
+            # an explanation the handler cannot give).
             logger.warning("%s raised %s", self.entry_point.name, describe(exc))
             results = [exc] * len(data)
         handler_time_ms = (time.perf_counter() - start) * 1000.0
@@ -309,6 +321,25 @@ class ModelService:
         response.content_type = content_type
         return response
 
+    def _apart(self, batch: worker_pb2.PredictBatch, explaining: list[bool]
+               ) -> worker_pb2.PredictResult:
+        """Explanations and predictions that met in one batch run as two batches: a handler
+        explains or predicts a whole batch (TorchServe's look at the first request's header)."""
+        responses: dict[str, worker_pb2.Response] = {}
+        handler_time_ms = 0.0
+        metrics: list[worker_pb2.Metric] = []
+        for wanted in (False, True):
+            part = worker_pb2.PredictBatch(batch_id=batch.batch_id, requests=[
+                r for r, explain in zip(batch.requests, explaining, strict=True)
+                if explain is wanted])
+            result = self.predict(part)
+            handler_time_ms += result.handler_time_ms
+            metrics.extend(result.metrics)
+            responses.update((response.request_id, response) for response in result.responses)
+        return worker_pb2.PredictResult(
+            batch_id=batch.batch_id, handler_time_ms=handler_time_ms, metrics=metrics,
+            responses=[responses[request.request_id] for request in batch.requests])
+
     def _describe(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
         """Answer describe requests with the handler's ``describe_handle()`` (TorchServe's
         ``?customized=true``); predictions that share the batch run as a batch of their own."""
@@ -391,6 +422,11 @@ class Prepared:
 
     data: list[Any]
     staged: Any
+
+
+def is_explanation(request: worker_pb2.Request) -> bool:
+    """Whether the request asks for an explanation (TorchServe's ``explain`` header)."""
+    return request.headers.get(EXPLAIN_HEADER) == "True"
 
 
 def _halves(requests: list[worker_pb2.Request]) -> list[list[worker_pb2.Request]]:

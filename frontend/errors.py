@@ -124,6 +124,14 @@ class WorkerDied(InternalError):
     """The worker process exited or its socket broke while it held requests."""
 
 
+class NotImplementedByModel(ServeError):
+    """The model cannot do what was asked: an explanation from a handler with no explanation
+    path, or where Captum is not installed (the worker answers such requests 501)."""
+
+    http_status = 501
+    type_name = "NotImplementedException"
+
+
 class ServiceUnavailable(ServeError):
     http_status = 503
     type_name = "ServiceUnavailableException"
@@ -203,6 +211,7 @@ _TYPES_BY_STATUS = {
     409: Conflict.type_name,
     413: PayloadTooLarge.type_name,
     500: InternalError.type_name,
+    501: NotImplementedByModel.type_name,
     503: ServiceUnavailable.type_name,
     504: GatewayTimeout.type_name,
     507: OutOfResources.type_name,
@@ -252,6 +261,7 @@ GRPC_CODES: dict[int, str] = {
     408: "DEADLINE_EXCEEDED",
     409: "ALREADY_EXISTS",
     413: "RESOURCE_EXHAUSTED",
+    501: "UNIMPLEMENTED",
     503: "UNAVAILABLE",
     504: "DEADLINE_EXCEEDED",
     507: "RESOURCE_EXHAUSTED",

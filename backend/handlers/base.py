@@ -1,4 +1,5 @@
-"""The handler contract, and BaseHandler: preprocess -> inference -> postprocess over a batch.
+"""The handler contract, and BaseHandler: preprocess -> inference -> postprocess over a batch,
+or ``explain_requests`` for a batch that asks for explanations.
 
 Device selection and weight formats live in ``backend.device`` and ``backend.weights``; this
 module only wires them together. It imports torch, so only handlers that run a model load it.
@@ -6,6 +7,7 @@ module only wires them together. It imports torch, so only handlers that run a m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -13,7 +15,8 @@ import torch
 
 from backend.context import Context
 from backend.device import select_device
-from backend.errors import BatchSizeMismatch
+from backend.errors import BatchSizeMismatch, Unsupported
+from backend.handlers.explain import is_explanation
 from backend.handlers.labels import INDEX_TO_NAME, LabelMap, load_label_mapping
 from backend.tuning import Tuning, forward_context, read_tuning, tune_model, warm_up, warmup_sizes
 from backend.weights import load_model
@@ -31,7 +34,8 @@ class BaseHandler:
     """Loads the archive's model, then runs each batch through one forward pass.
 
     Subclasses override ``preprocess`` (requests -> model input), ``inference`` and
-    ``postprocess`` (model output -> one result per request). Attribute names follow
+    ``postprocess`` (model output -> one result per request), or ``predict_requests`` (the
+    whole prediction of a batch), and ``explain_requests`` to explain. Attribute names follow
     TorchServe's BaseHandler, which custom handlers read.
     """
 
@@ -86,30 +90,50 @@ class BaseHandler:
         return list(outputs.tolist())
 
     def handle(self, data: list[Any], context: Context) -> list[Any]:
-        """One batch in, one result per request out."""
+        """One batch in, one result per request out: predictions, or explanations when the
+        batch asks for them (TorchServe's ``explain`` header)."""
         self.context = context
+        if is_explanation(context):
+            return self.explain_requests(data, context)
+        return self.predict_requests(data, context)
+
+    def predict_requests(self, data: list[Any], context: Context) -> list[Any]:
+        """The predictions of a batch: preprocess -> inference -> postprocess."""
         inputs = self.preprocess(data)
         with forward_context(self.device, self.tuning):
             outputs = self.inference(inputs)
         return self.postprocess(outputs)
 
+    def explain_requests(self, data: list[Any], context: Context) -> list[Any]:
+        """The explanations of a batch, one per request; a handler that can explain its
+        predictions overrides this. Here: none (501)."""
+        raise Unsupported(
+            f"{type(self).__name__} does not explain its predictions (it defines no "
+            f"explain_requests); ask /predictions for them instead"
+        )
+
     def handle_valid(self, items: list[Any], context: Context) -> list[Any]:
-        """``BaseHandler.handle`` on the items that are not exceptions, all in one batch.
+        """``BaseHandler.predict_requests`` on the items that are not exceptions, in one batch.
 
         An exception item (say the InvalidInput of a corrupt image) stays the result of its
         own request, which the service answers with that error; the others are predicted.
         """
-        valid = [index for index, item in enumerate(items) if not isinstance(item, Exception)]
-        results = list(items)
-        if not valid:
-            return results
-        # The pipeline itself, not a subclass's handle (which is what calls this).
-        outputs = BaseHandler.handle(self, [items[index] for index in valid], context)
-        if len(outputs) != len(valid):
-            raise BatchSizeMismatch(
-                f"{type(self).__name__}.postprocess returned {len(outputs)} results for "
-                f"{len(valid)} inputs"
-            )
-        for index, output in zip(valid, outputs, strict=True):
-            results[index] = output
+        # The pipeline itself, not a subclass's predict_requests (which is what calls this).
+        return map_valid(items, lambda valid: BaseHandler.predict_requests(self, valid, context),
+                         type(self).__name__)
+
+
+def map_valid(items: list[Any], function: Callable[[list[Any]], list[Any]],
+              who: str) -> list[Any]:
+    """``function`` on the items that are not exceptions, all in one call (one result per
+    item); an exception item stays the result of its own request."""
+    valid = [index for index, item in enumerate(items) if not isinstance(item, Exception)]
+    results = list(items)
+    if not valid:
         return results
+    outputs = function([items[index] for index in valid])
+    if len(outputs) != len(valid):
+        raise BatchSizeMismatch(f"{who} returned {len(outputs)} results for {len(valid)} inputs")
+    for index, output in zip(valid, outputs, strict=True):
+        results[index] = output
+    return results

@@ -1,4 +1,5 @@
-"""TorchServe's ``image_classifier``: ImageNet preprocessing, top-k ``{label: probability}``."""
+"""TorchServe's ``image_classifier``: ImageNet preprocessing, top-k ``{label: probability}``;
+explanations with Captum's IntegratedGradients, as TorchServe's vision handler gives them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ from typing import Any
 
 import torch
 
+from backend.context import Context
+from backend.errors import InvalidInput
+from backend.handlers.base import map_valid
+from backend.handlers.explain import explanation_target, integrated_gradients
 from backend.handlers.labels import LabelMap, label_of
 from backend.handlers.vision import IMAGENET_TRANSFORM, VisionHandler
 
@@ -28,6 +33,26 @@ class ImageClassifier(VisionHandler):
 
     def postprocess(self, outputs: Any) -> list[Any]:
         return top_k_labels(outputs, self.topk, self.mapping)
+
+    def explain_requests(self, data: list[Any], context: Context) -> list[Any]:
+        """Per request, IntegratedGradients attributions of its ``target`` class (0 when it
+        names none) over its preprocessed image: nested lists of the image tensor's shape
+        (``[3, 224, 224]``). A bad image or target fails only its own request."""
+        items: list[Any] = []
+        for row, image in zip(data, self.load_images(data), strict=True):
+            try:
+                items.append(image if isinstance(image, InvalidInput)
+                             else (image, explanation_target(row)))
+            except InvalidInput as exc:
+                items.append(exc)
+        return map_valid(items, self._attributions, type(self).__name__)
+
+    def _attributions(self, rows: list[tuple[torch.Tensor, int]]) -> list[Any]:
+        inputs = self.preprocess([image for image, _ in rows])
+        # The model as loaded: a compiled one would recompile for the steps' batch shapes.
+        model = self._uncompiled or self.model
+        assert model is not None, "initialize first"
+        return list(integrated_gradients(model, inputs, [t for _, t in rows]).tolist())
 
 
 def top_k_labels(logits: Any, topk: int, mapping: LabelMap | None) -> list[dict[str, float]]:

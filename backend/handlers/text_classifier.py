@@ -109,7 +109,7 @@ class TextClassifier(BaseHandler):
         model_dir = Path(context.system_properties["model_dir"])
         self.source_vocab = load_vocab(model_dir / str(named or SOURCE_VOCAB))
 
-    def handle(self, data: list[Any], context: Context) -> list[Any]:
+    def predict_requests(self, data: list[Any], context: Context) -> list[Any]:
         """One result per request: class probabilities, or the InvalidInput of a bad text."""
         return self.handle_valid([self.token_ids(row) for row in data], context)
 

@@ -142,7 +142,7 @@ class VisionHandler(BaseHandler):
                                       pil_transform=self.image_processing)
         self.warm_up(lambda size: [{"body": WARMUP_JPEG}] * size, batch_size)
 
-    def handle(self, data: list[Any], context: Context) -> list[Any]:
+    def predict_requests(self, data: list[Any], context: Context) -> list[Any]:
         """One result per request: a prediction, or the InvalidInput of a bad image."""
         return self.handle_prepared(self.prepare_batch(data), context)
 

@@ -21,8 +21,6 @@ SERVER_NAME = "batchserve"
 EXTENSIONS = ("binary_tensor_data", "parameters")
 PLATFORM = "pytorch"
 HEADER_LENGTH = "inference-header-content-length"
-#: The request header TorchServe's handlers look at to explain instead of predict.
-EXPLAIN_HEADER = "explain"
 
 
 def is_server_ready(models: Iterable[Model]) -> bool:

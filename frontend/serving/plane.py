@@ -8,8 +8,9 @@ once:
 * ``resolve`` finds the model and version it names; ``admit`` refuses it at once when the
   model's queue is full (an HTTP body is not read then);
 * ``build`` makes the worker's request: a fresh request id, the client's headers (HTTP headers
-  or gRPC metadata), its inputs, its weight in batch items, and its own deadline
-  (``X-Request-Timeout``, or the gRPC deadline);
+  or gRPC metadata), its inputs, its weight in batch items, its own deadline
+  (``X-Request-Timeout``, or the gRPC deadline), and whether it asks for an explanation
+  (TorchServe's ``explain`` header, which only the route sets);
 * ``submit`` queues it with its deadline (504 at the deadline, never dispatched after it);
   ``outcome`` awaits the answer (a transport in callbacks adds one to ``call.job.future``);
 * ``end`` records the request's metrics and access-log line, exactly once.
@@ -39,6 +40,8 @@ from protos import worker_pb2
 REQUEST_TIMEOUT_HEADER = "x-request-timeout"
 #: The header that carries a TorchServe sequence id to the handler.
 SEQUENCE_ID_HEADER = "ts_request_sequence_id"
+#: The header TorchServe's handlers look at to explain instead of predict ("True").
+EXPLAIN_HEADER = "explain"
 #: What a job holds until its request is built.
 _NO_REQUEST = worker_pb2.Request()
 
@@ -136,10 +139,11 @@ class InferencePlane:
               inputs: Iterable[tuple[str, bytes, str | None]], *,
               weight: int = 1, instances: bool = False,
               tensor_format: worker_pb2.TensorFormat = worker_pb2.TENSOR_FORMAT_NONE,
-              sequence_id: str | None = None) -> float | None:
+              sequence_id: str | None = None, explain: bool = False) -> float | None:
         """Make the call's worker request; returns the client's own deadline (seconds).
 
-        ``inputs``: (name, bytes, content type or None) for each input.
+        ``inputs``: (name, bytes, content type or None) for each input; ``explain``: the
+        request asks for an explanation (/explanations, KServe's explain).
         """
         request = call.job.request = worker_pb2.Request(
             request_id=new_request_id(), instances=instances, tensor_format=tensor_format)
@@ -153,6 +157,12 @@ class InferencePlane:
                 timeout_s = parse_timeout(value)
         if sequence_id is not None:
             request.headers[SEQUENCE_ID_HEADER] = sequence_id
+        if explain:
+            request.headers[EXPLAIN_HEADER] = "True"
+        elif EXPLAIN_HEADER in request.headers:
+            # As TorchServe's frontend overrides it: a client's own header makes no prediction
+            # an explanation.
+            request.headers[EXPLAIN_HEADER] = "False"
         for name, data, content_type in inputs:
             request.inputs[name] = data
             if content_type is not None:

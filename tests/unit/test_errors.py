@@ -22,6 +22,7 @@ from frontend.errors import (
     ModelNotFound,
     ModelVersionNotFound,
     NotFound,
+    NotImplementedByModel,
     OutOfResources,
     PayloadTooLarge,
     QueueFull,
@@ -64,6 +65,9 @@ STATUS_AND_TYPE: dict[type[ServeError], tuple[int, str]] = {
     HeaderFieldsTooLarge: (431, "RequestHeaderFieldsTooLargeException"),
     InternalError: (500, "InternalServerException"),
     WorkerDied: (500, "InternalServerException"),
+    # TorchServe has no name for 501 (it calls every failure a handler reports
+    # InternalServerException); an explanation a model cannot give is named for what it is.
+    NotImplementedByModel: (501, "NotImplementedException"),
     ServiceUnavailable: (503, "ServiceUnavailableException"),
     QueueFull: (503, "ServiceUnavailableException"),
     GatewayTimeout: (504, "RequestTimeoutException"),
@@ -158,6 +162,7 @@ def test_worker_errors_do_not_change_their_class_defaults() -> None:
     (409, "ConflictStatusException"),
     (413, "PayloadTooLargeException"),
     (500, "InternalServerException"),
+    (501, "NotImplementedException"),
     (503, "ServiceUnavailableException"),
     (504, "RequestTimeoutException"),
     (507, "OutOfResourcesException"),
@@ -165,7 +170,6 @@ def test_worker_errors_do_not_change_their_class_defaults() -> None:
     (418, "BadRequestException"),
     (422, "BadRequestException"),
     (499, "BadRequestException"),
-    (501, "InternalServerException"),
     (502, "InternalServerException"),
     (599, "InternalServerException"),
 ])
@@ -175,7 +179,7 @@ def test_type_for_status(status: int, type_name: str) -> None:
 
 def test_type_for_status_only_ever_names_torchserve_types() -> None:
     # A handler picks the status of its per-request failure, never the type: whatever status
-    # it picks, the type is one of TorchServe's names (its own class stays in the message).
+    # it picks, the type is one of the table's names (its own class stays in the message).
     known = {type_name for _, type_name in STATUS_AND_TYPE.values()} | {"InvalidInputException"}
     assert {type_for_status(status) for status in range(400, 600)} <= known
 
@@ -221,6 +225,7 @@ def test_header_pairs_are_lower_case_latin_1() -> None:
     (408, grpc.StatusCode.DEADLINE_EXCEEDED),
     (409, grpc.StatusCode.ALREADY_EXISTS),
     (413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (501, grpc.StatusCode.UNIMPLEMENTED),
     (503, grpc.StatusCode.UNAVAILABLE),
     (504, grpc.StatusCode.DEADLINE_EXCEEDED),
     (507, grpc.StatusCode.RESOURCE_EXHAUSTED),

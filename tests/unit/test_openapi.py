@@ -81,6 +81,10 @@ def test_inference_routes() -> None:
         ("PUT", "/predictions/{model_name}"),
         ("POST", "/predictions/{model_name}/{model_version}"),
         ("PUT", "/predictions/{model_name}/{model_version}"),
+        ("POST", "/explanations/{model_name}"),
+        ("PUT", "/explanations/{model_name}"),
+        ("POST", "/explanations/{model_name}/{model_version}"),
+        ("PUT", "/explanations/{model_name}/{model_version}"),
     }
 
 
@@ -108,6 +112,9 @@ INFERENCE_RESPONSES = {
     **{(method, path): {"200", "400", "401", "404", "413", "500", "503", "504"}
        for method in ("POST", "PUT")
        for path in ("/predictions/{model_name}", "/predictions/{model_name}/{model_version}")},
+    **{(method, path): {"200", "400", "401", "404", "413", "500", "501", "503", "504"}
+       for method in ("POST", "PUT")
+       for path in ("/explanations/{model_name}", "/explanations/{model_name}/{model_version}")},
 }
 
 MANAGEMENT_RESPONSES = {
@@ -138,7 +145,7 @@ def test_operations_list_their_responses(describe: Callable[[], dict[str, Any]],
 
 def test_queue_full_response_declares_retry_after() -> None:
     for path, _, operation in _operations(inference_description()):
-        if path.startswith("/predictions/"):
+        if path.startswith(("/predictions/", "/explanations/")):
             assert "Retry-After" in operation["responses"]["503"]["headers"]
 
 
@@ -152,7 +159,7 @@ def test_inference_security() -> None:
     scheme = document["components"]["securitySchemes"]["bearerAuth"]
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
     for path, method, _ in _operations(document):
-        needs_token = path.startswith("/predictions/")
+        needs_token = path.startswith(("/predictions/", "/explanations/"))
         expected: list[dict[str, Any]] = [{"bearerAuth": []}] if needs_token else []
         assert _security(document, method, path) == expected, (method, path)
 

@@ -1,5 +1,6 @@
-"""The inference API (port 8080): /ping, /predictions/{model}[/{version}], and KServe's
-v1/v2 protocols (frontend/api/http/kserve.py).
+"""The inference API (port 8080): /ping, /predictions/{model}[/{version}],
+/explanations/{model}[/{version}] (a prediction with TorchServe's ``explain`` header), and
+KServe's v1/v2 protocols (frontend/api/http/kserve.py).
 
 This is the hot path: a request is read, turned into one worker_pb2.Request, queued on its
 model's batcher, and answered with the worker's bytes. No payload is decoded here.
@@ -53,6 +54,9 @@ class InferenceApp(common.Routes):
         if path.startswith("/predictions/"):
             await self.predict(scope, receive, send)
             return True
+        if path.startswith("/explanations/"):
+            await self.predict(scope, receive, send, explain=True)
+            return True
         if path == "/ping":
             await self.ping(send)
             return True
@@ -88,7 +92,8 @@ class InferenceApp(common.Routes):
         self.plane.admit(model)
         common.check_content_length(scope, self.config.max_request_size_bytes)
 
-    def build(self, scope: common.Scope, body: bytes, call: Call) -> float | None:
+    def build(self, scope: common.Scope, body: bytes, call: Call, explain: bool = False
+              ) -> float | None:
         """The call's worker request from the HTTP request (form fields, or the body);
         returns the client's own deadline."""
         content_type = ""
@@ -99,7 +104,7 @@ class InferenceApp(common.Routes):
             inputs = parse_form(content_type, body, self.config.max_request_inputs)
         else:
             inputs = [("body", body, content_type)]
-        return self.plane.build(call, scope["headers"], inputs)
+        return self.plane.build(call, scope["headers"], inputs, explain=explain)
 
     def answer(self, response: worker_pb2.Response, request_id: str
                ) -> tuple[int, bytes, bytes, common.Headers]:
@@ -113,14 +118,15 @@ class InferenceApp(common.Routes):
         return response.status or 200, content_type, response.body, headers
 
     async def predict(self, scope: common.Scope, receive: common.Receive,
-                      send: common.Send) -> None:
+                      send: common.Send, explain: bool = False) -> None:
         """A prediction through the ASGI cycle (a request pipelined behind another, or an
-        upgrade): the same steps as the fast path."""
+        upgrade): the same steps as the fast path; or an explanation (only ever here)."""
         async with self.plane.call(http_origin(scope)) as call:
             model = self.model_for(scope, call)
             self.admit(model, scope)
             body = await common.read_body(receive, self.config.max_request_size_bytes)
-            self.plane.submit(call, self.build(scope, body, call), asyncio.get_running_loop())
+            self.plane.submit(call, self.build(scope, body, call, explain),
+                              asyncio.get_running_loop())
             result = await answer_unless_gone(self.plane, call, receive)
             if result is None:
                 call.status = 0  # the client went away

@@ -1,5 +1,6 @@
 """KServe's REST protocols on the inference port: v1 (``/v1/models/...``) and the Open
-Inference Protocol, v2 (``/v2/...``).
+Inference Protocol, v2 (``/v2/...``). Their explain verbs (v1 ``:explain``, v2 ``/explain``)
+are predictions with TorchServe's ``explain`` header, answered in the same shape.
 
 v1 predictions batch by instance, as KServe's batcher does: a request is one job that weighs
 as many batch items as it has instances, so the instances of several requests fill one batch up
@@ -112,12 +113,9 @@ class KServeRoutes:
                           send: common.Send, explain: bool) -> int:
         body = await self._read(scope, receive)
         instances = kserve.v1_instances(body, self.config.max_request_instances)
-        headers = scope["headers"]
-        if explain:
-            headers = [*headers, (kserve.EXPLAIN_HEADER.encode(), b"True")]
-        timeout_s = self.plane.build(call, headers,
+        timeout_s = self.plane.build(call, scope["headers"],
                                      [("body", _compact(instances), "application/json")],
-                                     weight=len(instances), instances=True)
+                                     weight=len(instances), instances=True, explain=explain)
         response = await self._submit(call, timeout_s, receive)
         if response is None:
             return 0
@@ -168,16 +166,17 @@ class KServeRoutes:
             model = self.registry.get(name, version)
             ready = model.is_ready()
             await common.send_json(send, 200 if ready else 503, {"name": name, "ready": ready})
-        elif rest == ["infer"]:
+        elif rest in (["infer"], ["explain"]):
             self._expect(scope, "POST")
             async with self.plane.call(http_origin(scope)) as call:
                 self.plane.admit(self.plane.resolve(call, name, version))
-                call.status = await self._v2_infer(call, scope, receive, send)
+                call.status = await self._v2_infer(call, scope, receive, send,
+                                                   rest == ["explain"])
         else:
             raise RouteNotFound()
 
     async def _v2_infer(self, call: Call, scope: common.Scope, receive: common.Receive,
-                        send: common.Send) -> int:
+                        send: common.Send, explain: bool) -> int:
         body = await self._read(scope, receive)
         length = next((value.decode("latin-1") for name, value in scope["headers"]
                        if name == kserve.HEADER_LENGTH.encode()), None)
@@ -185,7 +184,8 @@ class KServeRoutes:
         rows = kserve.v2_rows(kserve.parse_json(header), self.config.max_request_inputs,
                               self.config.max_request_instances)
         timeout_s = self.plane.build(call, scope["headers"], [("body", body, None)], weight=rows,
-                                     tensor_format=worker_pb2.TENSOR_FORMAT_REST)
+                                     tensor_format=worker_pb2.TENSOR_FORMAT_REST,
+                                     explain=explain)
         response = await self._submit(call, timeout_s, receive)
         if response is None:
             return 0

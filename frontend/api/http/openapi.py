@@ -218,6 +218,19 @@ def _prediction(operation_id: str, summary: str) -> Json:
     }
 
 
+def _explanation(operation_id: str, summary: str) -> Json:
+    """A prediction that asks the handler to explain (TorchServe's ``explain`` header)."""
+    operation = _prediction(operation_id, summary)
+    operation["responses"]["200"] = _json_response(
+        "The handler's explanations. The built-in image classifiers answer Captum's "
+        "IntegratedGradients attributions over the preprocessed image, as nested lists of "
+        "its shape ([3, 224, 224]); a 'target' field or form field picks the class (0).",
+        {})
+    operation["responses"]["501"] = _error("The handler has no explanation path, or Captum "
+                                           "is not installed (pip install captum).")
+    return operation
+
+
 def _health(status: str) -> Json:
     return {"type": "object", "required": ["status"],
             "properties": {"status": {"type": "string", "enum": [status]}}}
@@ -249,9 +262,22 @@ def inference_description() -> Json:
         "put": _prediction("versionPredictionsPut",
                            "Run inference on one model version (PUT)."),
     }
+    paths["/explanations/{model_name}"] = {
+        "parameters": [_MODEL_NAME],
+        "post": _explanation("explanations", "Explain the default version's prediction."),
+        "put": _explanation("explanationsPut",
+                            "Explain the default version's prediction (PUT)."),
+    }
+    paths["/explanations/{model_name}/{model_version}"] = {
+        "parameters": [_MODEL_NAME, _MODEL_VERSION],
+        "post": _explanation("versionExplanations", "Explain one model version's prediction."),
+        "put": _explanation("versionExplanationsPut",
+                            "Explain one model version's prediction (PUT)."),
+    }
     return _document(
         "batchserve inference API",
-        "Predictions and health of the models batchserve serves (TorchServe-compatible).",
+        "Predictions, explanations and health of the models batchserve serves "
+        "(TorchServe-compatible).",
         paths,
         {"Error": _ERROR_SCHEMA, "Status": _STATUS_SCHEMA},
         {"bearerAuth": _bearer_scheme("inference")},

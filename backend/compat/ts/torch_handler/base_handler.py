@@ -8,9 +8,11 @@ label files come from ``backend.device``, ``backend.weights`` and ``backend.hand
 
 The model config's ``pt2`` (torch.compile) is applied as TorchServe 0.12 applies it, and
 batchserve's ``handler`` options ``amp`` and ``channels_last`` too (``backend.tuning``).
-Deliberately missing, with the reason given where a handler asks for it: ONNX, AOTInductor
-``.so`` and ``.pt2`` models (``ModelLoadError``), Captum explanations (``get_insights`` answers
-501 unless the handler defines its own), IPEX and OpenVINO (never applied), the torch profiler
+Explanations follow TorchServe: ``handle`` calls ``explain_handle`` when the request's
+``explain`` header says ``True``, which calls ``get_insights``; here that answers 501 unless
+the handler (or VisionHandler, with Captum) defines it. Deliberately missing, with the reason
+given where a handler asks for it: ONNX, AOTInductor ``.so`` and ``.pt2`` models
+(``ModelLoadError``), IPEX and OpenVINO (never applied), the torch profiler
 (``ENABLE_TORCH_PROFILER`` is not read) and XLA/MPS/XPU devices (CUDA or CPU only).
 """
 
@@ -26,14 +28,15 @@ import torch
 
 from backend.context import Context
 from backend.device import select_device
-from backend.errors import ModelLoadError
+from backend.errors import ModelLoadError, Unsupported
 from backend.handlers.base import BaseHandler as _BackendBaseHandler
+from backend.handlers.explain import explanation_target, is_explanation
 from backend.handlers.labels import INDEX_TO_NAME
 from backend.tuning import forward_context, read_tuning
 from backend.weights import load_eager, load_torchscript
 
 from ..handler_utils.timer import timed
-from ..utils.util import PredictionException, load_label_mapping
+from ..utils.util import load_label_mapping
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +46,6 @@ _UNSUPPORTED_FORMATS = {
     ".so": "AOTInductor models (torch._export.aot_load)",
     ".pt2": "torch.export programs",
 }
-_NOT_IMPLEMENTED = 501
 
 
 class BaseHandler(_BackendBaseHandler):
@@ -151,21 +153,19 @@ class BaseHandler(_BackendBaseHandler):
         return output
 
     def explain_handle(self, data_preprocess: Any, raw_data: list[Any]) -> Any:
-        """Explanations for the first request: ``get_insights(inputs, raw input, target)``."""
+        """``get_insights(preprocessed batch, first request's input, its target)``, as
+        TorchServe calls it; the target is a class index (0 when the request names none)."""
         inputs: Any = None
-        target: Any = 0
         row = raw_data[0] if raw_data else None
         if isinstance(row, dict):
             inputs = row.get("data") or row.get("body")
-            target = row.get("target") or 0
-        return self.get_insights(data_preprocess, inputs, target)
+        return self.get_insights(data_preprocess, inputs, explanation_target(row))
 
     def get_insights(self, tensor_data: Any, raw_data: Any, target: Any = 0) -> Any:
-        """Override to explain a prediction; TorchServe's Captum-based ones are not here."""
-        raise PredictionException(
-            f"{type(self).__name__} cannot explain predictions: batchserve ships no Captum "
-            f"explanations; define get_insights in the handler",
-            _NOT_IMPLEMENTED,
+        """Override to explain a prediction (one explanation per request)."""
+        raise Unsupported(
+            f"{type(self).__name__} cannot explain its predictions: it defines no "
+            f"get_insights (TorchServe's explanation hook)"
         )
 
     def describe_handle(self) -> Any:
@@ -176,7 +176,7 @@ class BaseHandler(_BackendBaseHandler):
         return self.device
 
     def _is_explain(self) -> bool:
-        if self._first_request_header("explain") == "True":
+        if is_explanation(self.context):
             self.explain = True
             return True
         return False

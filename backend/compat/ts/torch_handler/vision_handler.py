@@ -7,8 +7,9 @@ stays single-channel) and one bad image fails the whole batch, here with ``Inval
 (400; the worker then re-runs the batch without it). A class that keeps TorchServe's ImageNet
 transform gets batchserve's tensor path instead (``backend.handlers.images``: decoded on the
 model's device, every image as RGB) unless its model config says ``image_decode: pil``.
-Reading the bytes and the pixel limit come from ``backend.handlers.vision``. No Captum:
-``get_insights`` is not provided.
+Reading the bytes and the pixel limit come from ``backend.handlers.vision``. ``get_insights``
+explains with Captum's IntegratedGradients as TorchServe's does, with Captum imported on the
+first explanation (501 without it) rather than with the module.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from PIL import Image, UnidentifiedImageError
 
 from backend.context import Context
 from backend.errors import InvalidInput, describe
+from backend.handlers.explain import integrated_gradients
 from backend.handlers.images import TENSOR, ImagePipeline
 from backend.handlers.vision import IMAGENET_TRANSFORM, check_pixel_limit, image_bytes
 
@@ -67,6 +69,14 @@ class VisionHandler(BaseHandler):
             else:
                 images.append(processing(open_image(image_bytes(row))))
         return torch.stack(images).to(self.device)
+
+    def get_insights(self, tensor_data: torch.Tensor, _: Any, target: Any = 0) -> Any:
+        """IntegratedGradients attributions (15 steps) of class ``target`` over the batch, as
+        nested lists: one ``[C, H, W]`` per request."""
+        # The model as loaded: a compiled one would recompile for the steps' batch shapes.
+        model = self._uncompiled or self.model
+        assert model is not None, "initialize first"
+        return integrated_gradients(model, tensor_data, target).tolist()
 
 
 def _value(row: Any) -> Any:
