@@ -5,7 +5,8 @@ returned one result per request and encodes each result. It returns messages, ne
 bytes. When the handler raises for a whole batch of several requests, the batch is re-run in
 smaller groups to find the request(s) at fault (``_isolate``), so that the others still get
 their predictions; a failure it cannot isolate is raised, and ``backend.errors.classify``
-maps it to an ErrorCode.
+maps it to an ErrorCode. Requests that ask for explanations (TorchServe's ``explain`` header)
+and predictions that share a batch run as two batches (``_apart``).
 """
 
 from __future__ import annotations
