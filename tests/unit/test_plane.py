@@ -41,6 +41,7 @@ from frontend.observe.metrics import ServerMetrics
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.placement import GpuAssigner, Placement
 from frontend.serving.plane import (
+    EXPLAIN_HEADER,
     SEQUENCE_ID_HEADER,
     Call,
     InferencePlane,
@@ -253,6 +254,21 @@ def test_build_defaults(rig: Rig, loop: asyncio.AbstractEventLoop) -> None:
     assert (request.instances, request.tensor_format, call.job.weight) == (
         False, worker_pb2.TENSOR_FORMAT_NONE, 1)
     assert SEQUENCE_ID_HEADER not in request.headers
+
+
+@pytest.mark.parametrize(("explain", "client_header", "expected"), [
+    (True, None, "True"),
+    (True, b"False", "True"),
+    (False, b"True", "False"),  # as TorchServe: a client's own header explains nothing
+    (False, None, None),
+])
+def test_build_sets_the_explain_header_only_for_explanations(
+        rig: Rig, loop: asyncio.AbstractEventLoop, explain: bool, client_header: bytes | None,
+        expected: str | None) -> None:
+    call = rig.plane.begin(HTTP, loop)
+    headers = [] if client_header is None else [(EXPLAIN_HEADER.encode(), client_header)]
+    rig.plane.build(call, headers, _body(b"x"), explain=explain)
+    assert call.job.request.headers.get(EXPLAIN_HEADER) == expected
 
 
 @pytest.mark.parametrize(("value", "seconds"), [(b"2.5", 2.5), (b"30", 30.0), (b" 1 ", 1.0)])
