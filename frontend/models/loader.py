@@ -93,13 +93,18 @@ class ModelLoader:
 
     # ---- settings -----------------------------------------------------------------------
 
-    def server_defaults(self) -> SettingsLayer:
-        """The bottom layer: the server's defaults for every setting."""
+    def server_defaults(self, at_startup: bool = True) -> SettingsLayer:
+        """The bottom layer: the server's defaults for every setting.
+
+        Workers, as TorchServe: a model loaded at start-up gets ``default_workers_per_model``,
+        else one worker per GPU, else one per CPU core (the cores this process may use: in a
+        container or under taskset, not the host's); one registered through the management
+        API gets ``default_workers_per_model`` when it is set, else none until scaled.
+        """
         config = self.config
-        # TorchServe's rule: one worker per GPU, or per CPU core without one (the cores this
-        # process may use: in a container or under taskset, not the host's).
-        workers = config.default_workers_per_model or self._placement.gpus.count or \
-            self._placement.cores
+        workers = config.default_workers_per_model
+        if at_startup and not workers:
+            workers = self._placement.gpus.count or self._placement.cores
         return SettingsLayer(
             batch_size=config.default_batch_size,
             max_batch_delay_ms=config.default_max_batch_delay_ms,
@@ -118,7 +123,8 @@ class ModelLoader:
             from_yaml = read_layer(model_config, Source.YAML)
         except ValueError as exc:
             raise BadRequest(f"model-config.yaml: {exc}") from None
-        return resolve(self.server_defaults(), configured.settings, from_yaml, request.settings)
+        return resolve(self.server_defaults(request.loaded_at_startup), configured.settings,
+                       from_yaml, request.settings)
 
     # ---- lifecycle ----------------------------------------------------------------------
 

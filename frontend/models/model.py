@@ -149,6 +149,11 @@ class Model:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         await asyncio.gather(*(worker.stop(remaining) for worker in workers))
 
+    @property
+    def uses_gpus(self) -> bool:
+        """Its workers run on GPUs (the server has some for it)."""
+        return self._placement.gpus.count > 0
+
     def health(self) -> str:
         """TorchServe's words: Healthy, Partial Healthy (some workers keep dying) or Unhealthy
         (fewer live workers than min_workers and some keep dying)."""

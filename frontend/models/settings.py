@@ -47,6 +47,8 @@ class SettingsLayer(TypedDict, total=False):
     job_queue_size: int
     device_ids: tuple[int, ...]
     batch_policy: PolicyName
+    client_timeout_ms: int
+    max_retry_timeout_s: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,12 @@ class ModelSettings:
     device_ids: tuple[int, ...] = ()
     #: ADAPTIVE (default) or FIXED (TorchServe's behaviour).
     batch_policy: PolicyName = PolicyName.ADAPTIVE
+    #: A request's deadline when its client sets none (model-config.yaml
+    #: ``clientTimeoutInMills``); 0: ``response_timeout`` alone.
+    client_timeout_ms: int = 0
+    #: model-config.yaml ``maxRetryTimeoutInSec``, shown by describe (TorchServe's default);
+    #: batchserve restarts a failing worker with capped backoff for as long as it fails.
+    max_retry_timeout_s: int = 300
 
     def torchserve_fields(self) -> dict[str, int]:
         """The settings TorchServe shows under its JSON names (describe bodies, snapshots)."""
@@ -184,6 +192,8 @@ FIELDS: tuple[Field, ...] = (
     Field("job_queue_size", "jobQueueSize", None, integer(1), shown=False),
     Field("device_ids", "deviceIds", None, _device_ids, shown=False),
     Field("batch_policy", "batchPolicy", "batch_policy", policy, shown=False),
+    Field("client_timeout_ms", "clientTimeoutInMills", None, integer(0), shown=False),
+    Field("max_retry_timeout_s", "maxRetryTimeoutInSec", None, integer(0), shown=False),
 )
 
 

@@ -162,11 +162,14 @@ class InferencePlane:
     def submit(self, call: Call, timeout_s: float | None,
                loop: asyncio.AbstractEventLoop) -> None:
         """Queue the call's job with its deadline: the model's ``response_timeout``, or the
-        client's own when that is sooner. Still queued at its deadline, it is answered 504
-        and never reaches a worker; not answered by a worker by then, it is answered 504."""
+        client's own (else the model's ``clientTimeoutInMills``) when that is sooner. Still
+        queued at its deadline, it is answered 504 and never reaches a worker; not answered
+        by a worker by then, it is answered 504."""
         model = call.model
         assert model is not None, "resolve first"
         budget_s = float(model.settings.response_timeout_s)
+        if timeout_s is None and model.settings.client_timeout_ms:
+            timeout_s = model.settings.client_timeout_ms / 1000
         if timeout_s is not None:
             budget_s = min(budget_s, timeout_s)
         job = call.job

@@ -60,8 +60,14 @@ def test_every_error_response_uses_the_error_schema(
         describe: Callable[[], dict[str, Any]]) -> None:
     for path, method, operation in _operations(describe()):
         for code, response in operation["responses"].items():
-            if int(code) >= 400 and path != "/ping":
-                schema = response["content"]["application/json"]["schema"]
+            if int(code) < 400 or path == "/ping":
+                continue
+            schema = response["content"]["application/json"]["schema"]
+            if path.startswith(("/v1", "/v2")):  # KServe's own error body
+                if not (code == "503" and path.endswith("ready")):  # {"ready": false}
+                    assert schema == {"$ref": "#/components/schemas/KServeError"}, \
+                        (method, path, code)
+            else:
                 assert schema == {"$ref": "#/components/schemas/Error"}, (method, path, code)
 
 
@@ -81,6 +87,7 @@ def test_inference_routes() -> None:
         ("PUT", "/predictions/{model_name}"),
         ("POST", "/predictions/{model_name}/{model_version}"),
         ("PUT", "/predictions/{model_name}/{model_version}"),
+        *KSERVE_ROUTES,
     }
 
 
@@ -101,6 +108,23 @@ def test_management_routes() -> None:
     }
 
 
+KSERVE_ROUTES = {
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model_name}"),
+    ("POST", "/v1/models/{model_name}:predict"),
+    ("POST", "/v1/models/{model_name}:explain"),
+    ("GET", "/v2"),
+    ("GET", "/v2/health/live"),
+    ("GET", "/v2/health/ready"),
+    ("GET", "/v2/models/{model_name}"),
+    ("GET", "/v2/models/{model_name}/versions/{model_version}"),
+    ("GET", "/v2/models/{model_name}/ready"),
+    ("GET", "/v2/models/{model_name}/versions/{model_version}/ready"),
+    ("POST", "/v2/models/{model_name}/infer"),
+    ("POST", "/v2/models/{model_name}/versions/{model_version}/infer"),
+}
+_V2_MODEL = ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}")
+
 INFERENCE_RESPONSES = {
     ("OPTIONS", "/"): {"200"},
     ("GET", "/api-description"): {"200"},
@@ -108,6 +132,19 @@ INFERENCE_RESPONSES = {
     **{(method, path): {"200", "400", "401", "404", "413", "500", "503", "504"}
        for method in ("POST", "PUT")
        for path in ("/predictions/{model_name}", "/predictions/{model_name}/{model_version}")},
+    ("GET", "/v1/models"): {"200", "401"},
+    ("GET", "/v1/models/{model_name}"): {"200", "401", "404"},
+    ("POST", "/v1/models/{model_name}:predict"): {"200", "400", "401", "404", "500", "503",
+                                                  "504"},
+    ("POST", "/v1/models/{model_name}:explain"): {"200", "400", "401", "404", "500", "503",
+                                                  "504"},
+    ("GET", "/v2"): {"200", "401"},
+    ("GET", "/v2/health/live"): {"200"},
+    ("GET", "/v2/health/ready"): {"200", "503"},
+    **{("GET", path): {"200", "401", "404"} for path in _V2_MODEL},
+    **{("GET", f"{path}/ready"): {"200", "401", "404", "503"} for path in _V2_MODEL},
+    **{("POST", f"{path}/infer"): {"200", "400", "401", "404", "500", "503", "504"}
+       for path in _V2_MODEL},
 }
 
 MANAGEMENT_RESPONSES = {
@@ -152,7 +189,8 @@ def test_inference_security() -> None:
     scheme = document["components"]["securitySchemes"]["bearerAuth"]
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
     for path, method, _ in _operations(document):
-        needs_token = path.startswith("/predictions/")
+        needs_token = path.startswith(("/predictions/", "/v1/", "/v2")) \
+            and not path.startswith("/v2/health/")
         expected: list[dict[str, Any]] = [{"bearerAuth": []}] if needs_token else []
         assert _security(document, method, path) == expected, (method, path)
 
