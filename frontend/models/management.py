@@ -169,6 +169,7 @@ def describe_model(model: Model) -> dict[str, object]:
         "runtime": model.archive.manifest.runtime or "python",
         **s.torchserve_fields(),
         "loadedAtStartup": model.loaded_at_startup,
+        "useVenv": s.use_venv,
         "status": model.health(),
         **({"deviceIds": list(s.device_ids)} if s.device_ids else {}),
         "handler": model.handler,
