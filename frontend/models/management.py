@@ -185,6 +185,7 @@ def describe_model(model: Model, gpu_usage: Mapping[int, str] | None = None
         **({"deviceIds": list(s.device_ids)} if s.device_ids else {}),
         "continuousBatching": False,
         "useJobTicket": False,
+        "useVenv": s.use_venv,
         "loadedAtStartup": model.loaded_at_startup,
         "status": model.health(),
         "handler": model.handler,

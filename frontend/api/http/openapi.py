@@ -413,6 +413,7 @@ _MODEL_DESCRIPTION_SCHEMA: Json = {
         "deviceIds": {"type": "array", "items": {"type": "integer"}},
         "continuousBatching": {"type": "boolean"},
         "useJobTicket": {"type": "boolean"},
+        "useVenv": {"type": "boolean"},
         "loadedAtStartup": {"type": "boolean"},
         "handler": {"type": "string"},
         "workers": {"type": "array", "items": _ref("Worker")},
