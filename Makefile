@@ -40,13 +40,23 @@ lint: $(STAMP)
 $(DEMO_MODEL): $(STAMP)
 	$(PY) $(EXAMPLE)/build_mar.py --model-store model_store
 
+# Other ports: `make demo PORT=8180` serves inference on 8180, management on 8181, metrics on
+# 8182; GRPC_PORT=7170 moves gRPC inference to 7170 and management to 7171. They reach the
+# server as TS_<KEY> variables (config.properties sets enable_envvars_config=true).
+PORT ?= 8080
+GRPC_PORT ?= 7070
+DEMO_ENV := TS_INFERENCE_ADDRESS=http://127.0.0.1:$(PORT) \
+	TS_MANAGEMENT_ADDRESS=http://127.0.0.1:$(shell expr $(PORT) + 1) \
+	TS_METRICS_ADDRESS=http://127.0.0.1:$(shell expr $(PORT) + 2) \
+	TS_GRPC_INFERENCE_PORT=$(GRPC_PORT) TS_GRPC_MANAGEMENT_PORT=$(shell expr $(GRPC_PORT) + 1)
+
 demo: $(STAMP) $(DEMO_MODEL)
 	@echo
 	@echo "Serving ResNet-152 (batch_size 8, max_batch_delay 10 ms, 1 worker). In another terminal:"
-	@echo "  curl http://127.0.0.1:8080/predictions/resnet-152-batch_v2 -T $(EXAMPLE)/kitten.jpg"
+	@echo "  curl http://127.0.0.1:$(PORT)/predictions/resnet-152-batch_v2 -T $(EXAMPLE)/kitten.jpg"
 	@echo "Stop with Ctrl-C."
 	@echo
-	$(VENV)/bin/torchserve --start --foreground --ts-config config.properties \
+	$(DEMO_ENV) $(VENV)/bin/torchserve --start --foreground --ts-config config.properties \
 		--model-store model_store --models resnet-152-batch_v2=resnet-152-batch_v2.mar \
 		--disable-token-auth --enable-model-api
 

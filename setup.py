@@ -1,4 +1,5 @@
-"""Packaging for batchserve: console scripts ``torchserve`` and ``model-archiver``."""
+"""Packaging for batchserve: console scripts ``torchserve`` and ``model-archiver`` (also
+as ``torch-model-archiver``, TorchServe's name for it)."""
 
 from setuptools import find_packages, setup
 
@@ -72,6 +73,8 @@ setup(
         "console_scripts": [
             "torchserve=frontend.cli:main",
             "model-archiver=model_archiver.cli:main",
+            # The name TorchServe users type: the same tool.
+            "torch-model-archiver=model_archiver.cli:main",
         ],
     },
 )

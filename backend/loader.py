@@ -4,7 +4,8 @@
 ``"module:function"``. A file is imported by path from the model directory under a unique
 module name, after the worker's own imports (STYLE trap 22): a model whose archive holds a
 ``service.py`` or ``backend.py`` cannot shadow the worker's modules. The model directory also
-joins ``sys.path`` so the handler can import the archive's other modules.
+joins ``sys.path`` so the handler can import the archive's other modules, as do the folders
+the model's own packages were installed into (``add_dependency_dirs``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import site
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -165,6 +167,19 @@ def _builtin_class(name: str) -> type | None:
 def _file_name(module_part: str) -> str:
     module_part = module_part.strip()
     return module_part if module_part.endswith(".py") else f"{module_part}.py"
+
+
+def add_dependency_dirs(dirs: Sequence[str]) -> None:
+    """Put the folders the model's requirements were installed into (``pip install --target``)
+    on ``sys.path`` ahead of the server's packages, as site directories: their ``.pth`` files
+    are read as pip's own installs would be. Called after the worker's own imports (STYLE
+    trap 22): a requirement named like a worker module cannot shadow it."""
+    if not dirs:
+        return
+    sys.path[0:0] = [entry for entry in dirs if entry not in sys.path]
+    for entry in dirs:
+        site.addsitedir(entry)  # on sys.path already: only its .pth files are read
+    importlib.invalidate_caches()
 
 
 def _add_to_sys_path(model_dir: Path) -> None:

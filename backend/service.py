@@ -41,7 +41,7 @@ from backend.errors import (
     request_message,
     request_status,
 )
-from backend.loader import EntryPoint, load_entry_point
+from backend.loader import EntryPoint, add_dependency_dirs, load_entry_point
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -410,6 +410,7 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
         model_yaml_config=read_model_yaml_config(model_dir, manifest),
         cpu_threads=message.cpu_threads or None,
     )
+    add_dependency_dirs(message.dependency_dirs)
     entry_point = load_entry_point(message.handler, model_dir, context)
     return ModelService(entry_point, context, decode_input_request=message.decode_input_request,
                         model_version=message.model_version,

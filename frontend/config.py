@@ -213,6 +213,11 @@ class ServerConfig:
     allowed_urls: tuple[str, ...] = ()
     #: Largest archive an http(s) registration may download.
     max_archive_size_bytes: int = 4 * 1024**3
+    #: pip-install an archive's requirements file for its model at registration. Off by
+    #: default: installing runs code from the archive (frontend/models/dependencies.py).
+    install_py_dep_per_model: bool = False
+    #: How long creating a model's venv or installing its requirements may take.
+    install_py_dep_timeout_s: float = 600.0
     limit_max_image_pixels: bool = True
     decode_input_request: bool = True
     service_envelope: str = ""
@@ -266,6 +271,8 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "key_file": ("key_file", Path),
     "allowed_urls": ("allowed_urls", _parse_regex_list),
     "max_archive_size": ("max_archive_size_bytes", _parse_positive_int),
+    "install_py_dep_per_model": ("install_py_dep_per_model", _parse_bool),
+    "install_py_dep_timeout": ("install_py_dep_timeout_s", _parse_positive_float),
     "limit_max_image_pixels": ("limit_max_image_pixels", _parse_bool),
     "decode_input_request": ("decode_input_request", _parse_bool),
     "service_envelope": ("service_envelope", str),
@@ -283,7 +290,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
 _ACCEPTED_WITHOUT_EFFECT = frozenset({
     "enable_envvars_config", "number_of_netty_threads", "netty_client_threads", "vmargs",
     "async_logging", "prefer_direct_buffer", "use_native_io", "io_ratio",
-    "initial_worker_port", "model_server_home", "metric_time_interval", "install_py_dep_per_model",
+    "initial_worker_port", "model_server_home", "metric_time_interval",
     "default_startup_timeout_ms", "workflow_store", "tsConfigFile",
     "cpu_launcher_enable", "ipex_enable",
 })

@@ -174,6 +174,13 @@ class ArchiveError(BadRequest):
     type_name = "ModelArchiveException"
 
 
+class DependencyInstallError(BadRequest):
+    """A model's own Python packages (its archive's requirements file, its venv) could not
+    be installed at registration (TorchServe: 400 ModelException)."""
+
+    type_name = "ModelException"
+
+
 # ---- what a worker reports ------------------------------------------------------------------
 
 

@@ -321,6 +321,11 @@ def _pretty(body: object) -> str:
     return json.dumps(body, indent=2)
 
 
+def _set_numbers(request: Any, *names: str) -> dict[str, str]:
+    """The ``optional`` number fields the client set (0 included), as REST parameters."""
+    return {name: str(getattr(request, name)) for name in names if request.HasField(name)}
+
+
 def _params(**values: object) -> dict[str, str]:
     """gRPC fields as REST query parameters; proto3's zero values mean "not given"."""
     params: dict[str, str] = {}
@@ -356,13 +361,11 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
         return await self._run(context, lambda: _async_value(self.ops.list_models(params)))
 
     async def RegisterModel(self, request: Any, context: Context) -> Any:
-        params = _params(url=request.url, model_name=request.model_name,
-                         handler=request.handler, runtime=request.runtime,
-                         batch_size=request.batch_size, max_batch_delay=request.max_batch_delay,
-                         initial_workers=request.initial_workers,
-                         response_timeout=request.response_timeout,
-                         startup_timeout=request.startup_timeout,
-                         synchronous=request.synchronous)
+        params = {**_params(url=request.url, model_name=request.model_name,
+                            handler=request.handler, runtime=request.runtime,
+                            synchronous=request.synchronous),
+                  **_set_numbers(request, "batch_size", "max_batch_delay", "initial_workers",
+                                 "response_timeout", "startup_timeout")}
 
         async def register() -> object:
             _, body = await self.ops.register(params)
@@ -371,11 +374,10 @@ class ManagementServicer(management_pb2_grpc.ManagementAPIsServiceServicer):
         return await self._run(context, register)
 
     async def ScaleWorker(self, request: Any, context: Context) -> Any:
-        # NOTE: an unset timeout (0) means "wait for the batch in flight" (-1), not "kill now":
-        # proto3 cannot tell 0 from absent, and killing busy workers must be asked for.
-        params = _params(min_worker=request.min_worker, max_worker=request.max_worker,
-                         number_gpu=request.number_gpu, synchronous=request.synchronous,
-                         timeout=request.timeout)
+        # NOTE: an unset timeout means "wait for the batch in flight" (-1); only a timeout
+        # of 0 the client set kills busy workers at once.
+        params = {**_params(synchronous=request.synchronous),
+                  **_set_numbers(request, "min_worker", "max_worker", "number_gpu", "timeout")}
 
         async def scale() -> object:
             _, body = await self.ops.scale(request.model_name, request.model_version or None,

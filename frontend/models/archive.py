@@ -46,6 +46,20 @@ def archive_stem(path: Path) -> str:
     return name
 
 
+def not_allowed(url: str, shown: str) -> Forbidden:
+    """The 403 for a location ``allowed_urls`` does not admit, saying how to admit it."""
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https") and parts.netloc:
+        example = re.escape(f"{parts.scheme}://{parts.netloc}/") + ".*"
+    else:
+        example = re.escape(str(Path(parts.path or url).parent)) + "/.*"
+    return Forbidden(
+        f"url {shown} is not allowed: allowed_urls does not admit it (batchserve's default "
+        "admits only the model store; TorchServe's admits any url). Admit a location with the "
+        "config key allowed_urls, a comma-separated list of regular expressions that must "
+        f"match the whole url, e.g. allowed_urls={example}")
+
+
 def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...]) -> Path:
     """Map a register ``url`` to a local archive path, enforcing ``allowed_urls``.
 
@@ -67,10 +81,7 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
             raise ArchiveError(f"Model archive {url!r} not found in the model store {model_store}")
         return path
     if not any(re.fullmatch(pattern, url) for pattern in allowed_urls):
-        raise Forbidden(
-            f"url {url!r} is not allowed: only archives in the model store may be registered "
-            "unless allowed_urls admits the location"
-        )
+        raise not_allowed(url, repr(url))
     if parts.scheme not in ("", "file"):
         raise ArchiveError(f"unsupported url scheme {parts.scheme!r}")
     raw_path = unquote(parts.path) if parts.scheme == "file" else url

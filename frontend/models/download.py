@@ -30,7 +30,7 @@ from urllib.request import (
 )
 
 from frontend.errors import ArchiveError, Conflict, Forbidden, ServeError
-from frontend.models.archive import ARCHIVE_SUFFIXES
+from frontend.models.archive import ARCHIVE_SUFFIXES, not_allowed
 
 MAX_REDIRECTS = 5
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
@@ -152,9 +152,8 @@ def check_allowed(url: str, allowed_urls: tuple[str, ...]) -> str:
     """The normalised ``url`` if ``allowed_urls`` admits it; Forbidden (403) otherwise."""
     normalised = normalise_url(url)
     if not _is_allowed(normalised, allowed_urls):
-        shown = url if normalised == url else f"{url!r} (normalised: {normalised!r})"
-        raise Forbidden(f"url {shown} is not allowed: the config key allowed_urls does not "
-                        "admit it (add a regular expression that matches it in full)")
+        shown = repr(url) if normalised == url else f"{url!r} (normalised: {normalised!r})"
+        raise not_allowed(normalised, shown)
     return normalised
 
 

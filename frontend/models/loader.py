@@ -3,9 +3,10 @@
 ``ModelLoader.register`` downloads (http/https URLs, into the model store) or resolves the
 archive, unpacks it into the run directory, resolves the settings (server defaults <
 config.properties ``models=`` < model-config.yaml < the API), checks the Open Inference
-metadata, adds the ``Model`` to the registry and starts its workers. Whatever fails on the
-way leaves nothing behind: not the download, not the unpacked archive, not a half-registered
-model. ``unregister`` and ``close`` undo it.
+metadata, installs the model's own packages (frontend/models/dependencies.py), adds the
+``Model`` to the registry and starts its workers. Whatever fails on the way leaves nothing
+behind: not the download, not the unpacked archive, not the installed packages, not a
+half-registered model. ``unregister`` and ``close`` undo it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from frontend import __version__
 from frontend.config import ConfiguredVersion, ServerConfig
 from frontend.errors import BadRequest, Conflict, Forbidden, InternalError
 from frontend.models import archive as archives
+from frontend.models.dependencies import NO_ENVIRONMENT, DependencyInstaller, ModelEnvironment
 from frontend.models.download import download_archive
 from frontend.models.model import BatchRecorder, Model, TensorMetadata
 from frontend.models.registry import ModelRegistry
@@ -36,6 +38,17 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: Open Inference Protocol datatypes model-config.yaml may name.
 DATATYPES = frozenset({"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
                        "UINT64", "FP16", "FP32", "FP64", "BYTES"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a registration will add, checked before anything is installed for it."""
+
+    name: str
+    version: str
+    handler: str
+    settings: ModelSettings
+    tensors: TensorMetadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,16 +103,24 @@ class ModelLoader:
         self._placement = placement
         self._record_batch = record_batch
         self._model_log = model_log
+        self._dependencies = DependencyInstaller(
+            run_dir / "envs", config.install_py_dep_per_model, config.install_py_dep_timeout_s,
+            model_log)
 
     # ---- settings -----------------------------------------------------------------------
 
-    def server_defaults(self) -> SettingsLayer:
-        """The bottom layer: the server's defaults for every setting."""
+    def server_defaults(self, at_startup: bool = True) -> SettingsLayer:
+        """The bottom layer: the server's defaults for every setting.
+
+        Workers, as TorchServe: a model loaded at start-up gets ``default_workers_per_model``,
+        else one worker per GPU, else one per CPU core (the cores this process may use: in a
+        container or under taskset, not the host's); one registered through the management
+        API gets ``default_workers_per_model`` when it is set, else none until scaled.
+        """
         config = self.config
-        # TorchServe's rule: one worker per GPU, or per CPU core without one (the cores this
-        # process may use: in a container or under taskset, not the host's).
-        workers = config.default_workers_per_model or self._placement.gpus.count or \
-            self._placement.cores
+        workers = config.default_workers_per_model
+        if at_startup and not workers:
+            workers = self._placement.gpus.count or self._placement.cores
         return SettingsLayer(
             batch_size=config.default_batch_size,
             max_batch_delay_ms=config.default_max_batch_delay_ms,
@@ -109,6 +130,7 @@ class ModelLoader:
             job_queue_size=config.job_queue_size,
             device_ids=(),
             batch_policy=config.default_batch_policy,
+            use_venv=False,
         )
 
     def settings(self, name: str, version: str, request: RegisterRequest,
@@ -118,7 +140,8 @@ class ModelLoader:
             from_yaml = read_layer(model_config, Source.YAML)
         except ValueError as exc:
             raise BadRequest(f"model-config.yaml: {exc}") from None
-        return resolve(self.server_defaults(), configured.settings, from_yaml, request.settings)
+        return resolve(self.server_defaults(request.loaded_at_startup), configured.settings,
+                       from_yaml, request.settings)
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -150,10 +173,18 @@ class ModelLoader:
     async def _register(self, request: RegisterRequest, url: str) -> Model:
         source = archives.resolve_url(url, self.config.model_store, self.config.allowed_urls)
         unpacked = await asyncio.to_thread(archives.unpack, url, source, self.archive_dir)
+        environment = NO_ENVIRONMENT
         try:
-            model = self._add(request, unpacked)
+            plan = self._plan(request, unpacked)
+            environment = await self._dependencies.prepare(
+                plan.name, plan.version, unpacked.model_dir,
+                unpacked.manifest.requirements_file, plan.settings.use_venv)
+            # registry.add refuses a duplicate again: a registration of the same version may
+            # have been added while this one installed.
+            model = self._add(request, unpacked, plan, environment)
         except BaseException:
             archives.remove_unpacked(unpacked, self.archive_dir)
+            environment.remove()
             raise
         workers = model.start_workers(model.settings.min_workers)
         if not request.synchronous or not workers:
@@ -162,10 +193,19 @@ class ModelLoader:
         failures = [outcome for outcome in outcomes if outcome is not None]
         if failures:
             await self._remove(model, drain_timeout_s=0)
-            raise InternalError(str(failures[0]))
+            raise InternalError(str(failures[0]) + self._not_installed_note(unpacked))
         return model
 
-    def _add(self, request: RegisterRequest, unpacked: archives.UnpackedArchive) -> Model:
+    def _not_installed_note(self, unpacked: archives.UnpackedArchive) -> str:
+        """Why a handler may miss its packages: the archive's requirements were not installed."""
+        requirements = unpacked.manifest.requirements_file
+        if not requirements or self.config.install_py_dep_per_model:
+            return ""
+        return (f" (the archive's requirements file {requirements} was not installed: "
+                "install_py_dep_per_model is false)")
+
+    def _plan(self, request: RegisterRequest, unpacked: archives.UnpackedArchive) -> _Plan:
+        """The name, version, handler and settings of a registration, checked."""
         manifest = unpacked.manifest
         name = request.model_name or manifest.model_name
         if not name or not MODEL_NAME.match(name):
@@ -176,13 +216,19 @@ class ModelLoader:
         handler = request.handler or manifest.handler or self.config.default_service_handler
         if not handler:
             raise BadRequest(f"model {name!r} names no handler: pass handler=")
-        settings = self.settings(name, version, request, unpacked.model_config)
-        tensors = TensorMetadata(tensor_metadata(unpacked.model_config, "inputs"),
-                                 tensor_metadata(unpacked.model_config, "outputs"))
-        model = Model(name, version, unpacked, handler, settings,
-                      self._launch(name, version, unpacked, handler, settings),
+        return _Plan(name, version, handler, self.settings(name, version, request,
+                                                           unpacked.model_config),
+                     TensorMetadata(tensor_metadata(unpacked.model_config, "inputs"),
+                                    tensor_metadata(unpacked.model_config, "outputs")))
+
+    def _add(self, request: RegisterRequest, unpacked: archives.UnpackedArchive, plan: _Plan,
+             environment: ModelEnvironment) -> Model:
+        name, version, settings = plan.name, plan.version, plan.settings
+        model = Model(name, version, unpacked, plan.handler, settings,
+                      self._launch(name, version, unpacked, plan.handler, settings,
+                                   environment),
                       self._placement, self._record_batch, self._model_log,
-                      request.loaded_at_startup, tensors)
+                      request.loaded_at_startup, plan.tensors, environment)
         configured = self.config.models.get(name, {}).get(version) or ConfiguredVersion()
         self.registry.add(model, make_default=configured.is_default_version)
         logger.info("registered model %s version %s (batch_size=%d, max_batch_delay=%d ms, "
@@ -191,7 +237,8 @@ class ModelLoader:
         return model
 
     def _launch(self, name: str, version: str, unpacked: archives.UnpackedArchive,
-                handler: str, settings: ModelSettings) -> WorkerLaunch:
+                handler: str, settings: ModelSettings,
+                environment: ModelEnvironment) -> WorkerLaunch:
         config = self.config
         return WorkerLaunch(
             load=worker_pb2.LoadModel(
@@ -206,12 +253,14 @@ class ModelLoader:
                 decode_input_request=config.decode_input_request,
                 server_version=__version__,
                 response_timeout_ms=settings.response_timeout_s * 1000,
+                dependency_dirs=environment.dependency_dirs,
             ),
             run_dir=self.run_dir,
             startup_timeout_s=settings.startup_timeout_s,
             response_timeout_s=settings.response_timeout_s,
             max_response_bytes=config.max_response_size_bytes,
             batches_in_flight=config.batches_in_flight,
+            python=environment.python,
         )
 
     async def unregister(self, name: str, version: str | None = None) -> Model:
@@ -226,6 +275,7 @@ class ModelLoader:
         self.registry.remove(model)
         await model.stop(drain_timeout_s)
         archives.remove_unpacked(model.archive, self.archive_dir)
+        await asyncio.to_thread(model.environment.remove)  # a venv can be large
         logger.info("unregistered model %s version %s", model.name, model.version)
 
     async def close(self, drain_timeout_s: float) -> None:

@@ -7,9 +7,11 @@ the JSON body, so both transports answer with the same text.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
+from collections.abc import Mapping
 
 import psutil
 
@@ -64,7 +66,11 @@ class ManagementOps:
                        customized: bool) -> list[dict[str, object]]:
         models = (self.registry.versions(name) if version == "all"
                   else [self.registry.get(name, version)])
-        descriptions = [describe_model(model) for model in models]
+        gpus = {worker.gpu_id for model in models for worker in model.workers
+                if worker.gpu_id is not None}
+        usage = dict(zip(gpus, await asyncio.gather(*(gpu_usage(gpu) for gpu in gpus)),
+                         strict=True))
+        descriptions = [describe_model(model, usage) for model in models]
         if customized:
             for model, description in zip(models, descriptions, strict=True):
                 description["customizedMetadata"] = await _customized_metadata(self.plane,
@@ -158,8 +164,10 @@ def _registered_message(model: Model, synchronous: bool) -> str:
     return text
 
 
-def describe_model(model: Model) -> dict[str, object]:
-    """TorchServe's describe body for one model version, with our ``batching`` section."""
+def describe_model(model: Model, gpu_usage: Mapping[int, str] | None = None
+                   ) -> dict[str, object]:
+    """TorchServe 0.12's describe body for one model version (its fields in its order), with
+    our ``batching`` section; ``gpu_usage`` maps GPU ids to each worker's ``gpuUsage``."""
     s = model.settings
     sizes = list(model.recent_batch_sizes)
     return {
@@ -168,11 +176,20 @@ def describe_model(model: Model) -> dict[str, object]:
         "modelUrl": model.archive.url,
         "runtime": model.archive.manifest.runtime or "python",
         **s.torchserve_fields(),
+        "maxRetryTimeoutInSec": s.max_retry_timeout_s,
+        "clientTimeoutInMills": s.client_timeout_ms,
+        # No tensor or pipeline parallelism: TorchServe's values for a model without it.
+        "parallelType": "",
+        "parallelLevel": 0,
+        "deviceType": "gpu" if model.uses_gpus else "cpu",
+        **({"deviceIds": list(s.device_ids)} if s.device_ids else {}),
+        "continuousBatching": False,
+        "useJobTicket": False,
+        "useVenv": s.use_venv,
         "loadedAtStartup": model.loaded_at_startup,
         "status": model.health(),
-        **({"deviceIds": list(s.device_ids)} if s.device_ids else {}),
         "handler": model.handler,
-        "workers": [describe_worker(worker) for worker in model.workers],
+        "workers": [describe_worker(worker, gpu_usage or {}) for worker in model.workers],
         "jobQueueStatus": {
             "remainingCapacity": model.batcher.remaining_capacity,
             "pendingRequests": model.batcher.depth,
@@ -189,7 +206,9 @@ def describe_model(model: Model) -> dict[str, object]:
     }
 
 
-def describe_worker(worker: Worker) -> dict[str, object]:
+def describe_worker(worker: Worker, gpu_usage: Mapping[int, str] | None = None
+                    ) -> dict[str, object]:
+    gpu = worker.gpu_id
     return {
         "id": worker.id,
         "startTime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(worker.start_time)),
@@ -198,13 +217,45 @@ def describe_worker(worker: Worker) -> dict[str, object]:
         else worker.state.value,
         "memoryUsage": _memory_usage(worker.pid),
         "pid": worker.pid if worker.pid is not None else -1,
-        "gpu": worker.gpu_id is not None,
-        **({"gpuId": worker.gpu_id} if worker.gpu_id is not None else {}),
+        "gpu": gpu is not None,
+        "gpuUsage": "N/A" if gpu is None else (gpu_usage or {}).get(gpu, NO_GPU_USAGE),
+        **({"gpuId": gpu} if gpu is not None else {}),
         "restarts": worker.restarts,
         **({"cpus": list(worker.cpus)} if worker.cpus else {}),
         **({"cpuThreads": worker.threads} if worker.threads else {}),
         **({"lastError": worker.last_error} if worker.last_error else {}),
     }
+
+
+#: A GPU worker's ``gpuUsage`` when nvidia-smi cannot tell (TorchServe's words).
+NO_GPU_USAGE = "failed to obtained gpu usage"
+NVIDIA_SMI_TIMEOUT_S = 2.0
+
+
+async def gpu_usage(gpu_id: int) -> str:
+    """TorchServe's ``gpuUsage`` text for one GPU, from nvidia-smi, e.g.
+    ``gpuId::0 utilization.gpu [%]::37 % utilization.memory [%]::12 % memory.used [MiB]::5120
+    MiB``."""
+    try:
+        process = await asyncio.create_subprocess_exec(
+            "nvidia-smi", "-i", str(gpu_id),
+            "--query-gpu=utilization.gpu,utilization.memory,memory.used", "--format=csv",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    except OSError:
+        return NO_GPU_USAGE
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(), NVIDIA_SMI_TIMEOUT_S)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        return NO_GPU_USAGE
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    if process.returncode != 0 or len(lines) < 2:
+        return NO_GPU_USAGE
+    names = [part.strip() for part in lines[0].split(",")]
+    values = [part.strip() for part in lines[1].split(",")]
+    return " ".join([f"gpuId::{gpu_id}",
+                     *(f"{name}::{value}" for name, value in zip(names, values, strict=False))])
 
 
 def _memory_usage(pid: int | None) -> int:

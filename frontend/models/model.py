@@ -17,6 +17,7 @@ from typing import Any
 
 from frontend.errors import ServiceUnavailable
 from frontend.models import archive as archives
+from frontend.models.dependencies import NO_ENVIRONMENT, ModelEnvironment
 from frontend.models.settings import ModelSettings
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.placement import Placement
@@ -52,6 +53,7 @@ class Model:
         model_log: logging.Logger,
         loaded_at_startup: bool = False,
         tensors: TensorMetadata = TensorMetadata(),
+        environment: ModelEnvironment = NO_ENVIRONMENT,
     ) -> None:
         self.name = name
         self.version = version
@@ -59,6 +61,8 @@ class Model:
         self.handler = handler
         self.settings = settings
         self.tensors = tensors
+        #: Its own packages (install_py_dep_per_model, useVenv), shared by its workers.
+        self.environment = environment
         self.loaded_at_startup = loaded_at_startup
         self.registered_at = time.time()
         self.launch = launch
@@ -148,6 +152,11 @@ class Model:
         workers, self.workers = self.workers, []
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         await asyncio.gather(*(worker.stop(remaining) for worker in workers))
+
+    @property
+    def uses_gpus(self) -> bool:
+        """Its workers run on GPUs (the server has some for it)."""
+        return self._placement.gpus.count > 0
 
     def health(self) -> str:
         """TorchServe's words: Healthy, Partial Healthy (some workers keep dying) or Unhealthy

@@ -47,6 +47,9 @@ class SettingsLayer(TypedDict, total=False):
     job_queue_size: int
     device_ids: tuple[int, ...]
     batch_policy: PolicyName
+    client_timeout_ms: int
+    max_retry_timeout_s: int
+    use_venv: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,15 @@ class ModelSettings:
     device_ids: tuple[int, ...] = ()
     #: ADAPTIVE (default) or FIXED (TorchServe's behaviour).
     batch_policy: PolicyName = PolicyName.ADAPTIVE
+    #: A request's deadline when its client sets none (model-config.yaml
+    #: ``clientTimeoutInMills``); 0: ``response_timeout`` alone.
+    client_timeout_ms: int = 0
+    #: model-config.yaml ``maxRetryTimeoutInSec``, shown by describe (TorchServe's default);
+    #: batchserve restarts a failing worker with capped backoff for as long as it fails.
+    max_retry_timeout_s: int = 300
+    #: model-config.yaml ``useVenv``: the workers run in a venv of the model's own
+    #: (frontend/models/dependencies.py).
+    use_venv: bool = False
 
     def torchserve_fields(self) -> dict[str, int]:
         """The settings TorchServe shows under its JSON names (describe bodies, snapshots)."""
@@ -144,6 +156,15 @@ def policy(key: str, value: object) -> PolicyName:
         raise ValueError(f"{key} must be one of {choices}, got {value!r}") from None
 
 
+def _boolean(key: str, value: object) -> bool:
+    """true or false; TorchServe's names take booleans or their text."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
 def _device_ids(key: str, value: object) -> tuple[int, ...]:
     if not isinstance(value, list | tuple) \
             or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
@@ -184,6 +205,10 @@ FIELDS: tuple[Field, ...] = (
     Field("job_queue_size", "jobQueueSize", None, integer(1), shown=False),
     Field("device_ids", "deviceIds", None, _device_ids, shown=False),
     Field("batch_policy", "batchPolicy", "batch_policy", policy, shown=False),
+    Field("client_timeout_ms", "clientTimeoutInMills", None, integer(0), shown=False),
+    Field("max_retry_timeout_s", "maxRetryTimeoutInSec", None, integer(0), shown=False),
+    # TorchServe reads it from model-config.yaml only and shows it in describe, not snapshots.
+    Field("use_venv", "useVenv", None, _boolean, shown=False),
 )
 
 

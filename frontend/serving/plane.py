@@ -173,17 +173,28 @@ class InferencePlane:
                loop: asyncio.AbstractEventLoop) -> None:
         """Queue the call's job with its deadline: the model's ``response_timeout``, or the
         client's own when that is sooner. Still queued at its deadline, it is answered 504
-        and never reaches a worker; not answered by a worker by then, it is answered 504."""
+        and never reaches a worker; not answered by a worker by then, it is answered 504.
+
+        A request whose client set no deadline may wait in the queue at most the model's
+        ``clientTimeoutInMills`` (TorchServe's rule; it drops the request, we answer 504);
+        once dispatched it has the rest of ``response_timeout``."""
         model = call.model
         assert model is not None, "resolve first"
         budget_s = float(model.settings.response_timeout_s)
+        queue_s = budget_s
         if timeout_s is not None:
-            budget_s = min(budget_s, timeout_s)
+            budget_s = queue_s = min(budget_s, timeout_s)
+        elif model.settings.client_timeout_ms:
+            queue_s = min(budget_s, model.settings.client_timeout_ms / 1000)
         job = call.job
-        job.budget_s = budget_s
-        job.deadline = time.monotonic() + budget_s
+        job.budget_s = queue_s
+        job.deadline = time.monotonic() + queue_s
         model.submit(job)
-        call.timer = loop.call_later(budget_s, _expire, job, budget_s)
+        if queue_s < budget_s:
+            call.timer = loop.call_later(queue_s, _expire_queued, call, budget_s - queue_s,
+                                         budget_s, loop)
+        else:
+            call.timer = loop.call_later(budget_s, _expire, job, budget_s)
 
     async def outcome(self, call: Call, abandoned: asyncio.Future[Any] | None = None
                       ) -> Answer:
@@ -259,3 +270,14 @@ class InferencePlane:
 def _expire(job: Job, budget_s: float) -> None:
     if not job.future.done():
         job.future.set_exception(expired(budget_s, job.dispatched))
+
+
+def _expire_queued(call: Call, rest_s: float, budget_s: float,
+                   loop: asyncio.AbstractEventLoop) -> None:
+    """The queue deadline passed: expire the job if still queued, else give it the rest of
+    its whole budget."""
+    job = call.job
+    if job.dispatched:
+        call.timer = loop.call_later(rest_s, _expire, job, budget_s)
+    else:
+        _expire(job, job.budget_s)

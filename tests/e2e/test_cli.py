@@ -27,7 +27,8 @@ def test_start_serve_stop_leaves_no_process_behind(tmp_path: Path) -> None:
     handler = Path(__file__).resolve().parent.parent / "fixtures" / "handlers" / "echo.py"
     store = tmp_path / "store"
     store.mkdir()
-    archived = _run([str(BIN / "model-archiver"), "--model-name", "echo", "--handler",
+    # TorchServe's name for the archiver (the last test uses ours, model-archiver).
+    archived = _run([str(BIN / "torch-model-archiver"), "--model-name", "echo", "--handler",
                      str(handler), "--export-path", str(store)], env, tmp_path)
     assert archived.returncode == 0, archived.stderr
     (tmp_path / "config.properties").write_text(
@@ -159,3 +160,21 @@ def test_after_the_frontend_is_killed_its_workers_exit_and_a_new_start_works(
         assert answer.content == b"again"
     finally:
         assert _run([str(BIN / "torchserve"), "--stop"], env, tmp_path).returncode == 0
+
+
+def test_make_demo_takes_other_ports() -> None:
+    """``make demo PORT=8180 GRPC_PORT=7170``: the demo's config.properties with the
+    variables the Makefile passes serves on 8180/8181/8182 and gRPC 7170/7171."""
+    root = Path(__file__).resolve().parents[2]
+    dry = subprocess.run(["make", "-n", "-s", "demo", "PORT=8180", "GRPC_PORT=7170"], cwd=root,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    command = next(line for line in dry.splitlines() if "torchserve --start" in line)
+    environ = dict(word.split("=", 1) for word in command.split() if word.startswith("TS_"))
+    assert "8180" in dry.split("curl", 1)[1].splitlines()[0]  # the line it tells you to try
+    from frontend.config import load_config
+
+    config = load_config(root / "config.properties", {}, environ)
+    assert (config.inference_address.port, config.management_address.port,
+            config.metrics_address.port) == (8180, 8181, 8182)
+    assert (config.grpc_inference_port, config.grpc_management_port) == (7170, 7171)
+    assert load_config(root / "config.properties", {}, {}).inference_address.port == 8080

@@ -51,3 +51,22 @@ def test_a_client_that_hangs_up_is_dropped_from_the_queue(build_mar, start_serve
         assert held.result(timeout=30).status_code == 200
     assert server.predict("gate", str(gate).encode()).status_code == 200
     assert _requests_run(server) == 2  # the abandoned one never ran
+
+
+def test_client_timeout_in_mills_is_the_deadline_of_a_request_without_one(
+        build_mar, start_server, tmp_path: Path) -> None:
+    """model-config.yaml ``clientTimeoutInMills``: a request whose client sets no deadline
+    expires in the queue after it (TorchServe drops it unanswered; here it gets a 504)."""
+    config = tmp_path / "model-config.yaml"
+    config.write_text("clientTimeoutInMills: 200\n")
+    build_mar("gate", "gate", config_file=config)
+    server = start_server("gate.mar")
+    assert server.describe("gate")["clientTimeoutInMills"] == 200
+    gate = tmp_path / "open"
+    with ThreadPoolExecutor(1) as pool:
+        (held,) = server.hold_gate(pool, gate)  # dispatched: it outlives the 200 ms
+        late = server.predict("gate", b"/late")
+        gate.touch()
+        assert held.result(timeout=30).status_code == 200
+    assert late.status_code == 504, late.text
+    assert _requests_run(server) == 1  # the expired one never ran

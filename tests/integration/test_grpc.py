@@ -16,6 +16,7 @@ from types import ModuleType
 
 import grpc
 import pytest
+import requests
 from google.protobuf import empty_pb2
 
 from tests.conftest import ROOT, RunningServer
@@ -276,3 +277,38 @@ def test_health_checking_and_reflection(build_mar, start_server) -> None:
         iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
     names = {s.name for answer in listing for s in answer.list_services_response.service}
     assert "org.pytorch.serve.grpc.inference.InferenceAPIsService" in names
+
+
+def test_management_rpcs_refuse_what_rest_refuses(stubs, build_mar, start_server) -> None:
+    """A number the client sets is checked as its REST parameter is (0 included); scaling up a
+    model whose workers cannot start fails as over REST."""
+    build_mar("echo", "echo")
+    server = start_server(default_workers_per_model=0)
+    client = _management(stubs, server)
+    pb2 = stubs["management_pb2"]
+    for field, value in (("startup_timeout", 0), ("response_timeout", 0), ("batch_size", 0),
+                         ("initial_workers", -1), ("max_batch_delay", -5)):
+        with pytest.raises(grpc.RpcError) as refused:
+            client.RegisterModel(pb2.RegisterModelRequest(
+                url="echo.mar", model_name="r", synchronous=True, **{field: value}), timeout=60)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
+        rest = requests.post(f"{server.management}/models", timeout=60, params={
+            "url": "echo.mar", "model_name": "r", field: str(value)})
+        assert rest.status_code == 400, (field, rest.text)
+    assert requests.get(f"{server.management}/models", timeout=10).json()["models"] == []
+
+    # Unset numbers take the REST defaults: no worker (default_workers_per_model is 0).
+    registered = client.RegisterModel(pb2.RegisterModelRequest(
+        url="echo.mar", model_name="bad", handler="no_such_module", synchronous=True),
+        timeout=60)
+    assert "registered with 0 initial workers" in json.loads(registered.msg)["status"]
+    with pytest.raises(grpc.RpcError) as failed:
+        client.ScaleWorker(pb2.ScaleWorkerRequest(model_name="bad", min_worker=1,
+                                                  synchronous=True), timeout=120)
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert "Failed to start workers" in (failed.value.details() or "")
+    # min_worker=0 set explicitly scales to zero (not to the default of 1).
+    scaled = client.ScaleWorker(pb2.ScaleWorkerRequest(model_name="bad", min_worker=0,
+                                                       synchronous=True), timeout=60)
+    assert json.loads(scaled.msg) == {"status": "Workers scaled to 0 for model: bad"}
+    assert server.describe("bad")["workers"] == []

@@ -415,3 +415,25 @@ def test_v2_grpc_errors(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     with pytest.raises(grpc.RpcError) as no_inputs:
         stub.ModelInfer(pb.ModelInferRequest(model_name="tensors"))
     assert no_inputs.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_every_documented_kserve_route_is_served(server: RunningServer) -> None:
+    """The inference port's OpenAPI document lists KServe's routes; each one answers with a
+    status the document gives it (never the 404 of an unknown route)."""
+    document = requests.get(f"{server.inference}/api-description", timeout=10).json()
+    kserve_paths = {path: item for path, item in document["paths"].items()
+                    if path.startswith(("/v1", "/v2"))}
+    assert len(kserve_paths) >= 13
+    for template, item in kserve_paths.items():
+        path = template.replace("{model_name}", "doubler").replace("{model_version}", "1.0")
+        for method, operation in item.items():
+            if method == "parameters":
+                continue
+            body = {"instances": [[1.0]]} if ":" in path else {
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+            answer = requests.request(method.upper(), f"{server.inference}{path}",
+                                      json=body if method == "post" else None, timeout=60)
+            assert str(answer.status_code) in operation["responses"], \
+                (method, path, answer.status_code, answer.text)
+            if answer.status_code == 404:
+                assert "doubler" in answer.text, (method, path, answer.text)

@@ -388,3 +388,55 @@ def test_mlserver_and_kserve_batch_setting_names(build_mar, start_server,
     clash = _register(server, url="echo.mar", model_name="clash", max_batch_size=5,
                       maxBatchSize=6)
     assert clash.status_code == 400
+
+
+def test_registration_starts_default_workers_per_model_or_none(build_mar, start_server) -> None:
+    """TorchServe's rule: a model registered through the API without initial_workers gets
+    default_workers_per_model when it is set, else no worker until scaled; a model loaded at
+    start-up gets one per CPU core without the key."""
+    build_mar("echo", "echo")
+    server = start_server("echo.mar", default_workers_per_model=0)
+    assert len(server.describe("echo")["workers"]) >= 1  # type: ignore[arg-type]
+    registered = _register(server, url="echo.mar", model_name="later")
+    assert registered.status_code == 200
+    assert registered.json() == {"status": 'Model "later" Version: 1.0 registered with 0 '
+                                 "initial workers. Use scale workers API to add workers for "
+                                 "the model."}
+    assert server.describe("later")["workers"] == []
+    configured = start_server(default_workers_per_model=2)
+    two = _register(configured, url="echo.mar", model_name="two")
+    assert two.json()["status"].endswith("registered with 2 initial workers"), two.text
+    assert len(configured.describe("two")["workers"]) == 2  # type: ignore[arg-type]
+
+
+def test_an_invalid_handler_registers_and_scaling_it_up_fails(build_mar, start_server) -> None:
+    build_mar("echo", "echo")
+    server = start_server(default_workers_per_model=0)
+    registered = _register(server, url="echo.mar", handler="no_such_module")
+    assert registered.status_code == 200, registered.text
+    scaled = requests.put(f"{_models(server)}/echo",
+                          params={"min_worker": "1", "synchronous": "true"}, timeout=120)
+    assert scaled.status_code == 500
+    body = scaled.json()
+    assert body["type"] == "InternalServerException"
+    assert body["message"].startswith("Failed to start workers")
+    assert "no_such_module" in body["message"]
+    # Asynchronous: 202 at once, and a prediction then fails promptly, not at its timeout.
+    assert requests.put(f"{_models(server)}/echo", params={"min_worker": "1"},
+                        timeout=30).status_code == 202
+    answered = server.predict("echo", b"x", headers={"X-Request-Timeout": "60"})
+    assert answered.status_code in (500, 503), answered.text
+
+
+def test_describe_has_torchserve_012_fields(build_mar, start_server, tmp_path: Path) -> None:
+    config = tmp_path / "model-config.yaml"
+    config.write_text("clientTimeoutInMills: 2500\nmaxRetryTimeoutInSec: 60\n")
+    build_mar("echo", "echo", config_file=config)
+    server = start_server("echo.mar")
+    described = server.describe("echo")
+    expected = {"maxRetryTimeoutInSec": 60, "clientTimeoutInMills": 2500, "parallelType": "",
+                "parallelLevel": 0, "deviceType": "cpu", "continuousBatching": False,
+                "useJobTicket": False}
+    assert {key: described[key] for key in expected} == expected
+    worker = described["workers"][0]  # type: ignore[index]
+    assert worker["gpu"] is False and worker["gpuUsage"] == "N/A"

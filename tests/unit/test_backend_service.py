@@ -294,6 +294,29 @@ def test_archive_modules_are_importable_and_cannot_shadow_the_worker(tmp_path: P
     assert sys.modules["backend.service"].ModelService is ModelService
 
 
+def test_dependency_dirs_are_importable_ahead_of_the_server_packages(tmp_path: Path) -> None:
+    # What `pip install --target` leaves: packages, and .pth files naming more folders.
+    deps = tmp_path / "site-packages"
+    (deps / "tinydep").mkdir(parents=True)
+    (deps / "tinydep" / "__init__.py").write_text("ANSWER = b'from its own package'\n")
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "extradep.py").write_text("SUFFIX = b'!'\n")
+    (deps / "extra.pth").write_text(f"{tmp_path / 'extra'}\n")
+    model_dir = model_dir_with(tmp_path, files={"uses.py": """
+        import extradep
+        import tinydep
+
+        def handle(data, context):
+            return None if data is None else [tinydep.ANSWER + extradep.SUFFIX] * len(data)
+    """})
+    service = load_service(load_message(model_dir, "uses.py", dependency_dirs=[str(deps)]))
+
+    assert service.predict(bodies([b"x"])).responses[0].body == b"from its own package!"
+    server_packages = next(entry for entry in sys.path if entry.endswith("site-packages")
+                           and entry != str(deps))
+    assert sys.path.index(str(deps)) < sys.path.index(server_packages)
+
+
 def test_context_carries_torchserve_properties(tmp_path: Path) -> None:
     manifest = {"model": {"modelName": "toy", "handler": "echo.py", "configFile": "cfg.yaml"}}
     model_dir = model_dir_with(

@@ -22,6 +22,8 @@ def test_defaults_are_torchserve_defaults_and_local_only() -> None:
     assert config.max_request_size_bytes == config.max_response_size_bytes == 6553500
     assert config.enable_model_api is False
     assert config.allowed_urls == ()
+    # Installing an archive's requirements runs its code: off unless asked for.
+    assert config.install_py_dep_per_model is False
 
 
 def test_properties_file_is_parsed_with_torchserve_keys(tmp_path: Path) -> None:
@@ -37,6 +39,8 @@ def test_properties_file_is_parsed_with_torchserve_keys(tmp_path: Path) -> None:
         "job_queue_size=7\n"
         "number_of_gpu=2\n"
         "enable_model_api=true\n"
+        "install_py_dep_per_model=true\n"
+        "install_py_dep_timeout=90\n"
         'models={"noop": {"1.0": {"marName": "noop.mar", "batchSize": 4, '
         '"maxBatchDelay": 25, "minWorkers": 2, "defaultVersion": true}}}\n'
         "vmargs=-Xmx4g\n")
@@ -49,6 +53,7 @@ def test_properties_file_is_parsed_with_torchserve_keys(tmp_path: Path) -> None:
     assert (config.default_workers_per_model, config.job_queue_size) == (3, 7)
     assert config.number_of_gpu == 2
     assert config.enable_model_api is True
+    assert config.install_py_dep_per_model is True and config.install_py_dep_timeout_s == 90
     noop = config.models["noop"]["1.0"]
     assert noop.settings == {"batch_size": 4, "max_batch_delay_ms": 25, "min_workers": 2}
     assert noop.is_default_version
@@ -71,6 +76,8 @@ def test_later_sources_win_and_env_needs_enable_envvars_config(tmp_path: Path) -
     ("inference_address", "ftp://127.0.0.1:21"),
     ("grpc_inference_port", "70000"),
     ("enable_model_api", "maybe"),
+    ("install_py_dep_per_model", "sometimes"),
+    ("install_py_dep_timeout", "0"),
     ("models", "{not json"),
     ("models", '{"m": {"1.0": {"batchSize": "eight"}}}'),
     ("allowed_urls", "file://(unclosed"),

@@ -228,13 +228,17 @@ def test_a_url_allowed_urls_does_not_admit_is_forbidden_before_any_request(
     allowed = tuple(pattern.format(port=remote.port) for pattern in patterns)
     url = remote.url("/ok.mar")
 
-    with pytest.raises(Forbidden, match="allowed_urls does not admit") as caught:
+    with pytest.raises(Forbidden, match="Admit a location with the config key allowed_urls"
+                       ) as caught:
         download_archive(url, model_store, allowed, LIMIT)
 
     assert url in caught.value.message
     assert caught.value.http_status == 403
     assert remote.requests == []
     assert store_names(model_store) == []
+    # The setting the message suggests does admit the url.
+    suggested = caught.value.message.rsplit("allowed_urls=", 1)[1]
+    assert download_archive(url, model_store, (suggested,), LIMIT).name == "ok.mar"
 
 
 def test_an_admitted_redirect_is_followed_and_named_after_the_original_url(

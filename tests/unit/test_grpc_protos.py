@@ -102,6 +102,12 @@ WITH_PRESENCE = {
     ("PredictionsRequest", "sequence_id"),
     ("PredictionResponse", "sequence_id"),
     ("PredictionResponse", "status"),
+    # Numbers a client may set to 0 on purpose: checked as the REST parameters are.
+    *(("RegisterModelRequest", name) for name in (
+        "batch_size", "initial_workers", "max_batch_delay", "response_timeout",
+        "startup_timeout")),
+    *(("ScaleWorkerRequest", name) for name in (
+        "max_worker", "min_worker", "number_gpu", "timeout")),
 }
 
 CASES = [

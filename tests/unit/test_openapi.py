@@ -60,8 +60,14 @@ def test_every_error_response_uses_the_error_schema(
         describe: Callable[[], dict[str, Any]]) -> None:
     for path, method, operation in _operations(describe()):
         for code, response in operation["responses"].items():
-            if int(code) >= 400 and path != "/ping":
-                schema = response["content"]["application/json"]["schema"]
+            if int(code) < 400 or path == "/ping":
+                continue
+            schema = response["content"]["application/json"]["schema"]
+            if path.startswith(("/v1", "/v2")):  # KServe's own error body
+                if not (code == "503" and path.endswith("ready")):  # {"ready": false}
+                    assert schema == {"$ref": "#/components/schemas/KServeError"}, \
+                        (method, path, code)
+            else:
                 assert schema == {"$ref": "#/components/schemas/Error"}, (method, path, code)
 
 
@@ -85,6 +91,7 @@ def test_inference_routes() -> None:
         ("PUT", "/explanations/{model_name}"),
         ("POST", "/explanations/{model_name}/{model_version}"),
         ("PUT", "/explanations/{model_name}/{model_version}"),
+        *KSERVE_ROUTES,
     }
 
 
@@ -105,6 +112,25 @@ def test_management_routes() -> None:
     }
 
 
+KSERVE_ROUTES = {
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model_name}"),
+    ("POST", "/v1/models/{model_name}:predict"),
+    ("POST", "/v1/models/{model_name}:explain"),
+    ("GET", "/v2"),
+    ("GET", "/v2/health/live"),
+    ("GET", "/v2/health/ready"),
+    ("GET", "/v2/models/{model_name}"),
+    ("GET", "/v2/models/{model_name}/versions/{model_version}"),
+    ("GET", "/v2/models/{model_name}/ready"),
+    ("GET", "/v2/models/{model_name}/versions/{model_version}/ready"),
+    ("POST", "/v2/models/{model_name}/infer"),
+    ("POST", "/v2/models/{model_name}/versions/{model_version}/infer"),
+    ("POST", "/v2/models/{model_name}/explain"),
+    ("POST", "/v2/models/{model_name}/versions/{model_version}/explain"),
+}
+_V2_MODEL = ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}")
+
 INFERENCE_RESPONSES = {
     ("OPTIONS", "/"): {"200"},
     ("GET", "/api-description"): {"200"},
@@ -115,6 +141,21 @@ INFERENCE_RESPONSES = {
     **{(method, path): {"200", "400", "401", "404", "413", "500", "501", "503", "504"}
        for method in ("POST", "PUT")
        for path in ("/explanations/{model_name}", "/explanations/{model_name}/{model_version}")},
+    ("GET", "/v1/models"): {"200", "401"},
+    ("GET", "/v1/models/{model_name}"): {"200", "401", "404"},
+    ("POST", "/v1/models/{model_name}:predict"): {"200", "400", "401", "404", "500", "503",
+                                                  "504"},
+    ("POST", "/v1/models/{model_name}:explain"): {"200", "400", "401", "404", "500", "501",
+                                                  "503", "504"},
+    ("GET", "/v2"): {"200", "401"},
+    ("GET", "/v2/health/live"): {"200"},
+    ("GET", "/v2/health/ready"): {"200", "503"},
+    **{("GET", path): {"200", "401", "404"} for path in _V2_MODEL},
+    **{("GET", f"{path}/ready"): {"200", "401", "404", "503"} for path in _V2_MODEL},
+    **{("POST", f"{path}/infer"): {"200", "400", "401", "404", "500", "503", "504"}
+       for path in _V2_MODEL},
+    **{("POST", f"{path}/explain"): {"200", "400", "401", "404", "500", "501", "503", "504"}
+       for path in _V2_MODEL},
 }
 
 MANAGEMENT_RESPONSES = {
@@ -159,7 +200,8 @@ def test_inference_security() -> None:
     scheme = document["components"]["securitySchemes"]["bearerAuth"]
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
     for path, method, _ in _operations(document):
-        needs_token = path.startswith(("/predictions/", "/explanations/"))
+        needs_token = path.startswith(("/predictions/", "/explanations/", "/v1/", "/v2")) \
+            and not path.startswith("/v2/health/")
         expected: list[dict[str, Any]] = [{"bearerAuth": []}] if needs_token else []
         assert _security(document, method, path) == expected, (method, path)
 

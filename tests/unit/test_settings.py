@@ -38,8 +38,11 @@ def test_each_source_reads_its_own_names() -> None:
 
 
 def test_yaml_only_fields() -> None:
-    layer = read_layer({"jobQueueSize": 7, "deviceIds": [1, 2]}, Source.YAML)
-    assert layer == {"job_queue_size": 7, "device_ids": (1, 2)}
+    layer = read_layer({"jobQueueSize": 7, "deviceIds": [1, 2], "useVenv": True}, Source.YAML)
+    assert layer == {"job_queue_size": 7, "device_ids": (1, 2), "use_venv": True}
+    # TorchServe's booleans in text (config.properties models= carries JSON text too).
+    assert read_layer({"useVenv": "False"}, Source.YAML) == {"use_venv": False}
+    assert read_layer({"use_venv": "true"}, Source.API) == {}  # no register parameter
 
 
 @pytest.mark.parametrize(("mapping", "expected"), [
@@ -89,6 +92,8 @@ def test_torchserve_name_wins_over_an_alias() -> None:
     ({"deviceIds": "0,1"}, "deviceIds must be a list of GPU ids"),
     ({"deviceIds": [0, -1]}, "deviceIds must be a list of GPU ids"),
     ({"batchPolicy": "greedy"}, "batchPolicy must be one of fixed, adaptive"),
+    ({"useVenv": "yes"}, "useVenv must be true or false"),
+    ({"useVenv": 1}, "useVenv must be true or false"),
 ])
 def test_bad_values_name_the_key_the_user_wrote(mapping: dict[str, object],
                                                 message: str) -> None:

@@ -236,6 +236,101 @@ def _health(status: str) -> Json:
             "properties": {"status": {"type": "string", "enum": [status]}}}
 
 
+_KSERVE_ERROR_SCHEMA: Json = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "string", "description": "What went wrong."}},
+}
+_READY_SCHEMA: Json = {"type": "object", "required": ["ready"],
+                       "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}}
+
+
+def _kserve_error(description: str) -> Json:
+    return _json_response(description, _ref("KServeError"))
+
+
+def _kserve_operation(operation_id: str, summary: str, ok: str, *, model: bool = False,
+                      body: bool = False, public: bool = False, ready: bool = False) -> Json:
+    """One KServe route: its errors in KServe's body ({"error": ...})."""
+    responses: Json = {"200": _json_response(ok, _READY_SCHEMA if ready
+                                             else {"type": "object"})}
+    if ready:
+        responses["503"] = _json_response("Not ready.", _READY_SCHEMA)
+    if not public:
+        responses["401"] = _kserve_error("The inference key is missing, wrong or expired.")
+    if model:
+        responses["404"] = _kserve_error("No such model, or no such version of it.")
+    if body:
+        responses["400"] = _kserve_error("The body is not a valid request of this protocol.")
+        responses["500"] = _kserve_error("The handler raised or the worker died.")
+        responses["503"] = _kserve_error("The model's job queue is full, or it has no "
+                                         "worker.")
+        responses["504"] = _kserve_error("No answer within the model's response_timeout.")
+    operation: Json = {"summary": summary, "operationId": operation_id,
+                       "responses": responses,
+                       "security": _PUBLIC if public else [{"bearerAuth": []}]}
+    if body:
+        operation["requestBody"] = {"required": True, "content": {
+            "application/json": {"schema": {"type": "object"}}}}
+    return operation
+
+
+def _kserve_explain(operation: Json) -> Json:
+    """A KServe explain route: a prediction, or 501 from a model that cannot explain."""
+    operation["responses"]["501"] = _kserve_error("The handler has no explanation path, or "
+                                                  "Captum is not installed.")
+    return operation
+
+
+def _kserve_paths() -> Json:
+    """KServe's v1 and v2 REST routes (frontend/api/http/kserve.py)."""
+    model = [_MODEL_NAME]
+    version = [_MODEL_NAME, _MODEL_VERSION]
+    v2_model = _kserve_operation("v2ModelMetadata", "Open Inference model metadata.",
+                                 "The model's name, versions, platform and tensors.",
+                                 model=True)
+    v2_ready = _kserve_operation("v2ModelReady", "Whether the model can serve.",
+                                 "Ready: it has a live worker.", model=True, ready=True)
+    v2_infer = _kserve_operation("v2Infer", "Open Inference (v2) inference request.",
+                                 "The outputs, as tensors.", model=True, body=True)
+    v2_explain = _kserve_explain(_kserve_operation(
+        "v2Explain", "Open Inference (v2) request for explanations.",
+        "The explanations, as tensors (the image classifiers': attributions of the "
+        "preprocessed image's shape).", model=True, body=True))
+    return {
+        "/v1/models": {"get": _kserve_operation("v1Models", "KServe v1: the models served.",
+                                                "Their names.")},
+        "/v1/models/{model_name}": {"parameters": model, "get": _kserve_operation(
+            "v1ModelReady", "KServe v1: whether the model is ready.", "Its readiness.",
+            model=True)},
+        "/v1/models/{model_name}:predict": {"parameters": model, "post": _kserve_operation(
+            "v1Predict", "KServe v1 prediction of 'instances'.", "The predictions.",
+            model=True, body=True)},
+        "/v1/models/{model_name}:explain": {"parameters": model, "post": _kserve_explain(
+            _kserve_operation("v1Explain", "KServe v1 explanation of 'instances'.",
+                              "The explanations.", model=True, body=True))},
+        "/v2": {"get": _kserve_operation("v2ServerMetadata", "Open Inference server metadata.",
+                                         "The server's name, version and extensions.")},
+        "/v2/health/live": {"get": _kserve_operation(
+            "v2Live", "Open Inference liveness.", "Live.", public=True)},
+        "/v2/health/ready": {"get": _kserve_operation(
+            "v2Ready", "Open Inference readiness: every model ready.", "Ready.", public=True,
+            ready=True)},
+        "/v2/models/{model_name}": {"parameters": model, "get": v2_model},
+        "/v2/models/{model_name}/versions/{model_version}": {
+            "parameters": version, "get": {**v2_model, "operationId": "v2VersionMetadata"}},
+        "/v2/models/{model_name}/ready": {"parameters": model, "get": v2_ready},
+        "/v2/models/{model_name}/versions/{model_version}/ready": {
+            "parameters": version, "get": {**v2_ready, "operationId": "v2VersionReady"}},
+        "/v2/models/{model_name}/infer": {"parameters": model, "post": v2_infer},
+        "/v2/models/{model_name}/versions/{model_version}/infer": {
+            "parameters": version, "post": {**v2_infer, "operationId": "v2VersionInfer"}},
+        "/v2/models/{model_name}/explain": {"parameters": model, "post": v2_explain},
+        "/v2/models/{model_name}/versions/{model_version}/explain": {
+            "parameters": version, "post": {**v2_explain, "operationId": "v2VersionExplain"}},
+    }
+
+
 def inference_description() -> Json:
     """The OpenAPI document of the inference API (port 8080)."""
     paths = _description_paths("inference")
@@ -274,12 +369,14 @@ def inference_description() -> Json:
         "put": _explanation("versionExplanationsPut",
                             "Explain one model version's prediction (PUT)."),
     }
+    paths.update(_kserve_paths())
     return _document(
         "batchserve inference API",
         "Predictions, explanations and health of the models batchserve serves "
-        "(TorchServe-compatible).",
+        "(TorchServe-compatible), and KServe's v1 and v2 (Open Inference) REST protocols on "
+        "the same port.",
         paths,
-        {"Error": _ERROR_SCHEMA, "Status": _STATUS_SCHEMA},
+        {"Error": _ERROR_SCHEMA, "Status": _STATUS_SCHEMA, "KServeError": _KSERVE_ERROR_SCHEMA},
         {"bearerAuth": _bearer_scheme("inference")},
     )
 
@@ -322,6 +419,9 @@ _WORKER_SCHEMA: Json = {
         "memoryUsage": {"type": "integer", "description": "Resident set size, in bytes."},
         "pid": {"type": "integer", "description": "-1 while no process runs."},
         "gpu": {"type": "boolean", "description": "Whether the worker was given a GPU."},
+        "gpuUsage": {"type": "string",
+                     "description": "nvidia-smi's utilization and memory of its GPU, N/A "
+                                    "without one (TorchServe's format)."},
         "lastError": {"type": "string", "description": "Why the worker last failed, if it did."},
     },
 }
@@ -343,6 +443,17 @@ _MODEL_DESCRIPTION_SCHEMA: Json = {
         "maxBatchDelay": {"type": "integer", "description": "Milliseconds."},
         "responseTimeout": {"type": "integer", "description": "Seconds."},
         "startupTimeout": {"type": "integer", "description": "Seconds."},
+        "maxRetryTimeoutInSec": {"type": "integer"},
+        "clientTimeoutInMills": {
+            "type": "integer",
+            "description": "A request's deadline (ms) when its client sets none; 0: none."},
+        "parallelType": {"type": "string"},
+        "parallelLevel": {"type": "integer"},
+        "deviceType": {"type": "string", "enum": ["cpu", "gpu"]},
+        "deviceIds": {"type": "array", "items": {"type": "integer"}},
+        "continuousBatching": {"type": "boolean"},
+        "useJobTicket": {"type": "boolean"},
+        "useVenv": {"type": "boolean"},
         "loadedAtStartup": {"type": "boolean"},
         "handler": {"type": "string"},
         "workers": {"type": "array", "items": _ref("Worker")},
