@@ -28,6 +28,8 @@ from frontend.errors import (
     QueueFull,
     RequestHeadTimeout,
     RouteNotFound,
+    SequenceLost,
+    SequenceRefused,
     ServeError,
     ServiceUnavailable,
     Unauthorized,
@@ -68,6 +70,8 @@ STATUS_AND_TYPE: dict[type[ServeError], tuple[int, str]] = {
     WorkerDied: (500, "InternalServerException"),
     ServiceUnavailable: (503, "ServiceUnavailableException"),
     QueueFull: (503, "ServiceUnavailableException"),
+    SequenceRefused: (503, "ServiceUnavailableException"),
+    SequenceLost: (500, "InternalServerException"),
     GatewayTimeout: (504, "RequestTimeoutException"),
     OutOfResources: (507, "OutOfResourcesException"),
 }
