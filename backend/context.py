@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: TorchServe's sequence headers (stateful models; frontend/serving/sequences.py sets them).
 SEQUENCE_ID_HEADER = "ts_request_sequence_id"
 #: TorchServe's request header: "True" asks the handler for an explanation, not a prediction.
 EXPLAIN_HEADER = "explain"
+SEQUENCE_START_HEADER = "ts_request_sequence_start"
+SEQUENCE_END_HEADER = "ts_request_sequence_end"
 CONTENT_TYPE = "content-type"
 
 
@@ -223,6 +226,12 @@ class Context:
         self.output_parameters: dict[str, dict[str, Any]] = {}
         # TorchServe's continuous-batching handlers look for it; unused here.
         self.stopping_criteria: Any = None
+        # The sequence headers' names, where TorchServe's stateful handlers read them: the id,
+        # "true" on a sequence's first request here, and the close signal ("true" from the
+        # client; a handler sets it in a response, naming the sequence, to close it).
+        self.header_key_sequence_id = SEQUENCE_ID_HEADER
+        self.header_key_sequence_start = SEQUENCE_START_HEADER
+        self.header_key_sequence_end = SEQUENCE_END_HEADER
 
     @property
     def system_properties(self) -> dict[str, Any]:

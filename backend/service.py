@@ -26,6 +26,7 @@ from backend import open_inference
 from backend.context import (
     CONTENT_TYPE,
     EXPLAIN_HEADER,
+    SEQUENCE_ID_HEADER,
     Context,
     read_manifest,
     read_model_yaml_config,
@@ -96,7 +97,10 @@ class ModelService:
             return self._predict(batch, prepared)
         except Exception as exc:
             if (len(batch.requests) < 2 or self.context.partials_sent
-                    or any(r.describe for r in batch.requests)):
+                    or any(r.describe or SEQUENCE_ID_HEADER in r.headers
+                           for r in batch.requests)):
+                # A stateful handler's request must not run twice (its state would count it
+                # twice): a sequence's batch fails as a whole, as in TorchServe.
                 raise
             return self._isolate(batch, exc, started + ISOLATION_TIME_SHARE
                                  * self.response_timeout_s)

@@ -145,6 +145,18 @@ class QueueFull(ServiceUnavailable):
                          headers={"Retry-After": "1"})
 
 
+class SequenceRefused(ServiceUnavailable):
+    """A stateful model cannot take this request of a sequence now: maxNumSequence sequences
+    are open, the sequence's own queue is full (maxSequenceJobQueueSize), or it is closing.
+    503, as TorchServe answers."""
+
+
+class SequenceLost(InternalError):
+    """A sequence ended because its worker died or was stopped: its state is gone, so its
+    waiting requests (and, for a while, later ones naming it) are refused rather than run
+    without it."""
+
+
 class OutOfResources(ServeError):
     http_status = 507
     type_name = "OutOfResourcesException"

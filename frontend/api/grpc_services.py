@@ -144,8 +144,9 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
             deadline_s=rpc.time_remaining(),
             sequence_id=request.sequence_id if request.HasField("sequence_id") else None)
 
-    async def _predict_whole(self, request: Any, rpc: _Rpc) -> bytes:
-        """One request's whole answer (its parts joined)."""
+    async def _predict_whole(self, request: Any, rpc: _Rpc) -> tuple[bytes, str | None]:
+        """One request's whole answer (its parts joined), and its sequence when its model is
+        stateful (the id the server made, when the request named none)."""
         async with self.plane.call(rpc.origin("/-")) as call:
             result = await self._start(request, rpc, call)
             if isinstance(result, ResponseStream):
@@ -153,15 +154,18 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
             else:
                 body = _body_of(result)
             call.status = 200
-            return body
+            return body, call.sequence_id
 
     async def Predictions(self, raw: bytes, context: Context) -> Any:
         rpc = _Rpc.of(context)
 
         async def run() -> Any:
             self._check(rpc.headers)
-            body = await self._predict_whole(self._parsed(raw), rpc)
-            return inference_pb2.PredictionResponse(prediction=body)
+            body, sequence_id = await self._predict_whole(self._parsed(raw), rpc)
+            answer = inference_pb2.PredictionResponse(prediction=body)
+            if sequence_id is not None:
+                answer.sequence_id = sequence_id
+            return answer
 
         return await _answer(context, run())
 
@@ -195,10 +199,11 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
         """
         rpc = _Rpc.of(context)
         await _answer(context, _async(lambda: self._check(rpc.headers)))
-        pending: asyncio.Queue[tuple[Any, asyncio.Task[bytes]] | None] = asyncio.Queue()
-        running: set[asyncio.Task[bytes]] = set()
+        pending: asyncio.Queue[tuple[Any, asyncio.Task[tuple[bytes, str | None]]] | None] = \
+            asyncio.Queue()
+        running: set[asyncio.Task[tuple[bytes, str | None]]] = set()
 
-        def finished(task: asyncio.Task[bytes]) -> None:
+        def finished(task: asyncio.Task[tuple[bytes, str | None]]) -> None:
             running.discard(task)
             if not task.cancelled():
                 task.exception()  # retrieved: the stream may have ended before its answer
@@ -222,7 +227,9 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
                 if not isinstance(request, ServeError) and request.HasField("sequence_id"):
                     answer.sequence_id = request.sequence_id
                 try:
-                    answer.prediction = await task
+                    answer.prediction, sequence_id = await task
+                    if sequence_id is not None:
+                        answer.sequence_id = sequence_id
                 except ServeError as error:
                     answer.status.CopyFrom(_rpc_status(error.http_status, error.message))
                 yield answer

@@ -140,8 +140,13 @@ class ModelLoader:
             from_yaml = read_layer(model_config, Source.YAML)
         except ValueError as exc:
             raise BadRequest(f"model-config.yaml: {exc}") from None
-        return resolve(self.server_defaults(request.loaded_at_startup), configured.settings,
-                       from_yaml, request.settings)
+        settings = resolve(self.server_defaults(request.loaded_at_startup),
+                           configured.settings, from_yaml, request.settings)
+        if settings.sequence_batching and not settings.sequence_max_idle_ms:
+            # TorchServe registers such a model and then refuses every request (503).
+            raise BadRequest("model-config.yaml: sequenceBatching needs sequenceMaxIdleMSec > 0 "
+                             "(how long an idle sequence is kept)")
+        return settings
 
     # ---- lifecycle ----------------------------------------------------------------------
 

@@ -186,6 +186,7 @@ def describe_model(model: Model, gpu_usage: Mapping[int, str] | None = None
         "continuousBatching": False,
         "useJobTicket": False,
         "useVenv": s.use_venv,
+        **s.sequence_fields(),
         "loadedAtStartup": model.loaded_at_startup,
         "status": model.health(),
         "handler": model.handler,
@@ -202,6 +203,8 @@ def describe_model(model: Model, gpu_usage: Mapping[int, str] | None = None
             "requestsTotal": model.requests_total,
             "recentBatchSizes": sizes,
             "meanBatchSize": round(sum(sizes) / len(sizes), 3) if sizes else 0.0,
+            **({"openSequences": model.sequences.open_sequences}
+               if model.sequences is not None else {}),
         },
     }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from frontend.models.settings import ModelSettings
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.placement import Placement
 from frontend.serving.policies import make_policy
+from frontend.serving.sequences import SequenceBatcher
 from frontend.serving.workers import Worker, WorkerLaunch
 from protos import worker_pb2
 
@@ -69,12 +71,21 @@ class Model:
         self._placement = placement
         self._record = record_batch
         self._model_log = model_log
-        self.batcher = Batcher(
-            max_batch_size=settings.batch_size,
-            capacity=settings.job_queue_size,
-            policy=make_policy(settings.batch_policy, settings.batch_size,
-                               settings.max_batch_delay_ms / 1000),
-        )
+        policy = functools.partial(make_policy, settings.batch_policy, settings.batch_size,
+                                   settings.max_batch_delay_ms / 1000)
+        #: A stateful model's queue (its sequences, a lane per worker); None otherwise.
+        self.sequences: SequenceBatcher | None = None
+        self.batcher: Batcher | SequenceBatcher
+        if settings.sequence_batching:
+            self.batcher = self.sequences = SequenceBatcher(
+                model=name, max_batch_size=settings.batch_size, policy=policy,
+                max_sequences=settings.max_num_sequence,
+                max_waiting=settings.max_sequence_job_queue_size,
+                max_idle_s=settings.sequence_max_idle_ms / 1000,
+                max_duration_s=settings.sequence_timeout_ms / 1000 or None)
+        else:
+            self.batcher = Batcher(max_batch_size=settings.batch_size,
+                                   capacity=settings.job_queue_size, policy=policy())
         self.workers: list[Worker] = []
         #: Set when a worker fails: all of them may be down (only then is it worked out).
         self._maybe_down = False
@@ -123,10 +134,14 @@ class Model:
         started = []
         threads = self._placement.threads(count)
         for _ in range(count):
-            worker = Worker(self.launch, self.batcher, self._placement.worker_id(),
+            # A stateful model's worker takes batches from its own lane of the sequences.
+            lane = self.sequences.add_lane() if self.sequences is not None else None
+            batcher = lane.batcher if lane is not None else self.batcher
+            assert isinstance(batcher, Batcher)
+            worker = Worker(self.launch, batcher, self._placement.worker_id(),
                             self._placement.gpu(self.settings.device_ids),
                             self._placement.cpus(), threads, self._record_batch,
-                            self._worker_down, self._model_log)
+                            self._worker_down, self._model_log, lane)
             self.workers.append(worker)
             started.append(worker)
         return started

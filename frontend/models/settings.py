@@ -50,6 +50,11 @@ class SettingsLayer(TypedDict, total=False):
     client_timeout_ms: int
     max_retry_timeout_s: int
     use_venv: bool
+    sequence_batching: bool
+    sequence_max_idle_ms: int
+    sequence_timeout_ms: int
+    max_num_sequence: int
+    max_sequence_job_queue_size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +81,35 @@ class ModelSettings:
     #: model-config.yaml ``useVenv``: the workers run in a venv of the model's own
     #: (frontend/models/dependencies.py).
     use_venv: bool = False
+    #: A stateful model (TorchServe's ``sequenceBatching``): each sequence's requests run in
+    #: order on one worker (frontend/serving/sequences.py). The limits below are TorchServe's
+    #: model-config.yaml keys and defaults.
+    sequence_batching: bool = False
+    #: A sequence with no request for this long is forgotten (0: not stateful, TorchServe's
+    #: reading: a stateful model must set it).
+    sequence_max_idle_ms: int = 0
+    #: A sequence ends this long after it opened, once idle (0: never).
+    sequence_timeout_ms: int = 0
+    #: Sequences open at once; a new one beyond is refused (503).
+    max_num_sequence: int = 1
+    #: Requests one sequence may have waiting behind the one it is running.
+    max_sequence_job_queue_size: int = 1
 
     def torchserve_fields(self) -> dict[str, int]:
         """The settings TorchServe shows under its JSON names (describe bodies, snapshots)."""
         return {field.json: getattr(self, field.name) for field in FIELDS if field.shown}
+
+    def sequence_fields(self) -> dict[str, object]:
+        """TorchServe's describe fields of a stateful model. As in TorchServe, the limits are
+        in force (and shown) only with a positive sequenceMaxIdleMSec, else they read 0."""
+        active = self.sequence_max_idle_ms > 0
+        return {
+            "stateful": self.sequence_batching,
+            "sequenceMaxIdleMSec": self.sequence_max_idle_ms if active else 0,
+            "sequenceTimeoutMSec": self.sequence_timeout_ms if active else 0,
+            "maxNumSequence": self.max_num_sequence if active else 0,
+            "maxSequenceJobQueueSize": self.max_sequence_job_queue_size if active else 0,
+        }
 
     def with_workers(self, min_workers: int, max_workers: int) -> ModelSettings:
         if not 0 <= min_workers <= max_workers:
@@ -209,6 +239,14 @@ FIELDS: tuple[Field, ...] = (
     Field("max_retry_timeout_s", "maxRetryTimeoutInSec", None, integer(0), shown=False),
     # TorchServe reads it from model-config.yaml only and shows it in describe, not snapshots.
     Field("use_venv", "useVenv", None, _boolean, shown=False),
+    # Stateful models: model-config.yaml only, as in TorchServe; describe shows them through
+    # ModelSettings.sequence_fields.
+    Field("sequence_batching", "sequenceBatching", None, _boolean, shown=False),
+    Field("sequence_max_idle_ms", "sequenceMaxIdleMSec", None, integer(0), shown=False),
+    Field("sequence_timeout_ms", "sequenceTimeoutMSec", None, integer(0), shown=False),
+    Field("max_num_sequence", "maxNumSequence", None, integer(1), shown=False),
+    Field("max_sequence_job_queue_size", "maxSequenceJobQueueSize", None, integer(1),
+          shown=False),
 )
 
 

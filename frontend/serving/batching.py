@@ -377,13 +377,18 @@ class Batcher:
             if self._parked or self._parked_full:
                 self._release()
 
-    def fail_queued(self, error: ServeError) -> None:
-        """Answer every queued job with ``error`` now (its workers cannot serve it soon)."""
+    def take_queued(self) -> list[Job]:
+        """Take every queued job out, in order (to be queued elsewhere: a stateful model's
+        jobs leave a worker that went down)."""
         jobs, self._queue = self._queue, collections.deque()
         self._queued_weight = 0
         self._emptied.set()
-        fail_jobs(list(jobs), error)
         self._make_room(len(jobs))
+        return list(jobs)
+
+    def fail_queued(self, error: ServeError) -> None:
+        """Answer every queued job with ``error`` now (its workers cannot serve it soon)."""
+        fail_jobs(self.take_queued(), error)
 
     def close(self, error: ServeError) -> None:
         """Fail every queued job with ``error``, refuse new ones, and let parked workers go."""

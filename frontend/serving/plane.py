@@ -11,7 +11,9 @@ once:
   or gRPC metadata), its inputs, its weight in batch items, its own deadline
   (``X-Request-Timeout``, or the gRPC deadline), and whether it asks for an explanation
   (TorchServe's ``explain`` header, which only the route sets);
-* ``submit`` queues it with its deadline (504 at the deadline, never dispatched after it);
+* ``submit`` queues it with its deadline (504 at the deadline, never dispatched after it); a
+  stateful model's request is named by its sequence first (a new one when it names none),
+  which ``call.sequence_id`` holds for the transport to return;
   ``outcome`` awaits the answer (a transport in callbacks adds one to ``call.job.future``);
 * ``end`` records the request's metrics and access-log line, exactly once.
 
@@ -33,13 +35,12 @@ from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
 from frontend.serving.batching import Job
 from frontend.serving.ids import new_request_id
+from frontend.serving.sequences import SEQUENCE_ID_HEADER, name_sequence
 from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
 #: A client's own deadline for its prediction, in seconds (HTTP header, lower case).
 REQUEST_TIMEOUT_HEADER = "x-request-timeout"
-#: The header that carries a TorchServe sequence id to the handler.
-SEQUENCE_ID_HEADER = "ts_request_sequence_id"
 #: The header TorchServe's handlers look at to explain instead of predict ("True").
 EXPLAIN_HEADER = "explain"
 #: What a job holds until its request is built.
@@ -69,7 +70,8 @@ class Origin:
 class Call:
     """One prediction in the plane, from ``begin`` to ``end``."""
 
-    __slots__ = ("ended", "error", "job", "model", "origin", "started", "status", "timer")
+    __slots__ = ("ended", "error", "job", "model", "origin", "sequence_id", "started",
+                 "status", "timer")
 
     def __init__(self, origin: Origin, job: Job) -> None:
         self.origin = origin
@@ -82,6 +84,8 @@ class Call:
         #: The error it was answered with, if any (``fail``).
         self.error: ServeError | None = None
         self.ended = False
+        #: A stateful model's request: its sequence (the transport returns it to the client).
+        self.sequence_id: str | None = None
 
     def fail(self, error: ServeError) -> None:
         """Answered with ``error``: its status, and why (for the refusal metrics)."""
@@ -189,6 +193,8 @@ class InferencePlane:
         job = call.job
         job.budget_s = queue_s
         job.deadline = time.monotonic() + queue_s
+        if model.sequences is not None and not job.request.describe:
+            call.sequence_id = name_sequence(job.request)
         model.submit(job)
         if queue_s < budget_s:
             call.timer = loop.call_later(queue_s, _expire_queued, call, budget_s - queue_s,

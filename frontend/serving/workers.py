@@ -28,6 +28,7 @@ import psutil
 from frontend.errors import GatewayTimeout, InternalError, WorkerDied, worker_error
 from frontend.serving.batching import Batcher, Job, fail_jobs
 from frontend.serving.dispatch import Dispatcher, InFlight
+from frontend.serving.sequences import SequenceLane
 from frontend.serving.wire import read_frame, write_frame
 from protos import worker_pb2
 from protos.framing import Frame, Kind, ProtocolError
@@ -258,6 +259,7 @@ class Worker:
         on_batch: Callable[[list[Job], worker_pb2.PredictResult | None], None] | None = None,
         on_down: Callable[[], None] | None = None,
         model_log: logging.Logger | None = None,
+        lane: SequenceLane | None = None,
     ) -> None:
         self.id = str(number)
         self.name = f"W-{number}-{launch.load.model_name}_{launch.load.model_version}"
@@ -284,6 +286,8 @@ class Worker:
         self._log_tasks: list[asyncio.Task[None]] = []
         self._dispatcher: Dispatcher | None = None
         self._on_down = on_down or (lambda: None)
+        #: A stateful model's: the sequences this worker serves (``batcher`` is its batcher).
+        self._lane = lane
         #: Where the worker's stdout and stderr go, line by line (its server's model log).
         self._model_log = model_log or logger
         self._task: asyncio.Task[None]
@@ -310,6 +314,8 @@ class Worker:
                 break
             await self._wait_backoff(self.failures)
         self.state = WorkerState.STOPPED
+        if self._lane is not None:
+            self._lane.retire()
 
     async def _run_once(self) -> None:
         """One life of the worker process: start it, serve batches until it dies or is asked
@@ -323,6 +329,8 @@ class Worker:
                                    ) from exc
         self.state = WorkerState.READY
         self.last_error = ""
+        if self._lane is not None and not self.is_stopping:
+            self._lane.came_up()
         if not self.first_start.done():
             self.first_start.set_result(None)
         up_since = time.monotonic()
@@ -524,6 +532,7 @@ class Worker:
         def done(error: BaseException | None) -> None:
             if finished.done():
                 return
+            self._lane_down(error)
             if error is None:
                 finished.set_result(None)
             else:
@@ -564,6 +573,14 @@ class Worker:
             # Cancelled with batches in flight: nobody will deliver their answers now.
             dispatcher.abandon(WorkerDied(f"{self.name} stopped during a batch"))
             self._dispatcher = None
+            self._lane_down(None)
+
+    def _lane_down(self, error: BaseException | None) -> None:
+        """This life of the worker is over (``error``: why, None: it was stopped): the
+        sequences whose state it held end at once, before a new one could bind to it."""
+        if self._lane is not None:
+            self._lane.went_down(f"its worker {self.name} failed ({error})" if error is not None
+                                 else f"its worker {self.name} was stopped")
 
     @property
     def in_flight(self) -> int:
@@ -585,6 +602,9 @@ class Worker:
         jobs = batch.jobs
         result = (worker_pb2.PredictResult.FromString(reply.payload)
                   if reply.kind is Kind.PREDICTED else None)
+        if self._lane is not None:
+            # Before the next batch is taken: the sequences of this one may be in it.
+            self._lane.finished(jobs, result.responses if result is not None else None)
         if self._on_batch is not None:
             self._on_batch(jobs, result)
         if result is not None:
@@ -606,6 +626,8 @@ class Worker:
 
     async def stop(self, timeout_s: float | None) -> None:
         """Stop after the batch in flight (waiting at most ``timeout_s``; None: no limit)."""
+        if self._lane is not None:
+            self._lane.draining()
         if not self._stop_requested.done():
             self._stop_requested.set_result(None)
         try:

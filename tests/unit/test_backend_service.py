@@ -358,6 +358,9 @@ def test_context_carries_torchserve_properties(tmp_path: Path) -> None:
     assert context.get_request_header(0, "x-a") == "1"
     assert context.get_all_request_header(0) == {"TS_Request_Sequence_Id": "seq-9", "X-A": "1"}
     assert context.get_sequence_id(0) == "seq-9"
+    assert (context.header_key_sequence_id, context.header_key_sequence_start,
+            context.header_key_sequence_end) == (
+        "ts_request_sequence_id", "ts_request_sequence_start", "ts_request_sequence_end")
     assert context.get_response_status(0) == (200, "")
     context.set_all_response_status(503, "Busy")
     assert context.get_response_status(0) == (503, "Busy")
@@ -725,4 +728,16 @@ def test_no_isolation_past_its_share_of_the_response_timeout(tmp_path: Path) -> 
 
     # No time left to re-run anything: both requests carry the batch's error.
     assert [r.error for r in result.responses] == ["ValueError: cannot read bad1"] * 2
+    assert _calls(service) == [2]
+
+
+def test_a_stateful_batch_is_never_re_run(tmp_path: Path) -> None:
+    service = _isolating(tmp_path)
+    batch = bodies([b"a", b"bad1"])
+    for index, sequence_request in enumerate(batch.requests):
+        sequence_request.headers["ts_request_sequence_id"] = f"seq-{index}"
+
+    # Re-running "a" would count it twice in its sequence's state: the batch fails whole.
+    with pytest.raises(ValueError, match="cannot read bad1"):
+        service.predict(batch)
     assert _calls(service) == [2]

@@ -29,6 +29,8 @@ from frontend.errors import (
     QueueFull,
     RequestHeadTimeout,
     RouteNotFound,
+    SequenceLost,
+    SequenceRefused,
     ServeError,
     ServiceUnavailable,
     Unauthorized,
@@ -72,6 +74,8 @@ STATUS_AND_TYPE: dict[type[ServeError], tuple[int, str]] = {
     NotImplementedByModel: (501, "NotImplementedException"),
     ServiceUnavailable: (503, "ServiceUnavailableException"),
     QueueFull: (503, "ServiceUnavailableException"),
+    SequenceRefused: (503, "ServiceUnavailableException"),
+    SequenceLost: (500, "InternalServerException"),
     GatewayTimeout: (504, "RequestTimeoutException"),
     OutOfResources: (507, "OutOfResourcesException"),
 }

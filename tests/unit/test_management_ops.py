@@ -144,7 +144,35 @@ def test_describe_answers_torchserve_names(build_mar, model_store: Path,
         assert body["batching"]["policy"] == "fixed"
         assert body["batching"]["batchesTotal"] == 0
         assert body["batching"]["meanBatchSize"] == 0.0
+        assert "openSequences" not in body["batching"]
         assert "deviceIds" not in body
+        assert (body["stateful"], body["maxNumSequence"]) == (False, 0)
+
+    run_with_services(tmp_path, model_store, test)
+
+
+def test_a_stateful_model_describes_its_sequences_and_needs_an_idle_time(
+        build_mar, model_store: Path, tmp_path: Path) -> None:
+    stateful = tmp_path / "stateful.yaml"
+    stateful.write_text("sequenceBatching: true\nsequenceMaxIdleMSec: 5000\n"
+                        "maxNumSequence: 8\nmaxSequenceJobQueueSize: 3\n")
+    build_mar("stateful", "stateful", config_file=stateful)
+    forever = tmp_path / "forever.yaml"
+    forever.write_text("sequenceBatching: true\n")
+    build_mar("forever", "stateful", config_file=forever)
+
+    async def test(services: Services) -> None:
+        ops = ManagementOps(services)
+        await _register(ops, "stateful.mar")
+        [body] = await ops.describe("stateful", None, customized=False)
+        assert {key: body[key] for key in ("stateful", "sequenceMaxIdleMSec",
+                                           "sequenceTimeoutMSec", "maxNumSequence",
+                                           "maxSequenceJobQueueSize")} == {
+            "stateful": True, "sequenceMaxIdleMSec": 5000, "sequenceTimeoutMSec": 0,
+            "maxNumSequence": 8, "maxSequenceJobQueueSize": 3}
+        assert body["batching"]["openSequences"] == 0
+        with _refusal(BadRequest, 400, "sequenceBatching needs sequenceMaxIdleMSec > 0"):
+            await _register(ops, "forever.mar")
 
     run_with_services(tmp_path, model_store, test)
 

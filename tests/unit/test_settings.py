@@ -45,6 +45,33 @@ def test_yaml_only_fields() -> None:
     assert read_layer({"use_venv": "true"}, Source.API) == {}  # no register parameter
 
 
+def test_stateful_fields_are_model_config_yaml_keys() -> None:
+    yaml = {"sequenceBatching": True, "sequenceMaxIdleMSec": 60000, "sequenceTimeoutMSec": 0,
+            "maxNumSequence": 4, "maxSequenceJobQueueSize": 10}
+    layer = read_layer(yaml, Source.YAML)
+    assert layer == {"sequence_batching": True, "sequence_max_idle_ms": 60000,
+                     "sequence_timeout_ms": 0, "max_num_sequence": 4,
+                     "max_sequence_job_queue_size": 10}
+    assert read_layer({"sequenceBatching": "false"}, Source.YAML) == {"sequence_batching": False}
+    with pytest.raises(ValueError, match="sequenceBatching must be true or false"):
+        read_layer({"sequenceBatching": "yes"}, Source.YAML)
+    with pytest.raises(ValueError, match="maxNumSequence must be an integer >= 1"):
+        read_layer({"maxNumSequence": 0}, Source.YAML)
+
+
+def test_stateful_describe_fields_follow_torchserve() -> None:
+    plain = resolve(DEFAULTS)
+    assert plain.sequence_fields() == {
+        "stateful": False, "sequenceMaxIdleMSec": 0, "sequenceTimeoutMSec": 0,
+        "maxNumSequence": 0, "maxSequenceJobQueueSize": 0}
+    stateful = resolve(DEFAULTS, read_layer(
+        {"sequenceBatching": True, "sequenceMaxIdleMSec": 500, "maxNumSequence": 4},
+        Source.YAML))
+    assert stateful.sequence_fields() == {
+        "stateful": True, "sequenceMaxIdleMSec": 500, "sequenceTimeoutMSec": 0,
+        "maxNumSequence": 4, "maxSequenceJobQueueSize": 1}  # TorchServe's default: 1
+
+
 @pytest.mark.parametrize(("mapping", "expected"), [
     ({"max_batch_size": 8, "max_batch_time": 0.05}, {"batch_size": 8, "max_batch_delay_ms": 50}),
     ({"maxBatchSize": 32, "maxLatency": 500}, {"batch_size": 32, "max_batch_delay_ms": 500}),

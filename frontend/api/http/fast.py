@@ -203,12 +203,14 @@ class PredictionsProtocol(ServerProtocol):
                 self._refuse(prediction, error)
                 return
             result = future.result()
-            request_id = prediction.call.job.request.request_id
+            call = prediction.call
+            request_id = call.job.request.request_id
             if isinstance(result, ResponseStream):
                 self.loop.create_task(self._stream(prediction, result, request_id))
                 return
             assert isinstance(result, worker_pb2.Response)
-            status, content_type, body, headers = self.inference.answer(result, request_id)
+            status, content_type, body, headers = self.inference.answer(result, request_id,
+                                                                        call.sequence_id)
             self._respond(prediction, status, content_type, body, headers)
         except ServeError as error:
             self._refuse(prediction, error)
@@ -305,7 +307,8 @@ class PredictionsProtocol(ServerProtocol):
 
         status = 500
         try:
-            status = await self.inference.respond_in_parts(stream, request_id, send)
+            status = await self.inference.respond_in_parts(stream, request_id, send,
+                                                           prediction.call.sequence_id)
         except ServeError as error:
             status = error.http_status
             self._refuse(prediction, error)

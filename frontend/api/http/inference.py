@@ -28,6 +28,7 @@ from frontend.errors import (
 from frontend.models.model import Model
 from frontend.services import Services
 from frontend.serving.plane import Call
+from frontend.serving.sequences import SEQUENCE_ID_HEADER
 from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
 
@@ -106,10 +107,13 @@ class InferenceApp(common.Routes):
             inputs = [("body", body, content_type)]
         return self.plane.build(call, scope["headers"], inputs, explain=explain)
 
-    def answer(self, response: worker_pb2.Response, request_id: str
-               ) -> tuple[int, bytes, bytes, common.Headers]:
-        """The worker's response as (status, content type, body, other headers)."""
+    def answer(self, response: worker_pb2.Response, request_id: str,
+               sequence_id: str | None = None) -> tuple[int, bytes, bytes, common.Headers]:
+        """The worker's response as (status, content type, body, other headers); a stateful
+        model's answer names its sequence (the client learns an id the server made)."""
         headers = response_headers(request_id, response)
+        if sequence_id is not None and SEQUENCE_ID_HEADER not in response.headers:
+            headers.append((SEQUENCE_ID_HEADER.encode(), sequence_id.encode("latin-1")))
         if response.error:
             status = response.status or 500
             return (status, common.JSON, torchserve_body(status, type_for_status(status),
@@ -133,14 +137,16 @@ class InferenceApp(common.Routes):
                 return
             request_id = call.job.request.request_id
             if isinstance(result, ResponseStream):
-                call.status = await self.respond_in_parts(result, request_id, send)
+                call.status = await self.respond_in_parts(result, request_id, send,
+                                                          call.sequence_id)
                 return
-            status, content_type, body, headers = self.answer(result, request_id)
+            status, content_type, body, headers = self.answer(result, request_id,
+                                                              call.sequence_id)
             await common.send_bytes(send, status, body, content_type, headers)
             call.status = status
 
     async def respond_in_parts(self, stream: ResponseStream, request_id: str,
-                               send: common.Send) -> int:
+                               send: common.Send, sequence_id: str | None = None) -> int:
         """Intermediate responses as they come: HTTP/1.1 chunked transfer encoding."""
         started = False
         status = 200
@@ -149,9 +155,13 @@ class InferenceApp(common.Routes):
                 if not started:
                     content_type = (part.content_type or "application/json").encode("latin-1")
                     status = part.status or 200
+                    headers = [(b"content-type", content_type),
+                               (b"x-request-id", request_id.encode())]
+                    if sequence_id is not None:
+                        headers.append((SEQUENCE_ID_HEADER.encode(),
+                                        sequence_id.encode("latin-1")))
                     await send({"type": "http.response.start", "status": status,
-                                "headers": [(b"content-type", content_type),
-                                            (b"x-request-id", request_id.encode())]})
+                                "headers": headers})
                     started = True
                 body = part.body
                 if part.error:
