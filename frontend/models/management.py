@@ -98,7 +98,8 @@ class ManagementOps:
         )
         model = await self.loader.register(request)
         self.snapshots.save(self.registry)
-        return (200 if request.synchronous else 202,
+        # 202 while workers start in the background; 200 when there was nothing to wait for.
+        return (200 if request.synchronous or not model.workers else 202,
                 {"status": _registered_message(model, request.synchronous)})
 
     async def scale(self, name: str, version: str | None,

@@ -6,6 +6,7 @@ also called ``model_archiver``.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -21,9 +22,11 @@ pytestmark = pytest.mark.skipif(not TS_ARCHIVER.exists(),
 
 
 def torchserve_archive(store: Path, name: str, *args: str, fmt: str = "default") -> None:
+    # Without PYTHONPATH: our model_archiver package shares TorchServe's package name.
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     subprocess.run([str(TS_ARCHIVER), "--model-name", name, "--version", "1.0",
                     "--export-path", str(store), "--archive-format", fmt, *args],
-                   check=True, capture_output=True, timeout=120, cwd=store)
+                   check=True, capture_output=True, timeout=120, cwd=store, env=env)
 
 
 @pytest.mark.parametrize("fmt", ["default", "tgz", "no-archive"])

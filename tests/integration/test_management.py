@@ -403,6 +403,10 @@ def test_registration_starts_default_workers_per_model_or_none(build_mar, start_
                                  "initial workers. Use scale workers API to add workers for "
                                  "the model."}
     assert server.describe("later")["workers"] == []
+    # Asynchronous, with no worker to start: nothing runs in the background, so 200.
+    nothing = requests.post(_models(server), timeout=60, params={
+        "url": "echo.mar", "model_name": "async0", "synchronous": "false"})
+    assert nothing.status_code == 200 and "0 initial workers" in nothing.json()["status"]
     configured = start_server(default_workers_per_model=2)
     two = _register(configured, url="echo.mar", model_name="two")
     assert two.json()["status"].endswith("registered with 2 initial workers"), two.text
