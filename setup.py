@@ -47,6 +47,13 @@ EXTRAS_REQUIRE = {
         "tritonclient[http]>=2.73,<3",
         # Explanations by the built-in image classifiers (tests/integration/test_explanations.py).
         "captum>=0.9,<0.10",
+        # deploy/ checked offline (tests/unit/test_deploy_manifests.py): Helm's Go SDK as a
+        # shared library in the wheel renders the chart (no helm binary or download), and
+        # kubernetes-validate's strict schemas (1.32 among them) and jsonschema (the vendored
+        # KServe and KEDA CRDs) validate what it renders.
+        "helm-python-sdk>=0.2.2,<0.3",
+        "kubernetes-validate>=1.32,<2",
+        "jsonschema>=4.18",
     ],
     # Explanations (/explanations, KServe's explain) with Captum's IntegratedGradients, as
     # TorchServe's image classifier gives them; without it they answer 501.

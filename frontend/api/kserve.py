@@ -24,8 +24,11 @@ HEADER_LENGTH = "inference-header-content-length"
 
 
 def is_server_ready(models: Iterable[Model]) -> bool:
-    """Ready when every registered model version is (so, with none registered)."""
-    return all(model.is_ready() for model in models)
+    """Ready when every registered model version has its ``min_workers`` up (so, with none
+    registered). Stricter than each model's readiness (one worker up) because Kubernetes
+    probes it: a replica short of workers would get a full share of traffic with part of its
+    capacity, and a worker that keeps dying takes the replica out of the Service meanwhile."""
+    return all(model.has_min_workers_up() for model in models)
 
 
 def server_metadata(version: str) -> dict[str, Any]:

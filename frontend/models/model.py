@@ -189,3 +189,9 @@ class Model:
     def is_ready(self) -> bool:
         """Ready when one of its workers can take a batch."""
         return any(worker.is_up for worker in self.workers)
+
+    def has_min_workers_up(self) -> bool:
+        """As many workers up as ``min_workers`` (at least one): what a pod's readiness asks,
+        so that a replica takes its share of traffic only with all of its batch capacity."""
+        up = sum(1 for worker in self.workers if worker.is_up)
+        return up >= max(1, self.settings.min_workers)

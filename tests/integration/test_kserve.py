@@ -192,6 +192,42 @@ def test_v2_model_metadata_and_readiness(server: RunningServer) -> None:
     _error(requests.get(f"{base}/nope/ready", timeout=10), 404)
 
 
+def test_v2_server_ready_waits_for_every_models_minimum_workers(
+        build_mar, start_server, tmp_path: Path) -> None:
+    """What the Helm chart's readiness probe relies on: one worker up makes a model ready, but
+    the server (REST and gRPC) is ready only when every model has its min_workers up."""
+    hold = tmp_path / "hold"
+    hold_path = tmp_path / "hold_path.txt"
+    hold_path.write_text(str(hold))
+    build_mar("held", "held_start", extra_files=(str(hold_path),))
+    build_mar("echo", "echo")
+    server = start_server("held.mar", "echo.mar")
+    ready_url = f"{server.inference}/v2/health/ready"
+    assert requests.get(ready_url, timeout=10).json() == {"ready": True}
+
+    hold.touch()  # the next worker of "held" stays in initialize until the file goes
+    scaled = requests.put(f"{server.management}/models/held",
+                          params={"min_worker": 2, "max_worker": 2}, timeout=30)
+    assert scaled.status_code == 202, scaled.text
+    not_ready = requests.get(ready_url, timeout=10)
+    assert (not_ready.status_code, not_ready.json()) == (503, {"ready": False})
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_inference_port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        assert not stub.ServerReady(pb.ServerReadyRequest()).ready
+        assert stub.ModelReady(pb.ModelReadyRequest(name="held")).ready
+    # The model still serves with the worker it has, and the server is alive.
+    assert requests.get(f"{server.inference}/v2/models/held/ready", timeout=10).json() == {
+        "name": "held", "ready": True}
+    assert server.predict("held", b"x").status_code == 200
+    assert requests.get(f"{server.inference}/ping", timeout=10).status_code == 200
+
+    hold.unlink()
+    server.wait_for(lambda: requests.get(ready_url, timeout=10).status_code == 200,
+                    "the second worker of held to come up")
+    workers = server.describe("held")["workers"]
+    assert [w["status"] for w in workers] == ["READY", "READY"]  # type: ignore[union-attr,index]
+
+
 def _outputs(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {output["name"]: output for output in body["outputs"]}
 

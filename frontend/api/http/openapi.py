@@ -314,8 +314,8 @@ def _kserve_paths() -> Json:
         "/v2/health/live": {"get": _kserve_operation(
             "v2Live", "Open Inference liveness.", "Live.", public=True)},
         "/v2/health/ready": {"get": _kserve_operation(
-            "v2Ready", "Open Inference readiness: every model ready.", "Ready.", public=True,
-            ready=True)},
+            "v2Ready", "Open Inference readiness: every model has its minimum workers up.",
+            "Ready.", public=True, ready=True)},
         "/v2/models/{model_name}": {"parameters": model, "get": v2_model},
         "/v2/models/{model_name}/versions/{model_version}": {
             "parameters": version, "get": {**v2_model, "operationId": "v2VersionMetadata"}},
