@@ -591,6 +591,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--peak", type=float, default=defaults.peak_rps,
                         help="peak offered req/s")
+    parser.add_argument("--ramp", type=float, default=defaults.rise_s,
+                        help="seconds the rise takes, and the fall")
+    parser.add_argument("--hold", type=float, default=defaults.hold_s,
+                        help="seconds the peak lasts")
     parser.add_argument("--startup", type=float, default=defaults.startup_s,
                         help="seconds from a new pod to its readiness")
     parser.add_argument("--depth-target", type=float, default=None,
@@ -606,7 +610,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot", type=Path, default=None,
                         help="write a PNG of replicas and p99 over time (needs matplotlib)")
     args = parser.parse_args(argv)
+    tail_s = defaults.duration_s - defaults.fall_end_s  # the base load after the fall
     scenario = replace(defaults, peak_rps=args.peak, startup_s=args.startup,
+                       rise_s=args.ramp, fall_s=args.ramp, hold_s=args.hold,
+                       duration_s=defaults.rise_at_s + 2 * args.ramp + args.hold + tail_s,
                        depth_target=args.depth_target, rps_target=args.rps_target,
                        wait_target_s=args.wait_target_ms / 1000,
                        scale_down_pods_per_min=args.scale_down_pods_per_min)
