@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.k8s_scaling                 # the table
     .venv/bin/python -m benchmarks.k8s_scaling --timeline      # plus a row per minute
     .venv/bin/python -m benchmarks.k8s_scaling --plot out.png  # and replicas, p99 over time
+    .venv/bin/python -m benchmarks.k8s_scaling --container-concurrency 1 4 8 16
 
 What each scaling rule of docs/kubernetes.md does to latency, to refusals and to the replica
 count while the offered load rises, holds and falls again. Nothing runs but this process: time
@@ -62,6 +63,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from frontend.errors import QueueFull
+from frontend.serving import simulation
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.dispatch import Dispatcher, InFlight
 from frontend.serving.policies import make_policy
@@ -554,6 +556,31 @@ def describe(scenario: Scenario, seed: int) -> str:
         f"{s.wait_target_s * 1000:g} ms.")
 
 
+def capped_pod(scenario: Scenario, limit: int, policy: str, seed: int,
+               duration_s: float = 300.0) -> simulation.SimulationResult:
+    """One pod whose requests are capped at ``limit`` (Knative's containerConcurrency) while
+    more wait outside it (in the queue-proxy): as many closed-loop clients as the cap, each
+    sending its next request as soon as it is answered, through the real Batcher and
+    Dispatcher (frontend/serving/simulation.simulate). Latencies count from entering the pod."""
+    s = scenario
+    return simulation.simulate(
+        make_policy(policy, s.batch_size, s.max_batch_delay_s), max_batch_size=s.batch_size,
+        service_s=linear_service(s.overhead_s, s.per_item_s), clients=limit, think_s=0.001,
+        workers=s.workers, batches_in_flight=s.batches_in_flight, duration_s=duration_s,
+        seed=seed)
+
+
+def concurrency_table(scenario: Scenario, limits: list[int], seed: int) -> str:
+    lines = ["| containerConcurrency | batch_policy | req/s a pod | mean batch | "
+             "p50 ms in the pod |", "|---|---|---|---|---|"]
+    for limit in limits:
+        for policy in ("adaptive", "fixed"):
+            result = capped_pod(scenario, limit, policy, seed)
+            lines.append(f"| {limit} | {policy} | {result.throughput_per_s:.1f} | "
+                         f"{result.mean_batch_size:.1f} | {_ms(result.p50_latency_s)} |")
+    return "\n".join(lines)
+
+
 def plot(scenario: Scenario, outcomes: list[Outcome], path: Path, step_s: float = 30.0) -> bool:
     """Replicas and per-step p99 over time, one line per rule; False without matplotlib."""
     try:
@@ -607,6 +634,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scale-down-pods-per-min", type=int, default=None,
                         help="an HPA scaleDown policy: at most N pods removed a minute")
     parser.add_argument("--timeline", action="store_true", help="also a row per minute")
+    parser.add_argument("--container-concurrency", type=int, nargs="+", default=None,
+                        metavar="N", help="instead: one pod's throughput with its requests "
+                                          "capped at each N (Knative's containerConcurrency)")
     parser.add_argument("--plot", type=Path, default=None,
                         help="write a PNG of replicas and p99 over time (needs matplotlib)")
     args = parser.parse_args(argv)
@@ -617,6 +647,9 @@ def main(argv: list[str] | None = None) -> None:
                        depth_target=args.depth_target, rps_target=args.rps_target,
                        wait_target_s=args.wait_target_ms / 1000,
                        scale_down_pods_per_min=args.scale_down_pods_per_min)
+    if args.container_concurrency:
+        print(concurrency_table(scenario, args.container_concurrency, args.seed))
+        return
     outcomes = [simulate(scenario, rule, args.seed) for rule in args.rules]
     print(describe(scenario, args.seed) + "\n")
     print(summary(scenario, outcomes))

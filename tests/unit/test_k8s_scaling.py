@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks.k8s_scaling import Outcome, Scenario, simulate
+from benchmarks.k8s_scaling import Outcome, Scenario, capped_pod, simulate
 
 SCENARIO = Scenario()
 RULES = ("none", "queue-depth", "queue-depth+rps", "ts-counter")
@@ -30,8 +30,8 @@ def test_without_scaling_the_peak_overflows_the_queues(runs: dict[str, Outcome])
 def test_queue_depth_and_rps_follow_the_ramp_with_a_bounded_p99(
         runs: dict[str, Outcome]) -> None:
     both, none = runs["queue-depth+rps"], runs["none"]
-    peak_start, peak_end = SCENARIO.peak_window
-    assert both.replicas_at(peak_start + 60) >= 4  # up during the rise (30 req/s, 10 a pod)
+    # Up with the rise: a minute into the peak (30 req/s, 10 a pod in full batches) ...
+    assert both.replicas_at(SCENARIO.peak_window[0] + 60) >= 4
     assert both.final_replicas == SCENARIO.min_replicas  # and down after the fall
     assert both.reversals() == 0  # never took away a pod the load still needed
     assert both.refused_share() < 0.001
@@ -65,3 +65,13 @@ def test_a_run_is_the_same_for_the_same_seed() -> None:
     assert first.answered == second.answered
     assert first.samples == second.samples
     assert simulate(short, "queue-depth+rps", seed=8).answered != first.answered
+
+
+@pytest.mark.parametrize("policy", ["adaptive", "fixed"])
+def test_a_concurrency_cap_below_batch_size_keeps_batches_from_filling(policy: str) -> None:
+    """Knative's containerConcurrency 4 with batch_size 8: a pod never holds a full batch."""
+    capped = capped_pod(SCENARIO, 4, policy, seed=1, duration_s=60.0)
+    full = capped_pod(SCENARIO, SCENARIO.batch_size, policy, seed=1, duration_s=60.0)
+    assert capped.mean_batch_size <= 4 < full.mean_batch_size
+    assert capped.throughput_per_s < 0.7 * full.throughput_per_s
+    assert full.throughput_per_s > 0.95 * SCENARIO.replica_capacity_rps
