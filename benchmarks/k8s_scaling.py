@@ -216,11 +216,10 @@ class Replica:
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """The cluster at one autoscaler period."""
+    """The replica count the autoscaler set at one period."""
 
     t: float
     replicas: int
-    ready: int
 
 
 @dataclass(slots=True)
@@ -467,7 +466,7 @@ class Cluster:
         for _ in range(current - desired):
             self._remove_replica()
             self._removals.append(now)
-        self.outcome.samples.append(Sample(now, len(self.replicas), len(self.routable)))
+        self.outcome.samples.append(Sample(now, len(self.replicas)))
         if now + s.period_s < s.duration_s:
             self.time.call_at(now + s.period_s, self._scale)
 
