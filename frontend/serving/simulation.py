@@ -126,7 +126,7 @@ _PREDICT = Frame(Kind.PREDICT, b"")
 _PREDICTED = Frame(Kind.PREDICTED, b"")
 
 
-class _SimulatedWorker:
+class SimulatedWorker:
     """A worker connection (dispatch.Connection) whose handler runs one batch at a time and
     answers it ``service_s(items)`` after it could start it."""
 
@@ -220,7 +220,7 @@ def simulate(
         batcher.completed(batch.weight, took_s)
         return lambda: answer(batch.jobs)
 
-    simulated = [_SimulatedWorker(time, service_s) for _ in range(workers)]
+    simulated = [SimulatedWorker(time, service_s) for _ in range(workers)]
     try:
         for index, worker in enumerate(simulated):
             Dispatcher(f"W-sim-{index}", batcher, worker, timeout_s=math.inf,
