@@ -281,22 +281,24 @@ def test_serverless_sample_lets_batches_fill() -> None:
     assert model["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
 
 
-def test_raw_sample_scales_on_queue_depth_with_keda() -> None:
+def test_raw_sample_scales_on_request_rate_and_queue_depth_with_keda() -> None:
     [isvc] = documents((KSERVE / "inferenceservice-raw-keda.yaml").read_text())
     annotations = isvc["metadata"]["annotations"]
     assert annotations["serving.kserve.io/deploymentMode"] == "RawDeployment"
     assert annotations["serving.kserve.io/autoscalerClass"] == "keda"
     predictor = isvc["spec"]["predictor"]
-    [metric] = predictor["autoScaling"]["metrics"]
-    external = metric["external"]
-    assert (metric["type"], external["metric"]["backend"]) == ("External", "prometheus")
-    query = external["metric"]["query"]
-    assert query.startswith("sum(batchserve_queue_depth{")
-    pods = re.search(r'pod=~"([^"]+)"', query)
-    assert pods is not None
-    # KServe names the predictor's pods <isvc>-predictor-<replicaset>-<pod>.
-    assert re.fullmatch(pods[1], f"{isvc['metadata']['name']}-predictor-5d8f7c9b4-x2x7q")
-    assert int(external["target"]["value"]) > 0
+    rate, depth = predictor["autoScaling"]["metrics"]
+    for metric, prefix in ((rate, "sum(rate(ts_inference_requests_total{"),
+                           (depth, "sum(batchserve_queue_depth{")):
+        external = metric["external"]
+        assert (metric["type"], external["metric"]["backend"]) == ("External", "prometheus")
+        query = external["metric"]["query"]
+        assert query.startswith(prefix)
+        pods = re.search(r'pod=~"([^"]+)"', query)
+        assert pods is not None
+        # KServe names the predictor's pods <isvc>-predictor-<replicaset>-<pod>.
+        assert re.fullmatch(pods[1], f"{isvc['metadata']['name']}-predictor-5d8f7c9b4-x2x7q")
+        assert int(external["target"]["value"]) > 0
     model = predictor["model"]
     assert [(p["name"], p["containerPort"]) for p in model["ports"]] == \
         [("http1", 8080), ("h2c", 8081)]
@@ -430,36 +432,41 @@ def test_chart_model_store_sources() -> None:
     assert init["command"][-1] == "/models"
 
 
-def test_chart_hpa_scales_on_queue_depth_per_pod() -> None:
+def test_chart_hpa_scales_on_request_rate_and_queue_depth_per_pod() -> None:
     resources = render(VALUE_SETS["hpa"])
     assert "replicas" not in resources["Deployment"]["spec"]  # the autoscaler owns it
     hpa = resources["HorizontalPodAutoscaler"]
     assert hpa["apiVersion"] == "autoscaling/v2"
     assert hpa["spec"]["scaleTargetRef"]["name"] == resources["Deployment"]["metadata"]["name"]
-    [metric] = hpa["spec"]["metrics"]
-    assert metric["type"] == "Pods"
-    assert metric["pods"]["metric"]["name"] == "batchserve_queue_depth"
-    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "16"}
+    rate, depth = hpa["spec"]["metrics"]
+    assert rate["type"] == depth["type"] == "Pods"
+    assert rate["pods"]["metric"]["name"] == "ts_inference_requests_per_second"
+    assert rate["pods"]["target"] == {"type": "AverageValue", "averageValue": "50"}
+    assert depth["pods"]["metric"]["name"] == "batchserve_queue_depth"
+    assert depth["pods"]["target"] == {"type": "AverageValue", "averageValue": "16"}
     assert "ScaledObject" not in resources
 
 
-def test_chart_keda_scales_on_the_release_pods_queue_depth() -> None:
+def test_chart_keda_scales_on_the_release_pods_request_rate_and_queue_depth() -> None:
     resources = render(VALUE_SETS["keda"], namespace="serving")
     scaled = resources["ScaledObject"]
     spec = scaled["spec"]
     assert spec["scaleTargetRef"]["name"] == resources["Deployment"]["metadata"]["name"]
     assert spec["minReplicaCount"] <= spec["maxReplicaCount"]  # KEDA's CEL rule
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 6)
-    [trigger] = spec["triggers"]
-    assert trigger["type"] == "prometheus"
-    assert trigger["metadata"]["threshold"] == "16"
-    query = trigger["metadata"]["query"]
-    assert query.startswith("sum(batchserve_queue_depth{") and 'namespace="serving"' in query
-    pods = re.search(r'pod=~"([^"]+)"', query)
-    assert pods is not None
+    rate, depth = spec["triggers"]
     name = resources["Deployment"]["metadata"]["name"]
-    assert re.fullmatch(pods[1], f"{name}-7c9d5b8f6-q4w2z")
-    assert not re.fullmatch(pods[1], f"{name}-other-7c9d5b8f6-q4w2z")
+    for trigger, threshold, prefix in (
+            (rate, "50", "sum(rate(ts_inference_requests_total{"),
+            (depth, "16", "sum(batchserve_queue_depth{")):
+        assert trigger["type"] == "prometheus"
+        assert trigger["metadata"]["threshold"] == threshold
+        query = trigger["metadata"]["query"]
+        assert query.startswith(prefix) and 'namespace="serving"' in query
+        pods = re.search(r'pod=~"([^"]+)"', query)
+        assert pods is not None
+        assert re.fullmatch(pods[1], f"{name}-7c9d5b8f6-q4w2z")
+        assert not re.fullmatch(pods[1], f"{name}-other-7c9d5b8f6-q4w2z")
     assert "HorizontalPodAutoscaler" not in resources
 
 
