@@ -10,11 +10,11 @@ and encoded in the worker (backend/open_inference.py), so no tensor code runs he
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import Any
 
 from frontend.errors import BadRequest
 from frontend.models.model import Model
+from frontend.models.registry import ModelRegistry
 
 SERVER_NAME = "batchserve"
 #: Open Inference Protocol extensions we implement.
@@ -23,9 +23,10 @@ PLATFORM = "pytorch"
 HEADER_LENGTH = "inference-header-content-length"
 
 
-def is_server_ready(models: Iterable[Model]) -> bool:
-    """Ready when every registered model version is (so, with none registered)."""
-    return all(model.is_ready() for model in models)
+def is_server_ready(registry: ModelRegistry) -> bool:
+    """Ready when every registered model version is (so, with none registered), and every
+    model the server was started with is registered."""
+    return not registry.missing() and all(model.is_ready() for model in registry)
 
 
 def server_metadata(version: str) -> dict[str, Any]:
