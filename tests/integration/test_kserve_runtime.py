@@ -36,8 +36,9 @@ import numpy as np
 import pytest
 import requests
 
+from frontend.config import Address
 from model_archiver.packaging import ArchiveOptions, build_archive
-from tests.conftest import HANDLERS, START_TIMEOUT_S
+from tests.conftest import HANDLERS, START_TIMEOUT_S, launch_server
 from tests.integration.vision_fixtures import build_tiny_classifier, jpeg
 
 httpclient = pytest.importorskip("tritonclient.http")
@@ -402,3 +403,35 @@ def test_drain_timeout_bounds_the_stop(tmp_path: Path) -> None:
             answered = 0  # the connection was closed: the client is not left hanging
     assert answered != 200
     assert "drain_timeout" in pod.stdout.read_text()
+
+
+# ---- where KServe's ports land when they are configured ports too -----------------------------
+
+
+def test_kserves_ports_share_the_listeners_that_serve_the_same(tmp_path: Path) -> None:
+    """KServe's REST port on the inference address is that listener; on the management
+    address, one listener serves both APIs (TorchServe's rule for coinciding addresses); its
+    gRPC port on the gRPC inference port is that listener."""
+    store = tmp_path / "store"
+    store.mkdir()
+    inference, management, grpc_port = free_port(), free_port(), free_port()
+    server = launch_server(store, inference_address=Address("127.0.0.1", inference),
+                           kserve_protocol="v1", kserve_rest_port=inference,
+                           grpc_inference_port=grpc_port, kserve_grpc_port=grpc_port)
+    try:
+        assert server.server.bound is not None
+        assert str(server.server.bound.kserve_rest) == server.inference
+        assert server.server.bound.kserve_grpc_port == server.grpc_inference_port == grpc_port
+    finally:
+        server.stop()
+
+    server = launch_server(store, management_address=Address("127.0.0.1", management),
+                           kserve_protocol="v1", kserve_rest_port=management, kserve_grpc_port=0)
+    try:
+        assert server.server.bound is not None
+        shared = str(server.server.bound.kserve_rest)
+        assert shared == server.management != server.inference
+        assert requests.get(f"{shared}/v1/models", timeout=30).json() == {"models": []}
+        assert requests.get(f"{shared}/models", timeout=30).json() == {"models": []}
+    finally:
+        server.stop()

@@ -140,9 +140,9 @@ class HttpListeners:
             apps["metrics"] = MetricsApp(services)
             wanted["metrics"] = config.metrics_address
         kserve = Address(config.inference_address.host, config.kserve_rest_port)
-        if config.kserve_protocol and kserve != config.inference_address:
+        if config.kserve_protocol and (kserve != config.inference_address or not kserve.port):
             # Where KServe sends REST (8080), on the inference address's host; on the
-            # inference address itself, that listener serves it.
+            # inference address itself, that listener serves it (port 0 is always new).
             apps["kserve"] = apps["inference"]
             wanted["kserve"] = kserve
         # Listeners that share an address (port 0 excepted) become one combined listener.
