@@ -12,8 +12,10 @@ is on), and ``BATCHSERVE_FOREGROUND=1`` stands for the container (the test is no
 model is the snapshot's ``mnist``: a tiny image classifier (the built-in ``image_classifier``
 handler), asked with the request shapes of KServe's TorchServe docs (base64 images).
 
-The ``kserve`` Python package's clients are not used: kserve 0.21 requires protobuf<7 and
-psutil<6, and this project runs protobuf 7 and psutil 7. tritonclient speaks v2 REST and gRPC.
+tritonclient speaks v2 REST and gRPC. The ``kserve`` Python package cannot join this project's
+environment (kserve 0.21 requires protobuf<7 and psutil<6; this project runs protobuf 7 and
+psutil 7), so its clients run from another interpreter when ``KSERVE_PYTHON`` names one that
+has it (``python -m venv kv && kv/bin/pip install kserve``); otherwise that test is skipped.
 """
 
 from __future__ import annotations
@@ -207,6 +209,18 @@ def test_v1_on_kserves_rest_port(v1_pod: Pod, expected: dict[str, float]) -> Non
     assert list(body) == ["predictions"]  # TorchServe's envelope answer, nothing added
     (prediction,) = body["predictions"]
     assert_same(prediction, expected)
+    # The docs' own command, curl -d @mnist.json, sends it as a form (no JSON content type).
+    as_curl = requests.post(f"{rest}/v1/models/mnist:predict",
+                            data=json.dumps({"instances": [{"data": IMAGE_B64}]}),
+                            headers={"Content-Type": "application/x-www-form-urlencoded"},
+                            timeout=60)
+    assert as_curl.status_code == 200 and as_curl.json() == body
+
+    explained = requests.post(f"{rest}/v1/models/mnist:explain",
+                              json={"instances": [{"data": IMAGE_B64}]}, timeout=120)
+    if explained.status_code != 501:  # 501: Captum is not installed
+        assert explained.status_code == 200, explained.text
+        assert list(explained.json()) == ["explanations"]
 
     # The envelope takes the body on every route, as in TorchServe: /predictions too.
     same = requests.post(f"{v1_pod.url('inference')}/predictions/mnist",
@@ -302,6 +316,90 @@ def test_tritonclient_grpc_on_kserves_grpc_port(v2_pod: Pod, expected: dict[str,
     assert (report["id"], report["model_name"]) == ("grpc-1", "mnist")
     assert report["outputs"] == [["data", "BYTES", [1]]]
     assert_same(report["data"][0], expected)
+
+
+KSERVE_CLIENTS = """
+import asyncio
+import base64
+import json
+import sys
+
+from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig
+
+rest, grpc_url, image_path, protocol = sys.argv[1:5]
+image = open(image_path, "rb").read()
+text = base64.b64encode(image).decode()
+
+
+async def v1():
+    client = InferenceRESTClient(RESTConfig(protocol="v1"))
+    try:
+        answer = await client.infer(rest, {"instances": [{"data": text}]}, model_name="mnist")
+        return [await client.is_server_live(rest), await client.is_model_ready(rest, "mnist"),
+                answer]
+    finally:
+        await client.close()
+
+
+async def v2():
+    client = InferenceRESTClient(RESTConfig(protocol="v2"))
+    try:
+        request = InferRequest(model_name="mnist", request_id="k-rest", infer_inputs=[
+            InferInput(name="input-0", shape=[1], datatype="BYTES", data=[text])])
+        answer = await client.infer(rest, request, model_name="mnist")
+        return [await client.is_server_ready(rest), await client.is_model_ready(rest, "mnist"),
+                answer.id, [[o.name, o.datatype, o.shape] for o in answer.outputs]]
+    finally:
+        await client.close()
+
+
+async def grpc():
+    client = InferenceGRPCClient(url=grpc_url)
+    try:
+        request = InferRequest(model_name="mnist", request_id="k-grpc", infer_inputs=[
+            InferInput(name="input-0", shape=[1], datatype="BYTES", data=[image])])
+        answer = await client.infer(request)
+        return [await client.is_server_ready(), await client.is_model_ready("mnist"),
+                answer.id, [[o.name, o.datatype, o.shape] for o in answer.outputs],
+                json.loads(answer.outputs[0].data[0])]
+    finally:
+        await client.close()
+
+
+async def main():
+    if protocol == "v1":
+        print(json.dumps({"v1": await v1()}))
+    else:
+        print(json.dumps({"v2": await v2(), "grpc": await grpc()}))
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not os.environ.get("KSERVE_PYTHON"),
+                    reason="KSERVE_PYTHON names no interpreter with the kserve package")
+def test_kserves_own_clients(v1_pod: Pod, v2_pod: Pod, expected: dict[str, float],
+                             tmp_path: Path) -> None:
+    image = tmp_path / "image.jpg"
+    image.write_bytes(IMAGE)
+
+    def run(pod: Pod, protocol: str) -> dict[str, Any]:
+        child = subprocess.run([os.environ["KSERVE_PYTHON"], "-c", KSERVE_CLIENTS, pod.rest,
+                                pod.grpc, str(image), protocol],
+                               capture_output=True, text=True, timeout=120, check=False)
+        assert child.returncode == 0, child.stderr
+        return dict(json.loads(child.stdout.splitlines()[-1]))
+
+    live, ready, answer = run(v1_pod, "v1")["v1"]
+    assert (live, ready) == (True, True)
+    assert_same(answer["predictions"][0], expected)
+    report = run(v2_pod, "v2")
+    assert report["v2"] == [True, True, "k-rest", [["input-0", "BYTES", [1]]]]
+    ready, model_ready, answer_id, outputs, prediction = report["grpc"]
+    assert (ready, model_ready, answer_id, outputs) == (
+        True, True, "k-grpc", [["input-0", "BYTES", [1]]])
+    assert_same(prediction, expected)
 
 
 # ---- v2 without an envelope (batchserve's own v2) ---------------------------------------------
