@@ -375,7 +375,7 @@ def build_outputs(items: Sequence[Any], declared: Mapping[str, str]) -> list[Ten
         for value in values:
             _flatten_checked(value, inner, flat, name)
         datatype = declared.get(name) or _infer_datatype(flat, name)
-        outputs.append(Tensor(name, datatype, [len(values), *inner], _coerce(datatype, flat,
+        outputs.append(Tensor(name, datatype, [len(values), *inner], coerce(datatype, flat,
                                                                              name)))
     return outputs
 
@@ -429,7 +429,8 @@ def _infer_datatype(flat: Sequence[Any], name: str) -> str:
     raise InvalidHandlerOutput(f"output {name!r} mixes {sorted(kinds)} elements")
 
 
-def _coerce(datatype: str, flat: list[Any], name: str) -> list[Any]:
+def coerce(datatype: str, flat: list[Any], name: str) -> list[Any]:
+    """A flat list of output elements as ``datatype`` needs them. Raises InvalidHandlerOutput."""
     try:
         if datatype == "BYTES":
             return [item.encode("utf-8") if isinstance(item, str) else bytes(item)

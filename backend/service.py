@@ -31,6 +31,7 @@ from backend.context import (
     read_manifest,
     read_model_yaml_config,
 )
+from backend.envelopes import Envelope, Unwrapped, grpc_answer, make_envelope, v2_document
 from backend.errors import (
     BatchSizeMismatch,
     HandlerLoadError,
@@ -64,9 +65,12 @@ class ModelService:
     def __init__(
         self, entry_point: EntryPoint, context: Context, *, decode_input_request: bool = True,
         model_version: str = "", response_timeout_s: float = 120.0,
+        envelope: Envelope | None = None,
     ) -> None:
         self.entry_point = entry_point
         self.context = context
+        #: service_envelope: every request's body is unwrapped into rows, its results wrapped.
+        self.envelope = envelope
         self.decode_input_request = decode_input_request
         self.model_version = model_version
         self.response_timeout_s = response_timeout_s
@@ -80,7 +84,8 @@ class ModelService:
         device), that step. None when there is nothing to do ahead of time."""
         handler = getattr(self.entry_point.handle, "__self__", None)
         stage = getattr(handler, "prepare_batch", None)
-        if not callable(stage) or not callable(getattr(handler, "handle_prepared", None)) or any(
+        if (not callable(stage) or not callable(getattr(handler, "handle_prepared", None))
+                or self.envelope is not None) or any(
                 r.describe or r.instances or r.tensor_format or is_explanation(r)
                 for r in batch.requests):
             return None
@@ -162,6 +167,8 @@ class ModelService:
         explaining = [is_explanation(r) for r in requests]
         if any(explaining) and not all(explaining):
             return self._apart(batch, explaining)
+        if self.envelope is not None:
+            return self._predict_enveloped(batch, self.envelope)
         if any(r.instances or r.tensor_format for r in requests):
             return self._predict_rows(batch)
         self.context.begin_batch(
@@ -280,6 +287,78 @@ class ModelService:
             responses.append(response)
         return self._result(batch, responses, handler_time_ms)
 
+    def _predict_enveloped(self, batch: worker_pb2.PredictBatch, envelope: Envelope
+                           ) -> worker_pb2.PredictResult:
+        """Every request unwrapped by the envelope into rows, the handler run on them (once for
+        the batch, or once per request: ``Envelope.joins_requests``), each request's results
+        wrapped into its answer. A gRPC ModelInfer request goes through the envelope as the
+        JSON body KServe's TorchServe wrapper made of it, and its answer back into a
+        ModelInferResponse."""
+        segments: list[_Segment] = []
+        for request in batch.requests:
+            segment = _Segment(request, start=0)
+            try:
+                if request.tensor_format == worker_pb2.TENSOR_FORMAT_GRPC:
+                    segment.tensors = open_inference.decode_grpc(request.inputs.get(BODY, b""))
+                    data: dict[str, Any] = {BODY: v2_document(segment.tensors)}
+                else:
+                    data = decode_request(request, decode=self.decode_input_request)
+                segment.unwrapped = envelope.unwrap(data, request.request_id)
+            except InvalidInput as exc:
+                segment.error = exc
+            segments.append(segment)
+        good = [segment for segment in segments if segment.unwrapped is not None]
+        groups = [good] if envelope.joins_requests else [[segment] for segment in good]
+        handler_time_ms = 0.0
+        responses: dict[str, worker_pb2.Response] = {}
+        for group in groups:
+            rows: list[Any] = []
+            ids: list[str] = []
+            headers: list[Mapping[str, str]] = []
+            for segment in group:
+                assert segment.unwrapped is not None
+                segment.start, segment.count = len(rows), len(segment.unwrapped.rows)
+                rows.extend(segment.unwrapped.rows)
+                ids.extend([segment.request.request_id] * segment.count)
+                headers.extend([dict(segment.request.headers)] * segment.count)
+            if not rows:
+                continue
+            self.context.begin_batch(ids, headers)
+            results, took_ms = self._handle(rows, "rows")
+            handler_time_ms += took_ms
+            for segment in group:
+                responses[segment.request.request_id] = self._wrap(
+                    envelope, segment, results[segment.start:segment.start + segment.count])
+        return self._result(batch, [
+            responses.get(segment.request.request_id) or _fail(
+                worker_pb2.Response(request_id=segment.request.request_id),
+                segment.error or InvalidInput("the envelope found no rows"),
+                self.entry_point.name)
+            for segment in segments], handler_time_ms)
+
+    def _wrap(self, envelope: Envelope, segment: _Segment, items: list[Any]
+              ) -> worker_pb2.Response:
+        response = self._row_response(segment)
+        content_type = _pop_content_type(dict(
+            self.context.request_processor[segment.start].get_response_headers()))
+        failure = next((item for item in items if isinstance(item, BaseException)), None)
+        if failure is not None:
+            return _fail(response, failure, self.entry_point.name)
+        assert segment.unwrapped is not None
+        try:
+            answer = envelope.wrap(items, segment.unwrapped, is_explanation(segment.request))
+            if segment.tensors is not None:
+                response.body = grpc_answer(answer, segment.tensors)
+                response.content_type = "application/x-protobuf"
+                return response
+            body, default_type = encode_result(answer)
+        except (InvalidInput, InvalidHandlerOutput, TypeError, ValueError, RecursionError
+                ) as exc:
+            return _fail(response, exc, self.entry_point.name)
+        response.body = body
+        response.content_type = content_type or default_type
+        return response
+
     def _row_response(self, segment: _Segment) -> worker_pb2.Response:
         """The status and headers the handler set on the first row of a request."""
         processor = self.context.request_processor[segment.start]
@@ -397,9 +476,6 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
     model_dir = Path(message.model_dir)
     if not model_dir.is_dir():
         raise HandlerLoadError(f"model directory {model_dir} does not exist")
-    if message.envelope:
-        # TODO(backend): service envelopes (body, json, kserve, kservev2).
-        raise HandlerLoadError(f"service_envelope {message.envelope!r} is not supported yet")
     manifest = read_manifest(message.manifest_json)
     # NOTE: read the YAML config before the model directory joins sys.path, so that the lazy
     # `import yaml` cannot pick up a yaml.py shipped in the archive.
@@ -418,7 +494,8 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
     entry_point = load_entry_point(message.handler, model_dir, context)
     return ModelService(entry_point, context, decode_input_request=message.decode_input_request,
                         model_version=message.model_version,
-                        response_timeout_s=message.response_timeout_ms / 1000 or 120.0)
+                        response_timeout_s=message.response_timeout_ms / 1000 or 120.0,
+                        envelope=make_envelope(message.envelope, context))
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,6 +526,8 @@ class _Segment:
     count: int = 0
     #: The decoded v2 request (Open Inference Protocol requests only).
     tensors: open_inference.InferRequest | None = None
+    #: Its rows as the service envelope unwrapped them (with an envelope only).
+    unwrapped: Unwrapped | None = None
     #: Why the request could not be turned into rows (it is answered with this error).
     error: BaseException | None = None
 

@@ -2,6 +2,10 @@
 
 Flags are TorchServe's. argparse rather than click: ``--models a=a.mar b=b.mar`` takes a
 variable number of values after one flag, which click options cannot express.
+
+In a container ``torchserve --start`` is the container's command (KServe's runtime runs just
+that), so it must not return: as PID 1, or when ``BATCHSERVE_FOREGROUND`` says so, it stays in
+the foreground as ``--foreground`` does, logs to stdout and drains on SIGTERM.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from frontend import __version__
 from frontend.config import ServerConfig, load_config
@@ -34,6 +38,9 @@ logger = logging.getLogger("batchserve")
 STATE_FILE = "server.json"
 STOP_TIMEOUT_S = 180.0
 LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s - %(message)s"
+#: Set by a container image: ``torchserve --start`` stays in the foreground ("1"/"true"), or
+#: goes to the background even as PID 1 ("0"/"false").
+FOREGROUND_ENV = "BATCHSERVE_FOREGROUND"
 
 
 def state_dir() -> Path:
@@ -122,7 +129,8 @@ def read_state() -> dict[str, object] | None:
     except (OSError, ValueError):
         return None
     pid = state.get("pid")
-    if not isinstance(pid, int) or not _is_our_server(pid):
+    # Our own PID is stale too: a restarted container's PID 1 finds its predecessor's file.
+    if not isinstance(pid, int) or pid == os.getpid() or not _is_our_server(pid):
         path.unlink(missing_ok=True)  # stale: the server died without cleaning up
         return None
     return dict(state)
@@ -159,11 +167,27 @@ def remove_state(pid: int) -> None:
 
 # ---- foreground -------------------------------------------------------------------------
 
-def setup_logging(log_config: Path | None) -> None:
+def stays_in_foreground(args: argparse.Namespace, environ: Mapping[str, str], pid: int
+                        ) -> bool:
+    """``--foreground``; else what the container says (``BATCHSERVE_FOREGROUND``); else
+    whether this is the container's main process (PID 1), which must not return."""
+    if args.foreground:
+        return True
+    value = environ.get(FOREGROUND_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value:
+        raise ConfigError(f"{FOREGROUND_ENV}={environ[FOREGROUND_ENV]!r}: expected true or false")
+    return pid == 1
+
+
+def setup_logging(log_config: Path | None, stream: TextIO) -> None:
     if log_config is not None:
         logging.config.fileConfig(log_config, disable_existing_loggers=False)
         return
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=stream)
 
 
 def run_foreground(config: ServerConfig) -> int:
@@ -184,11 +208,13 @@ def run_foreground(config: ServerConfig) -> int:
             "metrics": str(bound.metrics) if bound.metrics else None,
             "grpc_inference_port": bound.grpc_inference_port,
             "grpc_management_port": bound.grpc_management_port,
+            "kserve_rest": str(bound.kserve_rest) if bound.kserve_rest else None,
+            "kserve_grpc_port": bound.kserve_grpc_port,
             "key_file": None if config.disable_token_authorization
             else str(config.key_file.resolve()),
         })
         print(f"batchserve is serving: inference {bound.inference}, management "
-              f"{bound.management}, metrics {bound.metrics}", file=sys.stderr, flush=True)
+              f"{bound.management}, metrics {bound.metrics}", flush=True)
 
     server = Server(config, on_started=announce)
 
@@ -329,7 +355,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.stop:
         return stop_server()
-    setup_logging(args.log_config if args.foreground else None)
+    try:
+        foreground = stays_in_foreground(args, os.environ, os.getpid())
+    except ConfigError as exc:
+        print(f"torchserve: error: {exc}", file=sys.stderr)
+        return 2
+    # In the foreground the log is the server's stdout (a container's log); a background
+    # start reports on the terminal, the server logging to its file.
+    setup_logging(args.log_config if foreground else None,
+                  sys.stdout if foreground else sys.stderr)
     try:
         config = resolve_config(args)
         running = read_state()
@@ -339,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"torchserve: error: {exc}", file=sys.stderr)
         return 2
-    if args.foreground:
+    if foreground:
         return run_foreground(config)
     return start_background([a for a in argv if a != "--foreground"], config)
 

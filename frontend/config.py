@@ -12,7 +12,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,6 +24,14 @@ from frontend.models.settings import FIELDS, SettingsLayer, Source, policy, read
 from frontend.serving.policies import PolicyName
 
 logger = logging.getLogger(__name__)
+
+#: How long open requests may take to finish once the server is asked to stop: under
+#: Kubernetes' default grace period (30 s) before SIGKILL.
+DEFAULT_DRAIN_TIMEOUT_S = 25.0
+#: KServe's ``PROTOCOL_VERSION`` values (``kserve_protocol``).
+KSERVE_PROTOCOLS = ("v1", "v2", "grpc-v2")
+#: TorchServe's envelope names (backend/envelopes.py implements them).
+SERVICE_ENVELOPES = ("kserve", "kservev2", "json", "body")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +131,22 @@ def _parse_positive_float(text: str) -> float:
     return value
 
 
+def _parse_non_negative_float(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def _parse_choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in ("", *choices):
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
 def _parse_port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -220,6 +244,7 @@ class ServerConfig:
     install_py_dep_timeout_s: float = 600.0
     limit_max_image_pixels: bool = True
     decode_input_request: bool = True
+    #: TorchServe's request envelope for every model (kserve, kservev2, json, body).
     service_envelope: str = ""
     default_service_handler: str = ""
     enable_metrics_api: bool = True
@@ -232,6 +257,15 @@ class ServerConfig:
     snapshot_disabled: bool = False
     #: TorchServe's ``model_snapshot`` JSON (KServe's config uses it): models to restore.
     model_snapshot: Mapping[str, Any] | None = None
+    #: KServe's ``PROTOCOL_VERSION`` (v1, v2, grpc-v2); set, the server also answers KServe's
+    #: REST on ``kserve_rest_port`` and the Open Inference gRPC service on
+    #: ``kserve_grpc_port``, where KServe sends them, as TorchServe's wrapper did.
+    kserve_protocol: str = ""
+    kserve_rest_port: int = 8080
+    kserve_grpc_port: int = 8081
+    #: Once asked to stop (SIGTERM), how long open requests may take to finish before the
+    #: workers are stopped.
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
 
 # config.properties key -> (ServerConfig field, parser)
@@ -275,15 +309,22 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "install_py_dep_timeout": ("install_py_dep_timeout_s", _parse_positive_float),
     "limit_max_image_pixels": ("limit_max_image_pixels", _parse_bool),
     "decode_input_request": ("decode_input_request", _parse_bool),
-    "service_envelope": ("service_envelope", str),
+    "service_envelope": ("service_envelope", _parse_choice(SERVICE_ENVELOPES)),
     "default_service_handler": ("default_service_handler", str),
     "enable_metrics_api": ("enable_metrics_api", _parse_bool),
     "metrics_mode": ("metrics_mode", str),
+    # KServe's documented config.properties for TorchServe says metrics_format (TorchServe
+    # itself reads only metrics_mode): the same setting.
+    "metrics_format": ("metrics_mode", str),
     "log_location": ("log_location", Path),
     "enable_access_log": ("enable_access_log", _parse_bool),
     "run_dir": ("run_dir", Path),
     "snapshot_disabled": ("snapshot_disabled", _parse_bool),
     "model_snapshot": ("model_snapshot", _parse_json_object),
+    "kserve_protocol": ("kserve_protocol", _parse_choice(KSERVE_PROTOCOLS)),
+    "kserve_rest_port": ("kserve_rest_port", _parse_port),
+    "kserve_grpc_port": ("kserve_grpc_port", _parse_port),
+    "drain_timeout": ("drain_timeout_s", _parse_non_negative_float),
 }
 
 #: TorchServe keys we read elsewhere or accept without effect (no "unknown key" warning).
@@ -293,6 +334,8 @@ _ACCEPTED_WITHOUT_EFFECT = frozenset({
     "initial_worker_port", "model_server_home", "metric_time_interval",
     "default_startup_timeout_ms", "workflow_store", "tsConfigFile",
     "cpu_launcher_enable", "ipex_enable",
+    # In TorchServe's own KServe config.properties samples; TorchServe ignores it.
+    "NUM_WORKERS",
 })
 
 
@@ -339,7 +382,38 @@ def build_config(*sources: Mapping[str, str]) -> tuple[ServerConfig, list[str]]:
     if config.metrics_mode not in ("prometheus", "log", "legacy"):
         raise ConfigError(f"config key metrics_mode={config.metrics_mode!r}: expected prometheus, "
                           "log or legacy")
+    if config.kserve_protocol:
+        _check_kserve_ports(config)
     return config, unknown
+
+
+def _check_kserve_ports(config: ServerConfig) -> None:
+    """KServe's ports must not be taken by another listener (the same port is shared only
+    with the listener that serves the same thing: inference REST, or gRPC inference)."""
+    http_ports = {"inference_address": config.inference_address.port,
+                  "management_address": config.management_address.port}
+    if config.enable_metrics_api:
+        http_ports["metrics_address"] = config.metrics_address.port
+    grpc_port = config.kserve_grpc_port
+    if config.kserve_protocol == "grpc-v2" and not config.enable_grpc:
+        raise ConfigError("PROTOCOL_VERSION is grpc-v2, but enable_grpc=false turns gRPC off")
+    if grpc_port and config.enable_grpc:
+        for key, port in {**http_ports, "grpc_management_port": config.grpc_management_port
+                          }.items():
+            if port == grpc_port:
+                raise ConfigError(
+                    f"PROTOCOL_VERSION (kserve_protocol) is set: KServe's gRPC port {grpc_port} "
+                    f"(kserve_grpc_port) is also {key}'s; move {key} (KServe's documented "
+                    "config puts the inference and management APIs on 8085) or "
+                    "kserve_grpc_port")
+    rest_port = config.kserve_rest_port
+    if rest_port:
+        for key, port in {"grpc_inference_port": config.grpc_inference_port,
+                          "grpc_management_port": config.grpc_management_port}.items():
+            if port == rest_port:
+                raise ConfigError(
+                    f"PROTOCOL_VERSION (kserve_protocol) is set: KServe's REST port {rest_port} "
+                    f"(kserve_rest_port) is also {key}'s; move one of them")
 
 
 def load_config(
@@ -351,7 +425,30 @@ def load_config(
     file_values = read_properties(config_file) if config_file is not None else {}
     environ = os.environ if environ is None else environ
     envvars_on = _parse_bool(file_values.get("enable_envvars_config", "false"))
-    config, unknown = build_config(file_values, env_overrides(environ, envvars_on), cli_overrides)
+    sources = [file_values, env_overrides(environ, envvars_on), kserve_env(environ),
+               cli_overrides]
+    config, unknown = build_config(*sources)
     for key in unknown:
         logger.warning("config: unknown key %r ignored (check the spelling)", key)
+    given = {key for source in sources for key in source}
+    if config.model_snapshot is not None and config.load_models and "load_models" not in \
+            cli_overrides:
+        # TorchServe's rule: a model_snapshot in the config is what starts, load_models is not
+        # read (TorchServe's KServe sample config has both). --models still wins.
+        logger.info("config: model_snapshot is given, so load_models is ignored (as TorchServe)")
+        config = replace(config, load_models=())
+    if config.kserve_protocol and "disable_token_authorization" not in given:
+        # KServe's clients and probes send no token, and KServe authenticates at its ingress;
+        # the old wrapper asked for none. Set the key to keep tokens on under KServe.
+        config = replace(config, disable_token_authorization=True)
     return config
+
+
+def kserve_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """KServe's ``PROTOCOL_VERSION``, which its runtime sets and its TorchServe wrapper read
+    whatever ``enable_envvars_config`` says."""
+    protocol = environ.get("PROTOCOL_VERSION", "").strip()
+    if protocol and protocol not in KSERVE_PROTOCOLS:
+        raise ConfigError(f"PROTOCOL_VERSION={protocol!r}: expected one of "
+                          f"{', '.join(KSERVE_PROTOCOLS)}")
+    return {"kserve_protocol": protocol} if protocol else {}

@@ -2,7 +2,8 @@
 
 Order: bind every port first (a busy port fails the start at once), load the startup models,
 then serve. Stopping runs in reverse: stop accepting and let open requests finish (the
-workers are still up to answer them), then stop the workers, then remove the run directory.
+workers are still up to answer them), then stop the workers, then remove the run directory,
+all within ``drain_timeout`` (under Kubernetes' grace period before SIGKILL).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,6 +35,9 @@ from frontend.serving.plane import InferencePlane
 
 logger = logging.getLogger(__name__)
 
+#: Workers get at least this long to exit cleanly at the end of a drain.
+WORKER_EXIT_S = 1.0
+
 
 @dataclass(frozen=True, slots=True)
 class BoundAddresses:
@@ -43,6 +48,9 @@ class BoundAddresses:
     metrics: Address | None
     grpc_inference_port: int | None = None
     grpc_management_port: int | None = None
+    #: Under KServe (PROTOCOL_VERSION): where its REST and gRPC traffic is answered.
+    kserve_rest: Address | None = None
+    kserve_grpc_port: int | None = None
 
 
 def startup_requests(config: ServerConfig, entries: tuple[str, ...]) -> list[RegisterRequest]:
@@ -76,6 +84,8 @@ class Server:
         #: Called (on the server's loop) once every listener is serving.
         self._on_started = on_started
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: time.monotonic() by which draining must be done, once stopping.
+        self._drain_deadline: float | None = None
 
     def request_stop(self) -> None:
         """Ask the server to stop; safe to call from any thread."""
@@ -118,7 +128,7 @@ class Server:
             finally:
                 if grpc_servers is not None:
                     await grpc_servers.stop(grace_s=0)
-                await loader.close(drain_timeout_s=config.unregister_model_timeout_s)
+                await loader.close(drain_timeout_s=self._drain_left())
                 if auth is not None:
                     auth.remove()
                 if owns_run_dir:
@@ -139,9 +149,12 @@ class Server:
             if grpc_servers is not None:
                 await grpc_servers.start()
                 grpc_ports = grpc_servers.ports
-            self.bound = BoundAddresses(bound["inference"], bound["management"],
-                                        bound.get("metrics"), grpc_ports.get("inference"),
-                                        grpc_ports.get("management"))
+            kserve = self.config.kserve_protocol
+            self.bound = BoundAddresses(
+                bound["inference"], bound["management"], bound.get("metrics"),
+                grpc_ports.get("inference"), grpc_ports.get("management"),
+                bound.get("kserve", bound["inference"]) if kserve else None,
+                grpc_ports.get("kserve", grpc_ports.get("inference")) if kserve else None)
             if auth is not None:
                 auth.start()
                 logger.info("token authorization is on: keys in %s", auth.path.resolve())
@@ -153,12 +166,25 @@ class Server:
                         "inference/management ports %s/%s", bound["inference"],
                         bound["management"], bound.get("metrics"),
                         grpc_ports.get("inference"), grpc_ports.get("management"))
+            if kserve:
+                logger.info("KServe (PROTOCOL_VERSION=%s): REST on %s, gRPC (Open Inference) on "
+                            "port %s; models %s", kserve, self.bound.kserve_rest,
+                            self.bound.kserve_grpc_port, ", ".join(loader.registry.names()))
             if self._on_started is not None:
                 self._on_started(self)
             await self._stop.wait()
-            logger.info("stopping: no new connections; finishing open requests")
-            if grpc_servers is not None:
-                await grpc_servers.stop(grace_s=30)
+            drain_s = self.config.drain_timeout_s
+            self._drain_deadline = time.monotonic() + drain_s
+            logger.info("stopping: no new connections; open requests have %g s to finish "
+                        "(drain_timeout)", drain_s)
+            await asyncio.gather(http.stop(), *(
+                [grpc_servers.stop(grace_s=drain_s)] if grpc_servers is not None else []))
+
+    def _drain_left(self) -> float:
+        """What is left of drain_timeout for the workers (a little at least, to exit cleanly)."""
+        if self._drain_deadline is None:
+            return self.config.drain_timeout_s
+        return max(WORKER_EXIT_S, self._drain_deadline - time.monotonic())
 
     async def _load_startup_models(self, loader: ModelLoader, snapshots: Snapshots) -> None:
         """Load ``load_models`` / ``--models``; without them, restore the latest snapshot."""
@@ -177,6 +203,8 @@ class Server:
                 models.append(await loader.register(replace(request, synchronous=False)))
             except ServeError as exc:
                 logger.error("cannot load startup model %s: %s", request.url, exc)
+                if request.model_name:
+                    loader.registry.failed_at_startup.add(request.model_name)
         for name, version in defaults.items():
             with contextlib.suppress(ServeError):
                 loader.registry.set_default(name, version)

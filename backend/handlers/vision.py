@@ -1,7 +1,9 @@
 """Reading images out of requests, and VisionHandler, which keeps bad images apart.
 
 A request carries its image under TorchServe's ``data`` (form field) or ``body`` input: raw
-bytes, base64 text, or a JSON object whose ``data`` (or ``body``) is base64 text. An input that
+bytes, base64 text, or a JSON object whose ``data`` (or ``body``) is base64 text; a KServe v2 row
+of one input carries it under that input's name (a BYTES tensor from JSON: base64 text, which
+TorchServe's kservev2 envelope hands on as text and its vision handler decodes). An input that
 is not a usable image fails only its own request (``InvalidInput``, status 400); the model runs
 once, on the batch's good images. How images become the model's input (decoded on the model's
 device, or by Pillow as TorchServe does) is ``backend.handlers.images``.
@@ -50,11 +52,13 @@ IMAGENET_TRANSFORM = transforms.Compose(
 decode_image = decode_rgb
 
 _DATA_URL_MARK = ";base64,"
+#: How JPEG, PNG, GIF, BMP, WebP and TIFF files begin ("BM" and "MM" are base64 characters).
+_IMAGE_SIGNATURES = (b"\xff\xd8", b"\x89PNG", b"GIF8", b"BM", b"RIFF", b"II*\x00", b"MM\x00*")
 
 
 def image_bytes(row: Any) -> bytes:
     """The encoded image one request carries. Raises InvalidInput when there is none."""
-    value = (row.get("data") or row.get("body")) if isinstance(row, Mapping) else row
+    value = _image_value(row) if isinstance(row, Mapping) else row
     if isinstance(value, Mapping):  # a JSON body: {"data": "<base64>"}
         value = value.get("data") or value.get("body")
     if value is None or (isinstance(value, (bytes, bytearray, str)) and not value):
@@ -65,10 +69,31 @@ def image_bytes(row: Any) -> bytes:
     if isinstance(value, str):
         return decode_base64(value)
     if isinstance(value, (bytes, bytearray)):
-        return bytes(value)
+        return _unless_base64(bytes(value))
     raise InvalidInput(
         f"expected an image as bytes or base64 text, got a JSON {type(value).__name__}"
     )
+
+
+def _image_value(row: Mapping[str, Any]) -> Any:
+    value = row.get("data") or row.get("body")
+    if value is None and len(row) == 1:  # a v2 row: {input_name: value}
+        (value,) = row.values()
+    return value
+
+
+def _unless_base64(data: bytes) -> bytes:
+    """Base64 text that came as bytes (a v2 BYTES tensor), decoded; other bytes as they are.
+
+    Only ASCII that decodes as base64 in full is taken for it: an encoded image starts with
+    non-ASCII bytes or one of the signatures, so raw images pass as they are.
+    """
+    if data.startswith(_IMAGE_SIGNATURES) or not data.isascii():
+        return data
+    try:
+        return decode_base64(data.decode("ascii"))
+    except InvalidInput:
+        return data
 
 
 def decode_base64(text: str) -> bytes:

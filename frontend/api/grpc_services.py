@@ -442,7 +442,8 @@ MANAGEMENT_SERVICE = (
 
 
 class GrpcServers:
-    """The two gRPC listeners: bound at start, stopped with a grace period."""
+    """The gRPC listeners (inference, management; KServe's too under KServe): bound at
+    start, stopped with a grace period."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -466,6 +467,16 @@ class GrpcServers:
              (MANAGEMENT_SERVICE,), lambda server: _add_management(
                  ManagementServicer(self.services), server)),
         ]
+        if config.kserve_protocol and (config.kserve_grpc_port != config.grpc_inference_port
+                                       or not config.kserve_grpc_port):
+            # Where KServe sends gRPC (8081, its h2c port), on the inference address's host,
+            # as TorchServe's wrapper served it: the Open Inference service alone.
+            plan.append((
+                "kserve", config.inference_address.host, config.kserve_grpc_port,
+                (OPEN_INFERENCE_SERVICE,), lambda server: server.add_generic_rpc_handlers((
+                    service_handler(
+                        open_inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"],
+                        OpenInferenceServicer(self.services), RAW_REQUEST_METHODS),))))
         for name, host, port, service_names, add in plan:
             server = grpc.aio.server(options=[
                 ("grpc.max_receive_message_length", config.max_request_size_bytes),

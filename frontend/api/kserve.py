@@ -10,11 +10,11 @@ and encoded in the worker (backend/open_inference.py), so no tensor code runs he
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import Any
 
 from frontend.errors import BadRequest
 from frontend.models.model import Model
+from frontend.models.registry import ModelRegistry
 
 SERVER_NAME = "batchserve"
 #: Open Inference Protocol extensions we implement.
@@ -23,12 +23,13 @@ PLATFORM = "pytorch"
 HEADER_LENGTH = "inference-header-content-length"
 
 
-def is_server_ready(models: Iterable[Model]) -> bool:
-    """Ready when every registered model version has its ``min_workers`` up (so, with none
-    registered). Stricter than each model's readiness (one worker up) because Kubernetes
-    probes it: a replica short of workers would get a full share of traffic with part of its
-    capacity, and a worker that keeps dying takes the replica out of the Service meanwhile."""
-    return all(model.has_min_workers_up() for model in models)
+def is_server_ready(registry: ModelRegistry) -> bool:
+    """Ready when every model the server was started with is registered and every registered
+    model version has its ``min_workers`` up (so, with none registered). Stricter than each
+    model's readiness (one worker up) because Kubernetes probes it: a replica short of workers
+    would get a full share of traffic with part of its capacity, and a worker that keeps dying
+    takes the replica out of the Service meanwhile."""
+    return not registry.missing() and all(model.has_min_workers_up() for model in registry)
 
 
 def server_metadata(version: str) -> dict[str, Any]:

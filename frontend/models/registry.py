@@ -18,6 +18,9 @@ class ModelRegistry:
     def __init__(self) -> None:
         self._models: dict[str, dict[str, Model]] = {}
         self._defaults: dict[str, str] = {}
+        #: Startup models (model_snapshot, load_models) that failed to register: while one is
+        #: not registered, the server is not ready (KServe's readiness).
+        self.failed_at_startup: set[str] = set()
 
     # ---- lookup -------------------------------------------------------------------------
 
@@ -44,6 +47,10 @@ class ModelRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._models)
+
+    def missing(self) -> list[str]:
+        """The startup models that failed to register and are still not registered."""
+        return sorted(name for name in self.failed_at_startup if name not in self._models)
 
     def default_version(self, name: str) -> str:
         self.get(name)

@@ -652,11 +652,6 @@ def test_initialize_failure_propagates_with_its_type(tmp_path: Path) -> None:
         load_service(load_message(model_dir, "needs_weights.py"))
 
 
-def test_service_envelope_is_refused_until_supported(tmp_path: Path) -> None:
-    with pytest.raises(HandlerLoadError, match="service_envelope 'kserve' is not supported"):
-        load(tmp_path, "echo.py", "echo.py", envelope="kserve")
-
-
 # --- a batch that fails as a whole ----------------------------------------------------------
 
 

@@ -9,6 +9,8 @@ import pytest
 from frontend.config import Address, ServerConfig, build_config, load_config
 from frontend.errors import ConfigError
 
+KSERVE_CONFIG = Path(__file__).resolve().parents[1] / "fixtures" / "kserve" / "config.properties"
+
 
 def test_defaults_are_torchserve_defaults_and_local_only() -> None:
     config, unknown = build_config({})
@@ -82,6 +84,10 @@ def test_later_sources_win_and_env_needs_enable_envvars_config(tmp_path: Path) -
     ("models", '{"m": {"1.0": {"batchSize": "eight"}}}'),
     ("allowed_urls", "file://(unclosed"),
     ("metrics_mode", "carrier-pigeon"),
+    ("service_envelope", "seldon"),
+    ("kserve_protocol", "v3"),
+    ("kserve_grpc_port", "99999"),
+    ("drain_timeout", "-1"),
 ])
 def test_bad_values_name_the_key(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=key):
@@ -105,3 +111,73 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_server_config_is_frozen() -> None:
     with pytest.raises(AttributeError):
         ServerConfig().job_queue_size = 3  # type: ignore[misc]
+
+
+# ---- KServe's TorchServe runtime ----------------------------------------------------------------
+
+#: What KServe's kserve-torchserve runtime passes: its args' model store, its env.
+RUNTIME_ARGS = {"model_store": "/mnt/models/model-store"}
+
+
+def test_kserves_documented_config_and_env_are_read_verbatim(
+        caplog: pytest.LogCaptureFixture) -> None:
+    config = load_config(KSERVE_CONFIG, RUNTIME_ARGS, environ={
+        "TS_SERVICE_ENVELOPE": "kservev2", "PROTOCOL_VERSION": "grpc-v2"})
+    assert "unknown key" not in caplog.text
+    assert config.inference_address == config.management_address == Address("0.0.0.0", 8085)
+    assert (config.service_envelope, config.kserve_protocol) == ("kservev2", "grpc-v2")
+    assert (config.kserve_rest_port, config.kserve_grpc_port) == (8080, 8081)
+    assert config.metrics_mode == "prometheus"  # metrics_format is metrics_mode
+    assert config.model_snapshot is not None and list(config.model_snapshot["models"]) == ["mnist"]
+    # KServe's clients send no token: under KServe tokens are off unless the config says so.
+    assert config.disable_token_authorization
+
+
+def test_the_envelope_variable_needs_enable_envvars_config_as_in_torchserve(
+        tmp_path: Path) -> None:
+    path = tmp_path / "config.properties"
+    path.write_text("job_queue_size=10\n")
+    assert load_config(path, {}, environ={"TS_SERVICE_ENVELOPE": "kserve"}).service_envelope == ""
+
+
+def test_tokens_stay_on_under_kserve_when_the_config_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "config.properties"
+    path.write_text(KSERVE_CONFIG.read_text() + "disable_token_authorization=false\n")
+    config = load_config(path, RUNTIME_ARGS, environ={"PROTOCOL_VERSION": "v1"})
+    assert not config.disable_token_authorization
+    assert not load_config(KSERVE_CONFIG, RUNTIME_ARGS, environ={}).disable_token_authorization
+
+
+def test_a_bad_protocol_version_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="PROTOCOL_VERSION='v3'"):
+        load_config(KSERVE_CONFIG, RUNTIME_ARGS, environ={"PROTOCOL_VERSION": "v3"})
+
+
+def test_kserves_grpc_port_must_not_be_another_listeners(tmp_path: Path) -> None:
+    # TorchServe's default management port is KServe's gRPC port.
+    with pytest.raises(ConfigError, match="management_address"):
+        load_config(None, {}, environ={"PROTOCOL_VERSION": "v2"})
+    with pytest.raises(ConfigError, match="grpc_management_port"):
+        build_config({"kserve_protocol": "v1", "management_address": "http://127.0.0.1:8085",
+                      "grpc_management_port": "8081"})
+    with pytest.raises(ConfigError, match="grpc_inference_port"):
+        build_config({"kserve_protocol": "v1", "management_address": "http://127.0.0.1:8085",
+                      "grpc_inference_port": "8080"})
+    # The same port as the listener that serves the same protocol is shared, not a clash.
+    config, _ = build_config({"kserve_protocol": "v1", "management_address":
+                              "http://127.0.0.1:8085", "grpc_inference_port": "8081"})
+    assert config.kserve_rest_port == config.inference_address.port == 8080
+
+
+def test_a_model_snapshot_in_the_config_wins_over_load_models(tmp_path: Path) -> None:
+    path = tmp_path / "config.properties"
+    path.write_text(KSERVE_CONFIG.read_text() + "load_models=all\n")
+    assert load_config(path, RUNTIME_ARGS, environ={}).load_models == ()
+    with_models = load_config(path, {**RUNTIME_ARGS, "load_models": "x.mar"}, environ={})
+    assert with_models.load_models == ("x.mar",)
+
+
+def test_metrics_format_is_metrics_mode() -> None:
+    assert build_config({"metrics_format": "log"})[0].metrics_mode == "log"
+    with pytest.raises(ConfigError, match="metrics_mode"):
+        build_config({"metrics_format": "graphite"})

@@ -375,6 +375,29 @@ def test_base64_and_form_field_inputs(tmp_path: Path) -> None:
         assert_same_prediction(first, other, 1e-6)
 
 
+def test_base64_text_that_comes_as_bytes_is_an_image(tmp_path: Path) -> None:
+    """A KServe v2 BYTES tensor from JSON holds base64 text (TorchServe's kservev2 envelope hands
+    it on as text and its vision handler decodes it); it reaches a native v2 row as bytes, under
+    the input's name. Both, and a bare base64 body without a content type, are images."""
+    service = load(eager_model_dir(tmp_path))
+    encoded = base64.b64encode(image(7)).decode()
+
+    def v2(name: str) -> worker_pb2.Request:
+        body = {"inputs": [{"name": name, "shape": [1], "datatype": "BYTES", "data": [encoded]}]}
+        return worker_pb2.Request(inputs={"body": json.dumps(body).encode()},
+                                  tensor_format=worker_pb2.TENSOR_FORMAT_REST)
+
+    raw, named_data, named_other, bare = service.predict(
+        batch(request(image(7)), v2("data"), v2("input-0"), request(encoded.encode()))).responses
+    expected = json.loads(raw.body)
+    for response in (named_data, named_other):
+        assert response.status == 200, response.error
+        outputs = {o["name"]: o["data"][0] for o in json.loads(response.body)["outputs"]}
+        assert_same_prediction(expected, outputs, 1e-6)
+    assert bare.status == 200, bare.error
+    assert_same_prediction(expected, json.loads(bare.body), 1e-6)
+
+
 def test_json_that_holds_no_image_is_a_bad_input(tmp_path: Path) -> None:
     service = load(eager_model_dir(tmp_path))
 

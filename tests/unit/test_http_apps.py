@@ -407,7 +407,7 @@ def test_kserve_routes_answer_kserve_errors(build_mar, model_store: Path,
         assert await answer("GET", "/v2/models/echo/ready") == \
             (503, {"name": "echo", "ready": False})  # no worker
         assert await answer("GET", "/v2/health/ready") == (503, {"ready": False})
-        assert await answer("GET", "/v1/models/echo") == (200, {"name": "echo", "ready": False})
+        assert await answer("GET", "/v1/models/echo") == (503, {"name": "echo", "ready": False})
         assert await answer("GET", "/v2/models/echo/versions/1.0") == (200, {
             "name": "echo", "versions": ["1.0"], "platform": "pytorch", "inputs": [],
             "outputs": []})

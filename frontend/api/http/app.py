@@ -25,14 +25,14 @@ from frontend.api.http.fast import protocol_for
 from frontend.api.http.inference import InferenceApp
 from frontend.api.http.management import ManagementApp
 from frontend.api.http.metrics import MetricsApp
-from frontend.config import Address
+from frontend.config import DEFAULT_DRAIN_TIMEOUT_S, Address
 from frontend.errors import RouteNotFound, ServeError
 from frontend.services import Services
 
 logger = logging.getLogger(__name__)
 
-#: How long open connections may take to finish their responses at shutdown.
-GRACEFUL_SHUTDOWN_S = 30
+#: How long open connections may take to finish their responses at shutdown (drain_timeout).
+GRACEFUL_SHUTDOWN_S = DEFAULT_DRAIN_TIMEOUT_S
 
 
 #: One of the three APIs (TorchServe's inference, management and metrics).
@@ -83,9 +83,11 @@ class CountedResponses:
 
 
 def uvicorn_config(app: common.AsgiApp, http: type[asyncio.Protocol],
-                   keep_alive_s: float = 5.0) -> uvicorn.Config:
+                   keep_alive_s: float = 5.0,
+                   graceful_shutdown_s: float = GRACEFUL_SHUTDOWN_S) -> uvicorn.Config:
     """A listener's uvicorn settings, loaded: ``http`` is its connection protocol,
-    ``keep_alive_s`` how long a connection may wait idle for its next request."""
+    ``keep_alive_s`` how long a connection may wait idle for its next request,
+    ``graceful_shutdown_s`` how long open requests may take to finish at shutdown."""
     config = uvicorn.Config(
         app,
         http=http,
@@ -97,8 +99,8 @@ def uvicorn_config(app: common.AsgiApp, http: type[asyncio.Protocol],
         proxy_headers=False,
         server_header=False,
         date_header=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        # uvicorn annotates int but only ever uses it as a delay: a fraction works.
+        # uvicorn annotates these int but only ever uses them as delays: fractions work.
+        timeout_graceful_shutdown=graceful_shutdown_s,  # type: ignore[arg-type]
         timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
     )
     config.load()
@@ -106,7 +108,10 @@ def uvicorn_config(app: common.AsgiApp, http: type[asyncio.Protocol],
 
 
 def bind(address: Address) -> socket.socket:
-    """Bind a listening TCP socket now, so a busy port fails the start at once."""
+    """Bind a TCP socket now, so a busy port fails the start at once. It listens only once it
+    is served: until then a connection is refused, so a TCP probe (Kubernetes', Knative's
+    for KServe) fails until the startup models are loaded, instead of connecting to a server
+    that does not answer yet."""
     family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -115,13 +120,13 @@ def bind(address: Address) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise OSError(exc.errno, f"cannot bind {address}: {exc.strerror}") from None
-    sock.listen(2048)
     sock.setblocking(False)
     return sock
 
 
 class HttpListeners:
-    """The inference, management and metrics listeners: bound early, served once ready."""
+    """The inference, management and metrics listeners (and, under KServe, the inference API
+    on KServe's REST port too): bound early, served once ready."""
 
     def __init__(self, services: Services) -> None:
         config = services.config
@@ -134,6 +139,12 @@ class HttpListeners:
         if config.enable_metrics_api:
             apps["metrics"] = MetricsApp(services)
             wanted["metrics"] = config.metrics_address
+        kserve = Address(config.inference_address.host, config.kserve_rest_port)
+        if config.kserve_protocol and (kserve != config.inference_address or not kserve.port):
+            # Where KServe sends REST (8080), on the inference address's host; on the
+            # inference address itself, that listener serves it (port 0 is always new).
+            apps["kserve"] = apps["inference"]
+            wanted["kserve"] = kserve
         # Listeners that share an address (port 0 excepted) become one combined listener.
         groups: dict[Address | str, list[str]] = {}
         for name, address in wanted.items():
@@ -146,6 +157,7 @@ class HttpListeners:
         self.bound: dict[str, Address] = {}
         self._header_timeout_s = config.request_header_timeout_s
         self._keep_alive_s = config.keep_alive_timeout_s
+        self._drain_timeout_s = config.drain_timeout_s
         self._metrics = services.metrics
 
     def bind(self) -> None:
@@ -173,17 +185,21 @@ class HttpListeners:
             config = uvicorn_config(
                 CountedResponses(app, self._metrics.count_response),
                 protocol_for(inference, self._header_timeout_s, self._metrics.count_response),
-                self._keep_alive_s)
+                self._keep_alive_s, self._drain_timeout_s)
             server = uvicorn.Server(config)
             server.lifespan = config.lifespan_class(config)  # as Server._serve does
             await server.startup(sockets=[sock])
             self._servers.append(server)
 
     async def stop(self) -> None:
-        """Stop accepting, let open requests finish (bounded), close the sockets."""
-        for server, (_, sock, _) in zip(self._servers, self._sockets, strict=False):
+        """Stop accepting, let open requests finish (within drain_timeout, every listener at
+        once), close the sockets."""
+        async def shutdown(server: uvicorn.Server, sock: socket.socket) -> None:
             with contextlib.suppress(Exception):
                 await server.shutdown(sockets=[sock])
+
+        await asyncio.gather(*(shutdown(server, sock) for server, (_, sock, _)
+                               in zip(self._servers, self._sockets, strict=False)))
         self._servers.clear()
         self.close_sockets()
 

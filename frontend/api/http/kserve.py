@@ -7,6 +7,10 @@ as many batch items as it has instances, so the instances of several requests fi
 to the model's batch_size (KServe's maxBatchSize), and each request gets back exactly its own
 predictions plus the id of the batch it rode in. v2 requests batch by the rows of their tensors'
 first dimension. Errors answer KServe's ``{"error": "..."}``.
+
+With a service envelope (``service_envelope``/``TS_SERVICE_ENVELOPE``), v1 and v2 predictions
+are what TorchServe's frontend made of them: the body goes to the worker as it came, one batch
+item, and the envelope there unwraps it and writes the whole answer.
 """
 
 from __future__ import annotations
@@ -62,6 +66,11 @@ class KServeRoutes:
                     send: common.Send) -> bool:
         """Serve a /v1 or /v2 request; False when the path is not one of ours."""
         path: str = scope["path"]
+        if path == "/" and scope["method"] == "GET" and self.config.kserve_protocol:
+            # Under KServe, its model server's v1 liveness (KServe's clients ask); elsewhere
+            # TorchServe's 404.
+            await common.send_json(send, 200, {"status": "alive"})
+            return True
         if path.startswith("/v1/"):
             serve = self.v1
         elif path == "/v2" or path.startswith("/v2/"):
@@ -97,9 +106,9 @@ class KServeRoutes:
         name, _, verb = path[len(V1_MODELS) + 1:].partition(":")
         if not verb:
             self._expect(scope, "GET")
-            model = self.registry.get(name)
-            await common.send_json(send, 200, {"name": name,
-                                               "ready": model.is_ready()})
+            ready = self.registry.get(name).is_ready()
+            # 503 when not ready, as KServe's model server (and its clients expect).
+            await common.send_json(send, 200 if ready else 503, {"name": name, "ready": ready})
             return
         if verb not in ("predict", "explain"):
             raise RouteNotFound()
@@ -112,6 +121,8 @@ class KServeRoutes:
     async def _v1_predict(self, call: Call, scope: common.Scope, receive: common.Receive,
                           send: common.Send, explain: bool) -> int:
         body = await self._read(scope, receive)
+        if self.config.service_envelope:
+            return await self._enveloped(call, scope, receive, send, body, explain)
         instances = kserve.v1_instances(body, self.config.max_request_instances)
         timeout_s = self.plane.build(call, scope["headers"],
                                      [("body", _compact(instances), "application/json")],
@@ -178,6 +189,8 @@ class KServeRoutes:
     async def _v2_infer(self, call: Call, scope: common.Scope, receive: common.Receive,
                         send: common.Send, explain: bool) -> int:
         body = await self._read(scope, receive)
+        if self.config.service_envelope:
+            return await self._enveloped(call, scope, receive, send, body, explain)
         length = next((value.decode("latin-1") for name, value in scope["headers"]
                        if name == kserve.HEADER_LENGTH.encode()), None)
         header = kserve.split_v2_body(body, length)
@@ -186,6 +199,17 @@ class KServeRoutes:
         timeout_s = self.plane.build(call, scope["headers"], [("body", body, None)], weight=rows,
                                      tensor_format=worker_pb2.TENSOR_FORMAT_REST,
                                      explain=explain)
+        return await self._answer_as_is(call, timeout_s, receive, send)
+
+    async def _enveloped(self, call: Call, scope: common.Scope, receive: common.Receive,
+                         send: common.Send, body: bytes, explain: bool) -> int:
+        timeout_s = self.plane.build(call, scope["headers"], [("body", body, None)],
+                                     explain=explain)
+        return await self._answer_as_is(call, timeout_s, receive, send)
+
+    async def _answer_as_is(self, call: Call, timeout_s: float | None,
+                            receive: common.Receive, send: common.Send) -> int:
+        """Send the worker's answer as it wrote it (or KServe's error body)."""
         response = await self._submit(call, timeout_s, receive)
         if response is None:
             return 0

@@ -302,7 +302,7 @@ def _kserve_paths() -> Json:
                                                 "Their names.")},
         "/v1/models/{model_name}": {"parameters": model, "get": _kserve_operation(
             "v1ModelReady", "KServe v1: whether the model is ready.", "Its readiness.",
-            model=True)},
+            model=True, ready=True)},
         "/v1/models/{model_name}:predict": {"parameters": model, "post": _kserve_operation(
             "v1Predict", "KServe v1 prediction of 'instances'.", "The predictions.",
             model=True, body=True)},
@@ -314,8 +314,8 @@ def _kserve_paths() -> Json:
         "/v2/health/live": {"get": _kserve_operation(
             "v2Live", "Open Inference liveness.", "Live.", public=True)},
         "/v2/health/ready": {"get": _kserve_operation(
-            "v2Ready", "Open Inference readiness: every model has its minimum workers up.",
-            "Ready.", public=True, ready=True)},
+            "v2Ready", "Open Inference readiness: every startup model loaded, every model with "
+            "its minimum workers up.", "Ready.", public=True, ready=True)},
         "/v2/models/{model_name}": {"parameters": model, "get": v2_model},
         "/v2/models/{model_name}/versions/{model_version}": {
             "parameters": version, "get": {**v2_model, "operationId": "v2VersionMetadata"}},
