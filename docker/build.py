@@ -409,17 +409,31 @@ def smoke_checks(options: SmokeOptions) -> list[tuple[str, Callable[[], tuple[bo
         return response.status == 200 and "ts_inference_requests_total" in text, \
             f"{response.status}, {len(text)} bytes"
 
-    def non_root() -> tuple[bool, str]:
-        status = podman("exec", SMOKE_CONTAINER, "cat", "/proc/1/status", "/proc/1/cmdline")
-        uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
-        ok = set(uids) == {"1000"} and "torchserve" in status
-        return ok, f"PID 1 uids {' '.join(uids)}"
+    def pid1_is_the_server() -> tuple[bool, str]:
+        # The server itself must be PID 1, as uid 1000: its workers are its own children.
+        # (`torchserve --start` that went to the background would be PID 1 only until the
+        # server it spawned answers, and the container would end with it.)
+        listing = podman("exec", SMOKE_CONTAINER, "sh", "-c",
+                         'for p in /proc/[0-9]*; do echo "${p#/proc/}'
+                         ' $(cut -d" " -f4 $p/stat) $(stat -c %u $p)'
+                         ' $(tr "\\0" " " < $p/cmdline)"; done')
+        # A process that ended during the listing leaves empty fields: not counted.
+        processes = [fields for fields in (line.split(" ", 3) for line in listing.splitlines())
+                     if len(fields) == 4 and all(fields[:3])]
+        pid1 = next((p for p in processes if p[0] == "1"), None)
+        workers = [p for p in processes if "-m backend" in p[3]]
+        ok = pid1 is not None and "torchserve" in pid1[3] and bool(workers) \
+            and all(p[1] == "1" for p in workers) and {p[2] for p in processes} == {"1000"}
+        return ok, (f"PID 1 (uid {pid1[2]}): {pid1[3].strip()}; " if pid1 else "no PID 1; ") \
+            + f"worker parents {sorted({p[1] for p in workers})}, " \
+            + f"uids {sorted({p[2] for p in processes})}"
 
     return [("TorchServe /ping", ping), ("TorchServe /predictions", predictions),
             ("KServe v1 model ready", v1_ready), ("KServe v1 :predict", v1_predict),
             ("KServe v2 ready", v2_ready), ("KServe v2 /infer", v2_infer),
             ("Open Inference gRPC (live, ready, ModelInfer)", grpc_v2),
-            ("metrics", metrics), ("runs as uid 1000", non_root)]
+            ("metrics", metrics),
+            ("PID 1 is the server, as uid 1000", pid1_is_the_server)]
 
 
 def grpc_checks(port: int) -> tuple[bool, str]:
@@ -471,11 +485,14 @@ def smoke(options: SmokeOptions) -> tuple[int, int, float]:
                 ok, detail = False, f"{type(exc).__name__}: {exc}"
             passed, failed = passed + ok, failed + (not ok)
             print(f"   {'PASS' if ok else 'FAIL'} {name}: {detail[:300]}", flush=True)
+        running = container_running()
         start = time.monotonic()
         podman("stop", "--time", str(STOP_GRACE_S), SMOKE_CONTAINER, timeout=STOP_GRACE_S + 60)
         stop_s = time.monotonic() - start
         code = podman("inspect", "--format", "{{.State.ExitCode}}", SMOKE_CONTAINER).strip()
-        ok = code == "0"
+        ok = running and code == "0"
+        if not running:
+            code += " (it had ended before SIGTERM)"
         passed, failed = passed + ok, failed + (not ok)
         print(f"   {'PASS' if ok else 'FAIL'} SIGTERM drains and exits: status {code} "
               f"in {stop_s:.1f} s", flush=True)
