@@ -10,13 +10,16 @@ Debian's mmdebstrap, podman and runc (``make image`` installs them with apt when
    is configured here, into build/image/<variant>/wheels: the build context.
 3. **image**: ``podman build`` of docker/Dockerfile with that base; it installs the wheels
    offline.
-4. **smoke**: the image run as KServe runs it: /mnt/models (read-only) holds model-store/ with a
-   small torch model built by our model-archiver (docker/smoke_handler.py) and
-   config/config.properties after KServe's documented one; host network. TorchServe's /ping and
-   /predictions, KServe v1 and v2 REST and Open Inference gRPC must answer on 127.0.0.1, PID 1
-   must be the server as uid 1000, and SIGTERM must stop it with exit status 0.
+4. **smoke**: the image run on KServe's storage layout: /mnt/models (read-only) holds
+   model-store/ with a small torch model built by our model-archiver (docker/smoke_handler.py)
+   and config/config.properties after KServe's documented one; host network. TorchServe's /ping
+   and /predictions, KServe v1 and v2 REST and Open Inference gRPC must answer on 127.0.0.1,
+   PID 1 must be the server as uid 1000, and SIGTERM must stop it with exit status 0. By
+   default the container runs its CMD; ``--kserve v1|v2|grpc-v2`` runs it exactly as KServe's
+   runtime does for that protocol (its args and env; REST on 8080, gRPC on 8081).
 
-Usage: python -m docker.build [--variant cpu|cuda] [--no-smoke | --smoke-only] [...]; --help.
+Usage: python -m docker.build [--variant cpu|cuda] [--no-smoke | --smoke-only] [--kserve P];
+--help tells the rest.
 """
 
 from __future__ import annotations
@@ -84,16 +87,15 @@ VARIANTS = {
 # torchvision, nothing else brings it.
 EXTRA_REQUIREMENTS = ("numpy",)
 
-# Where the smoke test finds KServe's protocols. Today batchserve answers v1/v2 REST on its
-# inference port and Open Inference gRPC on its gRPC inference port (KServe's config: 8085 and
-# 7070); in KServe mode (TS_SERVICE_ENVELOPE, PROTOCOL_VERSION) they are on 8080 and 8081.
-KSERVE_REST_PORT = 8085
-KSERVE_GRPC_PORT = 7070
-KSERVE_ENV: tuple[str, ...] = ()
 # KServe's kserve-torchserve ServingRuntime runs the image with these args, which replace its
-# CMD (the same line with --foreground).
+# CMD (the same line with --foreground), and with the envelope its controller picks for the
+# InferenceService's protocol in TS_SERVICE_ENVELOPE, the protocol in PROTOCOL_VERSION. It
+# sends REST to 8080 and grpc-v2 to 8081.
 KSERVE_ARGS = ("torchserve", "--start", "--model-store=/mnt/models/model-store",
                "--ts-config=/mnt/models/config/config.properties")
+KSERVE_ENVELOPES = {"v1": "kserve", "v2": "kservev2", "grpc-v2": "kservev2"}
+KSERVE_REST_PORT = 8080
+KSERVE_GRPC_PORT = 8081
 
 # KServe's documented config.properties for TorchServe (its torchserve docs), with the model
 # the smoke test serves, token authorization off (KServe does not send TorchServe's keys) and
@@ -290,6 +292,8 @@ class SmokeOptions:
     env: tuple[str, ...]
     kserve_args: bool
     start_timeout_s: float
+    protocol: str | None
+    """Run as KServe does for this protocol (v1, v2, grpc-v2): through its envelope."""
 
 
 def make_layout(root: Path, options: SmokeOptions) -> None:
@@ -358,20 +362,54 @@ def wait_until(ready: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 EXPECTED = [[3.0, 5.0, 7.0, 9.0], [1.0, 1.0, 1.0, 1.0]]  # 2 * x + 1 of the inputs below
 INPUTS = [[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0]]
+FLAT_INPUTS = [x for row in INPUTS for x in row]
+FLAT_EXPECTED = [x for row in EXPECTED for x in row]
+V2_REQUEST = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 4],
+                          "data": FLAT_INPUTS}]}
+Check = Callable[[], tuple[bool, str]]
 
 
-def smoke_checks(options: SmokeOptions) -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
+def numbers(body: Any) -> list[float] | None:
+    """The numbers an answer carries, flattened: a bare list (/predictions), KServe v1's
+    ``predictions`` or Open Inference's ``outputs[].data``; None for anything else. Under
+    TorchServe's envelopes the tensors' names and shapes differ (its kservev2 envelope names an
+    output after its input, flat): KServe mode's own tests check those; this checks the sums."""
+    if isinstance(body, dict) and "predictions" in body:
+        body = body["predictions"]
+    elif isinstance(body, dict) and isinstance(body.get("outputs"), list):
+        body = [output.get("data") for output in body["outputs"] if isinstance(output, dict)]
+    flat: list[float] = []
+    pending = [body]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, list):
+            pending.extend(reversed(value))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat.append(float(value))
+        else:
+            return None
+    return flat
+
+
+def smoke_checks(options: SmokeOptions) -> list[tuple[str, Check]]:
+    """What to check, by how the container was started: without a KServe protocol, every API
+    with TorchServe's and the protocols' own bodies; with one, what KServe sends for it."""
     ts = f"http://127.0.0.1:{options.port}"
     kserve = f"http://127.0.0.1:{options.kserve_rest_port}"
     model = SMOKE_MODEL
+    envelope = KSERVE_ENVELOPES.get(options.protocol or "")
 
     def ping() -> tuple[bool, str]:
         status, body = http("GET", f"{ts}/ping")
         return status == 200 and body == {"status": "Healthy"}, f"{status} {body}"
 
     def predictions() -> tuple[bool, str]:
-        status, body = http("POST", f"{ts}/predictions/{model}", INPUTS[0])
-        return status == 200 and body == EXPECTED[0], f"{status} {body}"
+        # An envelope reads /predictions bodies as its protocol's requests.
+        request: Any = {"kserve": {"instances": INPUTS}, "kservev2": V2_REQUEST}.get(
+            envelope or "", INPUTS[0])
+        expected = EXPECTED[0] if envelope is None else FLAT_EXPECTED
+        status, body = http("POST", f"{ts}/predictions/{model}", request)
+        return status == 200 and numbers(body) == expected, f"{status} {body}"
 
     def v1_ready() -> tuple[bool, str]:
         status, body = http("GET", f"{kserve}/v1/models/{model}")
@@ -381,7 +419,7 @@ def smoke_checks(options: SmokeOptions) -> list[tuple[str, Callable[[], tuple[bo
     def v1_predict() -> tuple[bool, str]:
         status, body = http("POST", f"{kserve}/v1/models/{model}:predict",
                             {"instances": INPUTS})
-        ok = status == 200 and isinstance(body, dict) and body.get("predictions") == EXPECTED
+        ok = status == 200 and isinstance(body, dict) and numbers(body) == FLAT_EXPECTED
         return ok, f"{status} {body}"
 
     def v2_ready() -> tuple[bool, str]:
@@ -391,16 +429,15 @@ def smoke_checks(options: SmokeOptions) -> list[tuple[str, Callable[[], tuple[bo
         return ok, f"server {status} {body}, model {model_status}"
 
     def v2_infer() -> tuple[bool, str]:
-        status, body = http("POST", f"{kserve}/v2/models/{model}/infer", {"inputs": [
-            {"name": "INPUT0", "datatype": "FP32", "shape": [2, 4],
-             "data": [x for row in INPUTS for x in row]}]})
-        outputs = body.get("outputs") if isinstance(body, dict) else None
-        expected = {"name": "OUTPUT0", "datatype": "FP32", "shape": [2, 4],
-                    "data": [x for row in EXPECTED for x in row]}
-        return status == 200 and outputs == [expected], f"{status} {body}"
+        status, body = http("POST", f"{kserve}/v2/models/{model}/infer", V2_REQUEST)
+        ok = status == 200 and numbers(body) == FLAT_EXPECTED
+        if envelope is None:  # batchserve's own v2: the tensor as model-config.yaml declares
+            ok = ok and body["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32",
+                                             "shape": [2, 4], "data": FLAT_EXPECTED}]
+        return ok, f"{status} {body}"
 
     def grpc_v2() -> tuple[bool, str]:
-        return grpc_checks(options.kserve_grpc_port)
+        return grpc_checks(options.kserve_grpc_port, strict=envelope is None)
 
     def metrics() -> tuple[bool, str]:
         with urllib.request.urlopen(f"http://127.0.0.1:{options.metrics_port}/metrics",
@@ -428,35 +465,47 @@ def smoke_checks(options: SmokeOptions) -> list[tuple[str, Callable[[], tuple[bo
             + f"worker parents {sorted({p[1] for p in workers})}, " \
             + f"uids {sorted({p[2] for p in processes})}"
 
-    return [("TorchServe /ping", ping), ("TorchServe /predictions", predictions),
-            ("KServe v1 model ready", v1_ready), ("KServe v1 :predict", v1_predict),
-            ("KServe v2 ready", v2_ready), ("KServe v2 /infer", v2_infer),
-            ("Open Inference gRPC (live, ready, ModelInfer)", grpc_v2),
-            ("metrics", metrics),
-            ("PID 1 is the server, as uid 1000", pid1_is_the_server)]
+    v1 = [("KServe v1 model ready", v1_ready), ("KServe v1 :predict", v1_predict)]
+    v2 = [("KServe v2 ready", v2_ready), ("KServe v2 /infer", v2_infer),
+          ("Open Inference gRPC (live, ready, ModelInfer)", grpc_v2)]
+    protocols = {None: v1 + v2, "v1": v1, "v2": v2, "grpc-v2": v2}[options.protocol]
+    return [("TorchServe /ping", ping), ("TorchServe /predictions", predictions), *protocols,
+            ("metrics", metrics), ("PID 1 is the server, as uid 1000", pid1_is_the_server)]
 
 
-def grpc_checks(port: int) -> tuple[bool, str]:
+def tensor_values(tensor: Any, raw: bytes | None) -> list[float]:
+    """An Open Inference output tensor's values, from its typed contents or raw bytes."""
+    kind = {"FP32": ("fp32_contents", "f"), "FP64": ("fp64_contents", "d")}.get(tensor.datatype)
+    if kind is None:
+        return []
+    field, code = kind
+    if raw:
+        return [float(x) for x in struct.unpack(f"<{len(raw) // struct.calcsize(code)}{code}",
+                                                raw)]
+    return [float(x) for x in getattr(tensor.contents, field)]
+
+
+def grpc_checks(port: int, *, strict: bool) -> tuple[bool, str]:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
         live = stub.ServerLive(pb.ServerLiveRequest(), timeout=30).live
         ready = stub.ModelReady(pb.ModelReadyRequest(name=SMOKE_MODEL), timeout=30).ready
         request = pb.ModelInferRequest(model_name=SMOKE_MODEL)
         tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[2, 4])
-        tensor.contents.fp32_contents.extend(x for row in INPUTS for x in row)
+        tensor.contents.fp32_contents.extend(FLAT_INPUTS)
         response = stub.ModelInfer(request, timeout=30)
     output = response.outputs[0]
-    values = list(output.contents.fp32_contents)
-    if not values and response.raw_output_contents:
-        raw = response.raw_output_contents[0]
-        values = list(struct.unpack(f"<{len(raw) // 4}f", raw))
-    ok = live and ready and output.name == "OUTPUT0" and list(output.shape) == [2, 4] \
-        and values == [x for row in EXPECTED for x in row]
-    return ok, f"live={live} ready={ready} {output.name}{list(output.shape)}={values}"
+    raw = response.raw_output_contents[0] if response.raw_output_contents else None
+    values = tensor_values(output, raw)
+    ok = live and ready and values == FLAT_EXPECTED
+    if strict:
+        ok = ok and output.name == "OUTPUT0" and list(output.shape) == [2, 4]
+    return ok, (f"live={live} ready={ready} {output.name} {output.datatype}"
+                f"{list(output.shape)}={values}")
 
 
-def smoke(options: SmokeOptions) -> tuple[int, int, float]:
-    """Run the checks; returns (passed, failed, seconds SIGTERM took to stop the container)."""
+def smoke(options: SmokeOptions) -> tuple[int, int]:
+    """Start the container, run the checks, stop it with SIGTERM: (passed, failed)."""
     busy = [port for port in {options.port, options.metrics_port, options.grpc_port,
                               options.grpc_port + 1, options.kserve_rest_port,
                               options.kserve_grpc_port} if port_in_use(port)]
@@ -466,18 +515,23 @@ def smoke(options: SmokeOptions) -> tuple[int, int, float]:
     subprocess.run(["podman", "rm", "--force", SMOKE_CONTAINER], capture_output=True)
     layout = Path(tempfile.mkdtemp(prefix="batchserve-image-smoke-"))
     passed = failed = 0
-    stop_s = 0.0
     try:
         make_layout(layout, options)
-        env = [flag for pair in options.env for flag in ("--env", pair)]
-        args = KSERVE_ARGS if options.kserve_args else ()
+        env = list(options.env)
+        if options.protocol is not None:
+            env += [f"TS_SERVICE_ENVELOPE={KSERVE_ENVELOPES[options.protocol]}",
+                    f"PROTOCOL_VERSION={options.protocol}"]
+        args = KSERVE_ARGS if options.kserve_args or options.protocol else ()
         podman("run", "--detach", "--name", SMOKE_CONTAINER, "--network", "host", *ulimits(),
-               "--volume", f"{layout}:/mnt/models:ro", *env, options.tag, *args)
-        port = options.port
-        wait_until(lambda: port_in_use(port), options.start_timeout_s, f"server on {port}")
-        wait_until(lambda: http("GET", f"http://127.0.0.1:{options.kserve_rest_port}"
-                                f"/v2/models/{SMOKE_MODEL}/ready")[0] == 200,
-                   options.start_timeout_s, f"model {SMOKE_MODEL} ready")
+               "--volume", f"{layout}:/mnt/models:ro",
+               *(flag for pair in env for flag in ("--env", pair)), options.tag, *args)
+        print(f"   started: {' '.join(env) or '(no env)'} {' '.join(args) or '(its CMD)'}")
+        # Ready as KServe sees it: the model's readiness on the protocol it speaks.
+        ready_url = f"http://127.0.0.1:{options.kserve_rest_port}" + (
+            f"/v1/models/{SMOKE_MODEL}" if options.protocol == "v1"
+            else f"/v2/models/{SMOKE_MODEL}/ready")
+        wait_until(lambda: http("GET", ready_url, timeout=5)[0] == 200,
+                   options.start_timeout_s, f"{ready_url} answering 200")
         for name, check in smoke_checks(options):
             try:
                 ok, detail = check()
@@ -502,7 +556,7 @@ def smoke(options: SmokeOptions) -> tuple[int, int, float]:
         (WORK / "smoke-container.log").write_text(logs.stdout + logs.stderr)
         subprocess.run(["podman", "rm", "--force", SMOKE_CONTAINER], capture_output=True)
         shutil.rmtree(layout, ignore_errors=True)
-    return passed, failed, stop_s
+    return passed, failed
 
 
 # ---- command line ----------------------------------------------------------------------
@@ -531,12 +585,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--metrics-port", type=int, default=8082)
     parser.add_argument("--grpc-port", type=int, default=7070,
                         help="the config's grpc_inference_port (management is the next one)")
-    parser.add_argument("--kserve-rest-port", type=int, default=KSERVE_REST_PORT,
-                        help="where v1/v2 REST are checked")
-    parser.add_argument("--kserve-grpc-port", type=int, default=KSERVE_GRPC_PORT,
-                        help="where Open Inference gRPC is checked")
-    parser.add_argument("--env", action="append", default=list(KSERVE_ENV),
-                        help="KEY=VALUE for the container (e.g. TS_SERVICE_ENVELOPE=kservev2)")
+    parser.add_argument("--kserve", choices=sorted(KSERVE_ENVELOPES), dest="protocol",
+                        help="run as KServe's runtime does for this protocol: its args, "
+                        "TS_SERVICE_ENVELOPE and PROTOCOL_VERSION; REST checked on "
+                        f"{KSERVE_REST_PORT}, gRPC on {KSERVE_GRPC_PORT}")
+    parser.add_argument("--kserve-rest-port", type=int,
+                        help="where v1/v2 REST are checked (default: with --kserve "
+                        f"{KSERVE_REST_PORT}, else --port)")
+    parser.add_argument("--kserve-grpc-port", type=int,
+                        help="where Open Inference gRPC is checked (default: with --kserve "
+                        f"{KSERVE_GRPC_PORT}, else --grpc-port)")
+    parser.add_argument("--env", action="append", default=[],
+                        help="KEY=VALUE for the container")
     parser.add_argument("--kserve-args", action="store_true",
                         help="run with KServe's args (no --foreground) instead of the CMD")
     parser.add_argument("--bind", default="127.0.0.1",
@@ -580,18 +640,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"   {tag}: {image_size(tag) / 1e6:.0f} MB")
         if not args.no_smoke:
             with step("smoke", timings):
-                passed, failed, _ = smoke(SmokeOptions(
+                passed, failed = smoke(SmokeOptions(
                     tag=tag, port=args.port, metrics_port=args.metrics_port,
-                    grpc_port=args.grpc_port, kserve_rest_port=args.kserve_rest_port,
-                    kserve_grpc_port=args.kserve_grpc_port, bind=args.bind,
-                    env=tuple(args.env), kserve_args=args.kserve_args,
-                    start_timeout_s=args.start_timeout))
+                    grpc_port=args.grpc_port,
+                    kserve_rest_port=args.kserve_rest_port or (
+                        KSERVE_REST_PORT if args.protocol else args.port),
+                    kserve_grpc_port=args.kserve_grpc_port or (
+                        KSERVE_GRPC_PORT if args.protocol else args.grpc_port),
+                    bind=args.bind, env=tuple(args.env), kserve_args=args.kserve_args,
+                    start_timeout_s=args.start_timeout, protocol=args.protocol))
             print(f"{passed} passed, {failed} failed")
             if failed:
-                print(f"(container log: {WORK / 'smoke-container.log'})")
+                print(f"(the container's log: {WORK / 'smoke-container.log'})")
                 return 1
     except BuildError as exc:
-        print(f"image build failed: {exc}", file=sys.stderr)
+        print(f"failed: {exc}\n(logs: {LOG}, {WORK / 'smoke-container.log'})", file=sys.stderr)
         return 1
     finally:
         print(f"== total {time.monotonic() - started:.1f} s ("

@@ -3,8 +3,9 @@
 A ``torch.nn.Linear(4, 4)`` (weight ``2 * I``, bias ``1``) so the smoke test shows the image's
 torch at work, not only the server. One handler answers every API the smoke test calls: a row
 is ``{"INPUT0": [4 floats]}`` from the Open Inference Protocol (v2 REST and gRPC, answered
-``{"OUTPUT0": [...]}``), or a body that is one vector: a KServe v1 instance, or TorchServe's
-/predictions with a JSON list (answered with the list).
+``{"OUTPUT0": [...]}``), a body that is one vector (a KServe v1 instance, or TorchServe's
+/predictions with a JSON list), or the vector itself, as TorchServe's kserve envelope passes a
+v1 instance; answered with the list.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any
 import torch
 
 
-def _vector(row: dict[str, Any]) -> Any:
+def _vector(row: Any) -> Any:
+    if isinstance(row, list):
+        return row
     if "INPUT0" in row:
         return row["INPUT0"]
     value = row.get("body", row.get("data"))
@@ -34,11 +37,11 @@ class AffineHandler:
             model.bias.fill_(1.0)
         self.model = model.eval()
 
-    def handle(self, data: list[dict[str, Any]] | None, context: Any) -> list[Any] | None:
+    def handle(self, data: list[Any] | None, context: Any) -> list[Any] | None:
         if data is None or self.model is None:
             return None
         batch = torch.tensor([_vector(row) for row in data], dtype=torch.float32)
         with torch.inference_mode():
             result = self.model(batch).tolist()
-        return [{"OUTPUT0": out} if "INPUT0" in row else out
+        return [{"OUTPUT0": out} if isinstance(row, dict) and "INPUT0" in row else out
                 for row, out in zip(data, result, strict=True)]

@@ -69,9 +69,9 @@ def test_a_variant_without_torchvision_drops_it(tmp_path: Path) -> None:
     ({"body": b"[0, 0, 0, 0]"}, [1.0, 1.0, 1.0, 1.0]),  # /predictions, raw JSON
     ({"body": [1, 1, 1, 1]}, [3.0, 3.0, 3.0, 3.0]),  # /predictions, decoded JSON
     ({"data": [0.5, 0, 0, 0]}, [2.0, 1.0, 1.0, 1.0]),  # a KServe v1 instance
+    ([0, 0.5, 0, 0], [1.0, 2.0, 1.0, 1.0]),  # a v1 instance through TorchServe's kserve envelope
 ])
-def test_the_smoke_model_answers_each_kind_of_row(row: dict[str, object],
-                                                  expected: object) -> None:
+def test_the_smoke_model_answers_each_kind_of_row(row: object, expected: object) -> None:
     handler = AffineHandler()
     handler.initialize(None)
     # Batched with a v2 row, as the server may batch them.
