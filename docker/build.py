@@ -176,6 +176,18 @@ def ulimits() -> list[str]:
     return flags
 
 
+def image_id(tag: str) -> str | None:
+    found = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", tag],
+                           capture_output=True, text=True)
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def drop_replaced(previous: str | None, tag: str) -> None:
+    """Remove the image a rebuild took ``tag`` from: untagged, it would only hold disk."""
+    if previous is not None and previous != image_id(tag):
+        subprocess.run(["podman", "rmi", previous], capture_output=True)
+
+
 @contextmanager
 def step(name: str, timings: dict[str, float]) -> Iterator[None]:
     print(f"== {name} ...", flush=True)
@@ -192,6 +204,7 @@ def build_base(mirrors: Sequence[str], rebuild: bool) -> None:
     if exists and not rebuild:
         print(f"   {BASE_IMAGE} is there (--rebuild-base makes it again)")
     else:
+        previous = image_id(BASE_IMAGE)
         tarball = WORK / f"base-{SUITE}.tar"
         # No mirror given: mmdebstrap's default, with the suite's updates and security added.
         run(["mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
@@ -200,6 +213,7 @@ def build_base(mirrors: Sequence[str], rebuild: bool) -> None:
         podman("import", "--change", f"ENV PATH={BASE_PATH}", "--change", 'CMD ["/bin/bash"]',
                str(tarball), BASE_IMAGE, timeout=600)
         tarball.unlink()
+        drop_replaced(previous, BASE_IMAGE)
     # The wheels are built by this interpreter; pip in the image takes them only if it is the
     # same Python minor version.
     image_python = podman("run", "--rm", "--network", "host", *ulimits(), BASE_IMAGE,
@@ -266,12 +280,14 @@ def build_wheels(variant: Variant, context: Path, extras: Sequence[str],
 # ---- 3. image --------------------------------------------------------------------------
 
 def build_image(tag: str, variant: str, context: Path) -> None:
+    previous = image_id(tag)
     # --layers=false: no cached intermediate images (the install stage alone is the size of
     # the image) are left behind.
     podman("build", "--layers=false", "--network", "host", *ulimits(),
            "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--build-arg", f"VARIANT={variant}",
            "--file", str(DOCKERFILE), "--tag", tag, str(context),
            timeout=BUILD_TIMEOUT_S, capture=False)
+    drop_replaced(previous, tag)
 
 
 def image_size(tag: str) -> int:
