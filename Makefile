@@ -10,7 +10,7 @@ TS_STAMP := $(TS_VENV)/.install-stamp
 DEMO_MODEL := model_store/resnet-152-batch_v2.mar
 EXAMPLE := examples/image_classifier/resnet_152_batch
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean image
 
 install: $(STAMP)
 
@@ -59,6 +59,19 @@ demo: $(STAMP) $(DEMO_MODEL)
 	$(DEMO_ENV) $(VENV)/bin/torchserve --start --foreground --ts-config config.properties \
 		--model-store model_store --models resnet-152-batch_v2=resnet-152-batch_v2.mar \
 		--disable-token-auth --enable-model-api
+
+# The container image (docs/container.md), built here and smoke-tested: opt-in and slow (torch
+# goes into it), never part of `make test`. Needs root; installs mmdebstrap, podman and runc
+# with apt when missing. IMAGE_ARGS reach docker/build.py, e.g. IMAGE_ARGS="--variant cuda".
+IMAGE_TOOLS := mmdebstrap podman runc
+IMAGE_ARGS ?=
+
+image: $(STAMP)
+	@for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+		$(IMAGE_TOOLS); fi
+	$(PY) -m docker.build $(IMAGE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TS_VENV) model_store/*.mar logs

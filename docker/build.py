@@ -1,0 +1,682 @@
+"""Build batchserve's container image on this machine and smoke-test it: ``make image``.
+
+Opt-in and slow (torch goes into the image), never part of ``make test``. Needs root and
+Debian's mmdebstrap, podman and runc (``make image`` installs them with apt when missing).
+
+1. **base**: Debian bookworm (minbase, python3, python3-venv) made by mmdebstrap from the
+   package mirror and imported into podman, since no registry image can be pulled here. Kept
+   between runs (``--rebuild-base`` makes it again).
+2. **wheels**: batchserve's wheel and every wheel it needs, resolved on this host by pip as it
+   is configured here, into build/image/<variant>/wheels: the build context.
+3. **image**: ``podman build`` of docker/Dockerfile with that base; it installs the wheels
+   offline.
+4. **smoke**: the image run on KServe's storage layout: /mnt/models (read-only) holds
+   model-store/ with a small torch model built by our model-archiver (docker/smoke_handler.py)
+   and config/config.properties after KServe's documented one; host network. TorchServe's /ping
+   and /predictions, KServe v1 and v2 REST and Open Inference gRPC must answer on 127.0.0.1,
+   PID 1 must be the server as uid 1000, and SIGTERM must stop it with exit status 0. By
+   default the container runs its CMD; ``--kserve v1|v2|grpc-v2`` runs it exactly as KServe's
+   runtime does for that protocol (its args and env; REST on 8080, gRPC on 8081).
+
+Usage: python -m docker.build [--variant cpu|cuda] [--no-smoke | --smoke-only] [--kserve P];
+--help tells the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from email.parser import Parser
+from pathlib import Path
+from typing import Any
+
+import grpc
+from packaging.requirements import Requirement
+
+from frontend import __version__
+from model_archiver.packaging import ArchiveOptions, build_archive
+from protos import open_inference_pb2 as pb
+from protos import open_inference_pb2_grpc as pb_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "build" / "image"
+LOG = WORK / "build.log"
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+SMOKE_HANDLER = ROOT / "docker" / "smoke_handler.py"
+
+BASE_IMAGE = "localhost/batchserve-base:bookworm"
+SUITE = "bookworm"  # its python3 is 3.11, as this host's: the wheels built here fit it
+BASE_PACKAGES = ("python3", "python3-venv")  # python3-venv brings pip for the image's venv
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Documentation, manual pages and translations: nobody reads them in a server image.
+DPKG_EXCLUDES = ("path-exclude=/usr/share/man/*", "path-exclude=/usr/share/doc/*",
+                 "path-include=/usr/share/doc/*/copyright", "path-exclude=/usr/share/locale/*")
+
+
+@dataclass(frozen=True)
+class Variant:
+    torch: str
+    torchvision: str | None
+    """None: the image has no torchvision (the built-in image handlers cannot load)."""
+
+
+VARIANTS = {
+    # The CPU build of torch that this machine's pip has on disk. torchvision's CPU wheels come
+    # only from PyTorch's own index, which is not reachable here, and PyPI's torchvision needs
+    # CUDA torch; elsewhere pass --torch/--torchvision with their +cpu builds and
+    # --pip-arg=--extra-index-url=<PyTorch's CPU index>.
+    "cpu": Variant(torch="torch==2.13.0+cpu", torchvision=None),
+    # PyPI's torch is the CUDA build; its CUDA libraries come as nvidia-* wheels (~5.5 GB).
+    "cuda": Variant(torch="torch==2.14.1", torchvision="torchvision==0.29.1"),
+}
+# torch's tensor/numpy bridge and most handlers use numpy; torch leaves it optional and, without
+# torchvision, nothing else brings it.
+EXTRA_REQUIREMENTS = ("numpy",)
+
+# KServe's kserve-torchserve ServingRuntime runs the image with these args, which replace its
+# CMD (the same line with --foreground), and with the envelope its controller picks for the
+# InferenceService's protocol in TS_SERVICE_ENVELOPE, the protocol in PROTOCOL_VERSION. It
+# sends REST to 8080 and grpc-v2 to 8081.
+KSERVE_ARGS = ("torchserve", "--start", "--model-store=/mnt/models/model-store",
+               "--ts-config=/mnt/models/config/config.properties")
+KSERVE_ENVELOPES = {"v1": "kserve", "v2": "kservev2", "grpc-v2": "kservev2"}
+KSERVE_REST_PORT = 8080
+KSERVE_GRPC_PORT = 8081
+
+# KServe's documented config.properties for TorchServe (its torchserve docs), with the model
+# the smoke test serves, token authorization off (KServe does not send TorchServe's keys) and
+# the ports and bind host as given. {snapshot} is the model_snapshot JSON.
+CONFIG = """\
+inference_address=http://{bind}:{port}
+management_address=http://{bind}:{port}
+metrics_address=http://{bind}:{metrics_port}
+grpc_inference_port={grpc_port}
+grpc_management_port={grpc_management_port}
+enable_metrics_api=true
+metrics_format=prometheus
+number_of_netty_threads=4
+job_queue_size=10
+enable_envvars_config=true
+install_py_dep_per_model=true
+disable_token_authorization=true
+model_store=/mnt/models/model-store
+model_snapshot={snapshot}
+"""
+SMOKE_MODEL = "affine"
+SMOKE_MODEL_CONFIG = """\
+inputs:
+  - {name: INPUT0, datatype: FP32, shape: [-1, 4]}
+outputs:
+  - {name: OUTPUT0, datatype: FP32, shape: [-1, 4]}
+"""
+SMOKE_CONTAINER = "batchserve-image-smoke"
+
+MMDEBSTRAP_TIMEOUT_S = 1200
+PIP_TIMEOUT_S = 1800
+BUILD_TIMEOUT_S = 3600
+STOP_GRACE_S = 60
+
+
+class BuildError(Exception):
+    """A step failed; the message says which and why (build/image/build.log has the rest)."""
+
+
+# ---- running commands ------------------------------------------------------------------
+
+def run(cmd: Sequence[str], *, timeout: float, capture: bool = False) -> str:
+    """Run a command, its output appended to the log (or returned when ``capture``)."""
+    with LOG.open("a") as log:
+        log.write(f"\n$ {' '.join(cmd)}\n")
+        log.flush()
+        try:
+            done = subprocess.run(
+                list(cmd), stdin=subprocess.DEVNULL, timeout=timeout, text=True,
+                stdout=subprocess.PIPE if capture else log, stderr=log)
+        except subprocess.TimeoutExpired as exc:
+            raise BuildError(f"{cmd[0]} ran past {timeout:.0f} s: {' '.join(cmd)}") from exc
+    if done.returncode != 0:
+        raise BuildError(f"{' '.join(cmd[:3])} ... exited {done.returncode}; "
+                         f"the end of {LOG}:\n{_tail(LOG)}")
+    return done.stdout or ""
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def podman(*args: str, timeout: float = 120, capture: bool = True) -> str:
+    # runc, not crun: this machine mounts cgroups v1 and v2 together ("hybrid"), which crun
+    # refuses.
+    return run(("podman", "--runtime", "runc", *args), timeout=timeout, capture=capture)
+
+
+def ulimits() -> list[str]:
+    """Limits at or below this process's hard limits: root here lacks CAP_SYS_RESOURCE, and
+    podman's defaults (1048576 open files) are above them, so a container would not start."""
+    flags = []
+    for name, limit, cap in (("nofile", resource.RLIMIT_NOFILE, 65536),
+                             ("nproc", resource.RLIMIT_NPROC, 32768)):
+        hard = resource.getrlimit(limit)[1]
+        value = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
+        flags += ["--ulimit", f"{name}={value}:{value}"]
+    return flags
+
+
+def image_id(tag: str) -> str | None:
+    found = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", tag],
+                           capture_output=True, text=True)
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def drop_replaced(previous: str | None, tag: str) -> None:
+    """Remove the image a rebuild took ``tag`` from: untagged, it would only hold disk."""
+    if previous is not None and previous != image_id(tag):
+        subprocess.run(["podman", "rmi", previous], capture_output=True)
+
+
+@contextmanager
+def step(name: str, timings: dict[str, float]) -> Iterator[None]:
+    print(f"== {name} ...", flush=True)
+    start = time.monotonic()
+    yield
+    timings[name] = time.monotonic() - start
+    print(f"== {name}: {timings[name]:.1f} s", flush=True)
+
+
+# ---- 1. base ---------------------------------------------------------------------------
+
+def build_base(mirrors: Sequence[str], rebuild: bool) -> None:
+    exists = subprocess.run(["podman", "image", "exists", BASE_IMAGE]).returncode == 0
+    if exists and not rebuild:
+        print(f"   {BASE_IMAGE} is there (--rebuild-base makes it again)")
+    else:
+        previous = image_id(BASE_IMAGE)
+        tarball = WORK / f"base-{SUITE}.tar"
+        # No mirror given: mmdebstrap's default, with the suite's updates and security added.
+        run(["mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
+             *(f"--dpkgopt={option}" for option in DPKG_EXCLUDES),
+             SUITE, str(tarball), *mirrors], timeout=MMDEBSTRAP_TIMEOUT_S)
+        podman("import", "--change", f"ENV PATH={BASE_PATH}", "--change", 'CMD ["/bin/bash"]',
+               str(tarball), BASE_IMAGE, timeout=600)
+        tarball.unlink()
+        drop_replaced(previous, BASE_IMAGE)
+    # The wheels are built by this interpreter; pip in the image takes them only if it is the
+    # same Python minor version.
+    image_python = podman("run", "--rm", "--network", "host", *ulimits(), BASE_IMAGE,
+                          "python3", "-c", "import sys; print(*sys.version_info[:2])").split()
+    host_python = [str(part) for part in sys.version_info[:2]]
+    if image_python != host_python:
+        raise BuildError(f"the base's Python is {'.'.join(image_python)}, this one is "
+                         f"{'.'.join(host_python)}: run the build with a Python "
+                         f"{'.'.join(image_python)}")
+
+
+# ---- 2. wheels -------------------------------------------------------------------------
+
+def requirements(wheel: Path, variant: Variant, extras: Sequence[str]) -> list[str]:
+    """batchserve's own requirements (no extras), torch and torchvision pinned as the variant
+    says (torchvision dropped when it has none), and the extra packages."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = Parser().parsestr(archive.read(name).decode())
+    pinned = {"torch": variant.torch, "torchvision": variant.torchvision}
+    result = []
+    for line in metadata.get_all("Requires-Dist") or []:
+        requirement = Requirement(line)
+        if requirement.marker is not None and "extra" in str(requirement.marker):
+            continue
+        if requirement.name in pinned:
+            spec = pinned[requirement.name]
+            if spec is not None:
+                result.append(spec)
+            continue
+        result.append(line)
+    return [*result, *extras]
+
+
+def source_tree(target: Path) -> Path:
+    """The working tree as git sees it (tracked and new files, not ignored ones), copied: a
+    wheel built in place would also take whatever stale modules setuptools' build/ holds."""
+    listed = run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others",
+                  "--exclude-standard", "-z"], timeout=60, capture=True)
+    for name in filter(None, listed.split("\0")):
+        path = ROOT / name
+        if path.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target / name)
+    return target
+
+
+def build_wheels(variant: Variant, context: Path, extras: Sequence[str],
+                 pip_args: Sequence[str]) -> list[Path]:
+    wheels = context / "wheels"
+    shutil.rmtree(context, ignore_errors=True)
+    wheels.mkdir(parents=True)
+    pip = [sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-cache-dir",
+           "--wheel-dir", str(wheels), *pip_args]
+    source = WORK / "src"
+    shutil.rmtree(source, ignore_errors=True)
+    run([*pip, "--no-deps", str(source_tree(source))], timeout=PIP_TIMEOUT_S)
+    shutil.rmtree(source)
+    own = next(wheels.glob("batchserve-*.whl"))
+    run([*pip, *requirements(own, variant, extras)], timeout=PIP_TIMEOUT_S)
+    return sorted(wheels.glob("*.whl"))
+
+
+# ---- 3. image --------------------------------------------------------------------------
+
+def build_image(tag: str, variant: str, context: Path) -> None:
+    previous = image_id(tag)
+    # --layers=false: no cached intermediate images (the install stage alone is the size of
+    # the image) are left behind.
+    podman("build", "--layers=false", "--network", "host", *ulimits(),
+           "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--build-arg", f"VARIANT={variant}",
+           "--file", str(DOCKERFILE), "--tag", tag, str(context),
+           timeout=BUILD_TIMEOUT_S, capture=False)
+    drop_replaced(previous, tag)
+
+
+def image_size(tag: str) -> int:
+    return int(podman("image", "inspect", "--format", "{{.Size}}", tag).strip())
+
+
+# ---- 4. smoke test ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SmokeOptions:
+    tag: str
+    port: int
+    metrics_port: int
+    grpc_port: int
+    kserve_rest_port: int
+    kserve_grpc_port: int
+    bind: str
+    env: tuple[str, ...]
+    kserve_args: bool
+    start_timeout_s: float
+    protocol: str | None
+    """Run as KServe does for this protocol (v1, v2, grpc-v2): through its envelope."""
+
+
+def make_layout(root: Path, options: SmokeOptions) -> None:
+    """KServe's storage layout: <root>/model-store/*.mar and <root>/config/config.properties,
+    readable by the image's uid 1000."""
+    store, config = root / "model-store", root / "config"
+    store.mkdir()
+    config.mkdir()
+    model_config = root / "model-config.yaml"
+    model_config.write_text(SMOKE_MODEL_CONFIG)
+    build_archive(ArchiveOptions(model_name=SMOKE_MODEL, handler=str(SMOKE_HANDLER),
+                                 config_file=str(model_config), export_path=store, force=True))
+    model_config.unlink()
+    snapshot = {"name": "startup.cfg", "modelCount": 1, "models": {SMOKE_MODEL: {"1.0": {
+        "defaultVersion": True, "marName": f"{SMOKE_MODEL}.mar", "minWorkers": 1,
+        "maxWorkers": 1, "batchSize": 4, "maxBatchDelay": 10, "responseTimeout": 120}}}}
+    (config / "config.properties").write_text(CONFIG.format(
+        bind=options.bind, port=options.port, metrics_port=options.metrics_port,
+        grpc_port=options.grpc_port, grpc_management_port=options.grpc_port + 1,
+        snapshot=json.dumps(snapshot, separators=(",", ":"))))
+    for path in (root, *root.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def http(method: str, url: str, body: Any = None, *, content_type: str = "application/json",
+         timeout: float = 30) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def container_running() -> bool:
+    out = subprocess.run(["podman", "inspect", "--format", "{{.State.Running}}",
+                          SMOKE_CONTAINER], capture_output=True, text=True).stdout
+    return out.strip() == "true"
+
+
+def wait_until(ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not container_running():
+            raise BuildError(f"the container exited while waiting for {what}")
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise BuildError(f"no {what} within {timeout_s:.0f} s")
+
+
+EXPECTED = [[3.0, 5.0, 7.0, 9.0], [1.0, 1.0, 1.0, 1.0]]  # 2 * x + 1 of the inputs below
+INPUTS = [[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0]]
+FLAT_INPUTS = [x for row in INPUTS for x in row]
+FLAT_EXPECTED = [x for row in EXPECTED for x in row]
+V2_REQUEST = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 4],
+                          "data": FLAT_INPUTS}]}
+Check = Callable[[], tuple[bool, str]]
+
+
+def numbers(body: Any) -> list[float] | None:
+    """The numbers an answer carries, flattened: a bare list (/predictions), KServe v1's
+    ``predictions`` or Open Inference's ``outputs[].data``; None for anything else. Under
+    TorchServe's envelopes the tensors' names and shapes differ (its kservev2 envelope names an
+    output after its input, flat): KServe mode's own tests check those; this checks the sums."""
+    if isinstance(body, dict) and "predictions" in body:
+        body = body["predictions"]
+    elif isinstance(body, dict) and isinstance(body.get("outputs"), list):
+        body = [output.get("data") for output in body["outputs"] if isinstance(output, dict)]
+    flat: list[float] = []
+    pending = [body]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, list):
+            pending.extend(reversed(value))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat.append(float(value))
+        else:
+            return None
+    return flat
+
+
+def smoke_checks(options: SmokeOptions) -> list[tuple[str, Check]]:
+    """What to check, by how the container was started: without a KServe protocol, every API
+    with TorchServe's and the protocols' own bodies; with one, what KServe sends for it."""
+    ts = f"http://127.0.0.1:{options.port}"
+    kserve = f"http://127.0.0.1:{options.kserve_rest_port}"
+    model = SMOKE_MODEL
+    envelope = KSERVE_ENVELOPES.get(options.protocol or "")
+
+    def ping() -> tuple[bool, str]:
+        status, body = http("GET", f"{ts}/ping")
+        return status == 200 and body == {"status": "Healthy"}, f"{status} {body}"
+
+    def predictions() -> tuple[bool, str]:
+        # An envelope reads /predictions bodies as its protocol's requests.
+        request: Any = {"kserve": {"instances": INPUTS}, "kservev2": V2_REQUEST}.get(
+            envelope or "", INPUTS[0])
+        expected = EXPECTED[0] if envelope is None else FLAT_EXPECTED
+        status, body = http("POST", f"{ts}/predictions/{model}", request)
+        return status == 200 and numbers(body) == expected, f"{status} {body}"
+
+    def v1_ready() -> tuple[bool, str]:
+        status, body = http("GET", f"{kserve}/v1/models/{model}")
+        return status == 200 and isinstance(body, dict) and body.get("ready") is True, \
+            f"{status} {body}"
+
+    def v1_predict() -> tuple[bool, str]:
+        status, body = http("POST", f"{kserve}/v1/models/{model}:predict",
+                            {"instances": INPUTS})
+        ok = status == 200 and isinstance(body, dict) and numbers(body) == FLAT_EXPECTED
+        return ok, f"{status} {body}"
+
+    def v2_ready() -> tuple[bool, str]:
+        status, body = http("GET", f"{kserve}/v2/health/ready")
+        model_status, _ = http("GET", f"{kserve}/v2/models/{model}/ready")
+        ok = status == 200 and body == {"ready": True} and model_status == 200
+        return ok, f"server {status} {body}, model {model_status}"
+
+    def v2_infer() -> tuple[bool, str]:
+        status, body = http("POST", f"{kserve}/v2/models/{model}/infer", V2_REQUEST)
+        ok = status == 200 and numbers(body) == FLAT_EXPECTED
+        if envelope is None:  # batchserve's own v2: the tensor as model-config.yaml declares
+            ok = ok and body["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32",
+                                             "shape": [2, 4], "data": FLAT_EXPECTED}]
+        return ok, f"{status} {body}"
+
+    def grpc_v2() -> tuple[bool, str]:
+        return grpc_checks(options.kserve_grpc_port, strict=envelope is None)
+
+    def metrics() -> tuple[bool, str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{options.metrics_port}/metrics",
+                                    timeout=30) as response:
+            text = response.read().decode()
+        return response.status == 200 and "ts_inference_requests_total" in text, \
+            f"{response.status}, {len(text)} bytes"
+
+    def pid1_is_the_server() -> tuple[bool, str]:
+        # The server itself must be PID 1, as uid 1000: its workers are its own children.
+        # (`torchserve --start` that went to the background would be PID 1 only until the
+        # server it spawned answers, and the container would end with it.)
+        listing = podman("exec", SMOKE_CONTAINER, "sh", "-c",
+                         'for p in /proc/[0-9]*; do echo "${p#/proc/}'
+                         ' $(cut -d" " -f4 $p/stat) $(stat -c %u $p)'
+                         ' $(tr "\\0" " " < $p/cmdline)"; done')
+        # A process that ended during the listing leaves empty fields: not counted.
+        processes = [fields for fields in (line.split(" ", 3) for line in listing.splitlines())
+                     if len(fields) == 4 and all(fields[:3])]
+        pid1 = next((p for p in processes if p[0] == "1"), None)
+        workers = [p for p in processes if "-m backend" in p[3]]
+        ok = pid1 is not None and "torchserve" in pid1[3] and bool(workers) \
+            and all(p[1] == "1" for p in workers) and {p[2] for p in processes} == {"1000"}
+        return ok, (f"PID 1 (uid {pid1[2]}): {pid1[3].strip()}; " if pid1 else "no PID 1; ") \
+            + f"worker parents {sorted({p[1] for p in workers})}, " \
+            + f"uids {sorted({p[2] for p in processes})}"
+
+    v1 = [("KServe v1 model ready", v1_ready), ("KServe v1 :predict", v1_predict)]
+    v2 = [("KServe v2 ready", v2_ready), ("KServe v2 /infer", v2_infer),
+          ("Open Inference gRPC (live, ready, ModelInfer)", grpc_v2)]
+    protocols = {None: v1 + v2, "v1": v1, "v2": v2, "grpc-v2": v2}[options.protocol]
+    return [("TorchServe /ping", ping), ("TorchServe /predictions", predictions), *protocols,
+            ("metrics", metrics), ("PID 1 is the server, as uid 1000", pid1_is_the_server)]
+
+
+def tensor_values(tensor: Any, raw: bytes | None) -> list[float]:
+    """An Open Inference output tensor's values, from its typed contents or raw bytes."""
+    kind = {"FP32": ("fp32_contents", "f"), "FP64": ("fp64_contents", "d")}.get(tensor.datatype)
+    if kind is None:
+        return []
+    field, code = kind
+    if raw:
+        return [float(x) for x in struct.unpack(f"<{len(raw) // struct.calcsize(code)}{code}",
+                                                raw)]
+    return [float(x) for x in getattr(tensor.contents, field)]
+
+
+def grpc_checks(port: int, *, strict: bool) -> tuple[bool, str]:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        live = stub.ServerLive(pb.ServerLiveRequest(), timeout=30).live
+        ready = stub.ModelReady(pb.ModelReadyRequest(name=SMOKE_MODEL), timeout=30).ready
+        request = pb.ModelInferRequest(model_name=SMOKE_MODEL)
+        tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[2, 4])
+        tensor.contents.fp32_contents.extend(FLAT_INPUTS)
+        response = stub.ModelInfer(request, timeout=30)
+    output = response.outputs[0]
+    raw = response.raw_output_contents[0] if response.raw_output_contents else None
+    values = tensor_values(output, raw)
+    ok = live and ready and values == FLAT_EXPECTED
+    if strict:
+        ok = ok and output.name == "OUTPUT0" and list(output.shape) == [2, 4]
+    return ok, (f"live={live} ready={ready} {output.name} {output.datatype}"
+                f"{list(output.shape)}={values}")
+
+
+def smoke(options: SmokeOptions) -> tuple[int, int]:
+    """Start the container, run the checks, stop it with SIGTERM: (passed, failed)."""
+    busy = [port for port in {options.port, options.metrics_port, options.grpc_port,
+                              options.grpc_port + 1, options.kserve_rest_port,
+                              options.kserve_grpc_port} if port_in_use(port)]
+    if busy:
+        raise BuildError(f"ports {sorted(busy)} are in use on 127.0.0.1 (the container runs "
+                         "on the host network): free them or pass other ports")
+    subprocess.run(["podman", "rm", "--force", SMOKE_CONTAINER], capture_output=True)
+    layout = Path(tempfile.mkdtemp(prefix="batchserve-image-smoke-"))
+    passed = failed = 0
+    try:
+        make_layout(layout, options)
+        env = list(options.env)
+        if options.protocol is not None:
+            env += [f"TS_SERVICE_ENVELOPE={KSERVE_ENVELOPES[options.protocol]}",
+                    f"PROTOCOL_VERSION={options.protocol}"]
+        args = KSERVE_ARGS if options.kserve_args or options.protocol else ()
+        podman("run", "--detach", "--name", SMOKE_CONTAINER, "--network", "host", *ulimits(),
+               "--volume", f"{layout}:/mnt/models:ro",
+               *(flag for pair in env for flag in ("--env", pair)), options.tag, *args)
+        print(f"   started: {' '.join(env) or '(no env)'} {' '.join(args) or '(its CMD)'}")
+        # Ready as KServe sees it: the model's readiness on the protocol it speaks.
+        ready_url = f"http://127.0.0.1:{options.kserve_rest_port}" + (
+            f"/v1/models/{SMOKE_MODEL}" if options.protocol == "v1"
+            else f"/v2/models/{SMOKE_MODEL}/ready")
+        wait_until(lambda: http("GET", ready_url, timeout=5)[0] == 200,
+                   options.start_timeout_s, f"{ready_url} answering 200")
+        for name, check in smoke_checks(options):
+            try:
+                ok, detail = check()
+            except Exception as exc:  # a check that cannot even ask has failed, and says so
+                ok, detail = False, f"{type(exc).__name__}: {exc}"
+            passed, failed = passed + ok, failed + (not ok)
+            print(f"   {'PASS' if ok else 'FAIL'} {name}: {detail[:300]}", flush=True)
+        running = container_running()
+        start = time.monotonic()
+        podman("stop", "--time", str(STOP_GRACE_S), SMOKE_CONTAINER, timeout=STOP_GRACE_S + 60)
+        stop_s = time.monotonic() - start
+        code = podman("inspect", "--format", "{{.State.ExitCode}}", SMOKE_CONTAINER).strip()
+        ok = running and code == "0"
+        if not running:
+            code += " (it had ended before SIGTERM)"
+        passed, failed = passed + ok, failed + (not ok)
+        print(f"   {'PASS' if ok else 'FAIL'} SIGTERM drains and exits: status {code} "
+              f"in {stop_s:.1f} s", flush=True)
+    finally:
+        logs = subprocess.run(["podman", "logs", SMOKE_CONTAINER], capture_output=True,
+                              text=True)
+        (WORK / "smoke-container.log").write_text(logs.stdout + logs.stderr)
+        subprocess.run(["podman", "rm", "--force", SMOKE_CONTAINER], capture_output=True)
+        shutil.rmtree(layout, ignore_errors=True)
+    return passed, failed
+
+
+# ---- command line ----------------------------------------------------------------------
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m docker.build", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="cpu")
+    parser.add_argument("--tag", help="image tag (default localhost/batchserve:<version>-"
+                        "<variant>)")
+    parser.add_argument("--torch", help="torch requirement (default: the variant's)")
+    parser.add_argument("--torchvision", help="torchvision requirement, or 'none' (default: "
+                        "the variant's)")
+    parser.add_argument("--extra", action="append", help="another requirement to put in the "
+                        f"image (default: {', '.join(EXTRA_REQUIREMENTS)})")
+    parser.add_argument("--pip-arg", action="append", default=[],
+                        help="passed to pip wheel (e.g. --pip-arg=--extra-index-url=URL)")
+    parser.add_argument("--mirror", action="append", default=[],
+                        help="passed to mmdebstrap (default: its own, plus updates/security)")
+    parser.add_argument("--rebuild-base", action="store_true")
+    stages = parser.add_mutually_exclusive_group()
+    stages.add_argument("--no-smoke", action="store_true", help="build only")
+    stages.add_argument("--smoke-only", action="store_true", help="smoke-test the built tag")
+    parser.add_argument("--port", type=int, default=8085,
+                        help="the config's inference/management port (KServe's: 8085)")
+    parser.add_argument("--metrics-port", type=int, default=8082)
+    parser.add_argument("--grpc-port", type=int, default=7070,
+                        help="the config's grpc_inference_port (management is the next one)")
+    parser.add_argument("--kserve", choices=sorted(KSERVE_ENVELOPES), dest="protocol",
+                        help="run as KServe's runtime does for this protocol: its args, "
+                        "TS_SERVICE_ENVELOPE and PROTOCOL_VERSION; REST checked on "
+                        f"{KSERVE_REST_PORT}, gRPC on {KSERVE_GRPC_PORT}")
+    parser.add_argument("--kserve-rest-port", type=int,
+                        help="where v1/v2 REST are checked (default: with --kserve "
+                        f"{KSERVE_REST_PORT}, else --port)")
+    parser.add_argument("--kserve-grpc-port", type=int,
+                        help="where Open Inference gRPC is checked (default: with --kserve "
+                        f"{KSERVE_GRPC_PORT}, else --grpc-port)")
+    parser.add_argument("--env", action="append", default=[],
+                        help="KEY=VALUE for the container")
+    parser.add_argument("--kserve-args", action="store_true",
+                        help="run with KServe's args (no --foreground) instead of the CMD")
+    parser.add_argument("--bind", default="127.0.0.1",
+                        help="the config's bind host: host network here, so loopback; a pod "
+                        "binds 0.0.0.0")
+    parser.add_argument("--start-timeout", type=float, default=180.0)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    default = VARIANTS[args.variant]
+    torchvision = args.torchvision or default.torchvision
+    variant = Variant(torch=args.torch or default.torch,
+                      torchvision=None if torchvision == "none" else torchvision)
+    tag = args.tag or f"localhost/batchserve:{__version__}-{args.variant}"
+    missing = [tool for tool in ("mmdebstrap", "podman", "runc") if shutil.which(tool) is None]
+    if missing:
+        print(f"missing: {' '.join(missing)} (apt-get install mmdebstrap podman runc)",
+              file=sys.stderr)
+        return 2
+    WORK.mkdir(parents=True, exist_ok=True)
+    LOG.write_text("")
+    timings: dict[str, float] = {}
+    started = time.monotonic()
+    try:
+        if not args.smoke_only:
+            with step("base", timings):
+                build_base(args.mirror, args.rebuild_base)
+            with step("wheels", timings):
+                context = WORK / args.variant
+                wheels = build_wheels(variant, context, args.extra or EXTRA_REQUIREMENTS,
+                                      args.pip_arg)
+                print(f"   {len(wheels)} wheels, {sum(w.stat().st_size for w in wheels) >> 20}"
+                      f" MiB: {', '.join(w.name.split('-')[0] for w in wheels)}")
+                if variant.torchvision is None:
+                    print("   no torchvision: the built-in image handlers cannot load")
+            with step("image", timings):
+                build_image(tag, args.variant, context)
+            shutil.rmtree(context)
+        print(f"   {tag}: {image_size(tag) / 1e6:.0f} MB")
+        if not args.no_smoke:
+            with step("smoke", timings):
+                passed, failed = smoke(SmokeOptions(
+                    tag=tag, port=args.port, metrics_port=args.metrics_port,
+                    grpc_port=args.grpc_port,
+                    kserve_rest_port=args.kserve_rest_port or (
+                        KSERVE_REST_PORT if args.protocol else args.port),
+                    kserve_grpc_port=args.kserve_grpc_port or (
+                        KSERVE_GRPC_PORT if args.protocol else args.grpc_port),
+                    bind=args.bind, env=tuple(args.env), kserve_args=args.kserve_args,
+                    start_timeout_s=args.start_timeout, protocol=args.protocol))
+            print(f"{passed} passed, {failed} failed")
+            if failed:
+                print(f"(the container's log: {WORK / 'smoke-container.log'})")
+                return 1
+    except BuildError as exc:
+        print(f"failed: {exc}\n(logs: {LOG}, {WORK / 'smoke-container.log'})", file=sys.stderr)
+        return 1
+    finally:
+        print(f"== total {time.monotonic() - started:.1f} s ("
+              + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in timings.items()) + ")")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
