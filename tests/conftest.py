@@ -166,14 +166,19 @@ class ServerProcess:
         RunningServer.wait_for(self, predicate, what, timeout_s)  # type: ignore[arg-type]
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return terminate(self.process)
+
+
+def terminate(process: subprocess.Popen[bytes], timeout_s: float = 60) -> int:
+    """SIGTERM a server process and wait for it (SIGKILL after ``timeout_s``); its status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
 
 
 def spawn_server(work_dir: Path, model_store: Path, *models: str,

@@ -40,7 +40,7 @@ import requests
 
 from frontend.config import Address
 from model_archiver.packaging import ArchiveOptions, build_archive
-from tests.conftest import HANDLERS, START_TIMEOUT_S, launch_server
+from tests.conftest import HANDLERS, START_TIMEOUT_S, launch_server, terminate
 from tests.integration.vision_fixtures import build_tiny_classifier, jpeg
 
 httpclient = pytest.importorskip("tritonclient.http")
@@ -91,14 +91,7 @@ class Pod:
         return str(self.state[address_key]).replace("0.0.0.0", "127.0.0.1")
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return terminate(self.process)
 
 
 def start_pod(root: Path, envelope: str, protocol: str, config: str,
