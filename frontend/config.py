@@ -425,8 +425,8 @@ def load_config(
     file_values = read_properties(config_file) if config_file is not None else {}
     environ = os.environ if environ is None else environ
     envvars_on = _parse_bool(file_values.get("enable_envvars_config", "false"))
-    sources = [file_values, env_overrides(environ, envvars_on), kserve_env(environ),
-               cli_overrides]
+    sources = [file_values, env_overrides(environ, envvars_on),
+               kserve_env(environ, envvars_on), cli_overrides]
     config, unknown = build_config(*sources)
     for key in unknown:
         logger.warning("config: unknown key %r ignored (check the spelling)", key)
@@ -444,10 +444,16 @@ def load_config(
     return config
 
 
-def kserve_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """KServe's ``PROTOCOL_VERSION``, which its runtime sets and its TorchServe wrapper read
-    whatever ``enable_envvars_config`` says."""
+def kserve_env(environ: Mapping[str, str], enabled: bool) -> dict[str, str]:
+    """KServe's ``PROTOCOL_VERSION``, which its runtime sets: read, as every variable, only
+    when the config sets ``enable_envvars_config=true`` (KServe's documented config does, for
+    ``TS_SERVICE_ENVELOPE``). A stray variable elsewhere must not open KServe's listeners or
+    turn token authorization off."""
     protocol = environ.get("PROTOCOL_VERSION", "").strip()
+    if protocol and not enabled:
+        logger.warning("config: PROTOCOL_VERSION=%s ignored: enable_envvars_config is not true "
+                       "(KServe's config for TorchServe sets it)", protocol)
+        return {}
     if protocol and protocol not in KSERVE_PROTOCOLS:
         raise ConfigError(f"PROTOCOL_VERSION={protocol!r}: expected one of "
                           f"{', '.join(KSERVE_PROTOCOLS)}")

@@ -153,10 +153,25 @@ def test_a_bad_protocol_version_names_the_variable() -> None:
         load_config(KSERVE_CONFIG, RUNTIME_ARGS, environ={"PROTOCOL_VERSION": "v3"})
 
 
+def test_protocol_version_needs_enable_envvars_config(tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A stray PROTOCOL_VERSION outside KServe opens no listener and leaves tokens on."""
+    path = tmp_path / "config.properties"
+    path.write_text("management_address=http://127.0.0.1:8085\n")
+    config = load_config(path, {}, environ={"PROTOCOL_VERSION": "v1"})
+    assert config.kserve_protocol == "" and not config.disable_token_authorization
+    assert "PROTOCOL_VERSION=v1 ignored" in caplog.text
+    path.write_text("management_address=http://127.0.0.1:8085\nenable_envvars_config=true\n")
+    config = load_config(path, {}, environ={"PROTOCOL_VERSION": "v1"})
+    assert config.kserve_protocol == "v1" and config.disable_token_authorization
+
+
 def test_kserves_grpc_port_must_not_be_another_listeners(tmp_path: Path) -> None:
     # TorchServe's default management port is KServe's gRPC port.
+    path = tmp_path / "config.properties"
+    path.write_text("enable_envvars_config=true\n")
     with pytest.raises(ConfigError, match="management_address"):
-        load_config(None, {}, environ={"PROTOCOL_VERSION": "v2"})
+        load_config(path, {}, environ={"PROTOCOL_VERSION": "v2"})
     with pytest.raises(ConfigError, match="grpc_management_port"):
         build_config({"kserve_protocol": "v1", "management_address": "http://127.0.0.1:8085",
                       "grpc_management_port": "8081"})
