@@ -6,7 +6,6 @@ import json
 import shutil
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +21,12 @@ from backend.errors import (
 )
 from backend.service import ModelService, load_service
 from protos import worker_pb2
+from tests.unit.imports import restore_import_state  # noqa: F401 (a fixture)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "handlers"
 
 
-@pytest.fixture(autouse=True)
-def restore_import_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Take each test's model directory off sys.path, and forget the modules loaded from it."""
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    yield
-    for name, module in list(sys.modules.items()):
-        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
-            del sys.modules[name]
+pytestmark = pytest.mark.usefixtures("restore_import_state")
 
 
 def model_dir_with(tmp_path: Path, *fixtures: str, files: dict[str, str] | None = None) -> Path:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import pytest
 from backend.errors import HandlerLoadError
 from backend.service import ModelService, load_service
 from protos import open_inference_pb2, worker_pb2
+from tests.unit.imports import restore_import_state  # noqa: F401 (a fixture)
 from tests.unit.test_backend_service import load_message, model_dir_with
 
 # Module-level handlers are first called with None to initialise (TorchServe's rule).
@@ -56,13 +55,7 @@ MANIFEST = json.dumps({"model": {"modelName": "mnist", "modelVersion": "1.0",
                                  "handler": "rows.py"}})
 
 
-@pytest.fixture(autouse=True)
-def restore_import_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    yield
-    for name, module in list(sys.modules.items()):
-        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
-            del sys.modules[name]
+pytestmark = pytest.mark.usefixtures("restore_import_state")
 
 
 def service(tmp_path: Path, handler: str, envelope: str) -> ModelService:

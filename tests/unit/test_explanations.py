@@ -20,6 +20,7 @@ from backend.compat import install_torchserve_shim
 from backend.service import ModelService
 from protos import worker_pb2
 from tests.unit import test_ts_compat as ts_compat
+from tests.unit.imports import forget_modules
 from tests.unit.test_handlers import (
     TINY_TEXT_CLASSIFIER,
     batch,
@@ -41,10 +42,7 @@ def import_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
     if not install_torchserve_shim():
         pytest.skip("a real TorchServe `ts` package is installed; the shim stays unused")
     yield
-    for name, module in list(sys.modules.items()):
-        origin = str(getattr(module, "__file__", None) or "")
-        if name == "ts" or name.startswith("ts.") or origin.startswith(str(tmp_path)):
-            del sys.modules[name]
+    forget_modules(tmp_path, "ts")
 
 
 def explain(req: worker_pb2.Request) -> worker_pb2.Request:

@@ -27,6 +27,7 @@ from backend.handlers.vision import IMAGENET_TRANSFORM
 from backend.service import ModelService, load_service
 from protos import worker_pb2
 from tests.integration.vision_fixtures import LABELS, jpeg, tiny_model_files
+from tests.unit.imports import forget_modules
 
 TS_HANDLERS = Path(__file__).resolve().parents[1] / "fixtures" / "ts_handlers"
 
@@ -44,13 +45,6 @@ LINEAR_MODEL = """
 """
 
 
-def _forget_modules(tmp_path: Path) -> None:
-    for name, module in list(sys.modules.items()):
-        origin = str(getattr(module, "__file__", None) or "")
-        if name == "ts" or name.startswith("ts.") or origin.startswith(str(tmp_path)):
-            del sys.modules[name]
-
-
 @pytest.fixture(autouse=True)
 def ts_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Install the shim as the worker does; afterwards restore sys.path and forget ``ts``
@@ -61,7 +55,7 @@ def ts_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     if not install_torchserve_shim():
         pytest.skip("a real TorchServe `ts` package is installed; the shim stays unused")
     yield
-    _forget_modules(tmp_path)
+    forget_modules(tmp_path, "ts")
 
 
 # --- building model directories and batches ---------------------------------------------------
