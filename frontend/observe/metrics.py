@@ -125,6 +125,15 @@ class _Histogram(Collector):
         series.counts[bisect.bisect_left(self.bounds, value)] += 1
         series.total += value
 
+    def observe_all(self, key: tuple[str, str], values: Iterable[float]) -> None:
+        """Observe each of ``values`` (one series lookup for them all)."""
+        series, bounds = self.of(key), self.bounds
+        counts, total = series.counts, 0.0
+        for value in values:
+            counts[bisect.bisect_left(bounds, value)] += 1
+            total += value
+        series.total += total
+
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=MODEL_LABELS)
         for key, series in list(self.series.items()):
@@ -137,12 +146,23 @@ class _Histogram(Collector):
 
 
 class _TorchServeCounters(Collector):
-    """TorchServe's counters, exposed under their exact names (no ``_total`` added)."""
+    """TorchServe's counters, exposed under their exact names (no ``_total`` added). The
+    per-model ones are read at scrape time from the histograms that count the same events:
+    requests and their latency from ``latency``, the time in the queue from ``queue_wait``."""
 
-    def __init__(self) -> None:
-        # (model, version) -> [requests, latency µs, queue µs]
-        self.per_model: dict[tuple[str, str], list[float]] = {}
+    def __init__(self, latency: _Histogram, queue_wait: _Histogram) -> None:
+        self._latency = latency
+        self._queue_wait = queue_wait
         self.by_status = {"Requests2XX": 0, "Requests4XX": 0, "Requests5XX": 0}
+
+    def _per_model(self) -> Iterator[tuple[tuple[str, str], tuple[float, float, float]]]:
+        """(model, version) -> (requests, latency µs, queue µs)."""
+        latency, queue_wait = dict(self._latency.series), dict(self._queue_wait.series)
+        for key in {**latency, **queue_wait}:
+            answered, queued = latency.get(key), queue_wait.get(key)
+            yield key, (float(sum(answered.counts)) if answered else 0.0,
+                        answered.total * 1e6 if answered else 0.0,
+                        queued.total * 1e6 if queued else 0.0)
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model_name", "model_version", "hostname"]
@@ -154,7 +174,7 @@ class _TorchServeCounters(Collector):
             _LegacyCounter("ts_queue_latency_microseconds",
                            "Torchserve prometheus counter metric with unit: Microseconds"),
         ]
-        for (model, version), values in self.per_model.items():
+        for (model, version), values in self._per_model():
             label_values = dict(zip(labels, (model, version, HOSTNAME), strict=True))
             for family, value in zip(families, values, strict=True):
                 family.add_sample(family.name, label_values, value)
@@ -282,7 +302,6 @@ class ServerMetrics:
 
     def __init__(self, models: Iterable[Model], disk_path: str = ".") -> None:
         self.registry = CollectorRegistry()
-        self._ts = _TorchServeCounters()
         self._custom = _CustomMetrics()
         self.batch_size = _Histogram("batchserve_batch_size", "Requests per dispatched batch",
                                      _BATCH_BUCKETS)
@@ -294,6 +313,7 @@ class ServerMetrics:
         self.handler_time = _Histogram("batchserve_handler_seconds",
                                        "Time a worker's handler spent on one batch",
                                        _TIME_BUCKETS)
+        self._ts = _TorchServeCounters(self.latency, self.queue_wait)
         for collector in (self._ts, _ModelGauges(models), _HostGauges(disk_path),
                           self._custom, self.batch_size, self.queue_wait, self.latency,
                           self.handler_time):
@@ -309,14 +329,7 @@ class ServerMetrics:
         """A batch came back from a worker (``result`` is None when it failed as a whole)."""
         key = (model.name, model.version)
         self.batch_size.observe(key, len(jobs))
-        queue_wait = self.queue_wait.of(key)
-        bounds, counts, waited = self.queue_wait.bounds, queue_wait.counts, 0.0
-        for job in jobs:
-            counts[bisect.bisect_left(bounds, job.queue_wait_s)] += 1
-            waited += job.queue_wait_s
-        queue_wait.total += waited
-        sums = self._ts.per_model.setdefault(key, [0.0, 0.0, 0.0])
-        sums[2] += waited * 1e6
+        self.queue_wait.observe_all(key, [job.queue_wait_s for job in jobs])
         if result is not None:
             self.handler_time.observe(key, result.handler_time_ms / 1000)
             for metric in result.metrics:
@@ -339,17 +352,14 @@ class ServerMetrics:
                         or any(sample.name in names for sample in family.samples))
         return exposition(families)
 
-    def record_request(self, model: Model | None, status: int, latency_s: float,
+    def record_request(self, model: Model | None, latency_s: float,
                        refused: str | None = None) -> None:
-        """One prediction request answered (``model`` None when it named no known model;
-        ``status`` 0 when its client left before the answer; ``refused`` why it was answered
-        without running: "queue_full", "unavailable" or "deadline")."""
+        """One prediction request answered, or left by its client (``model`` None when it
+        named no known model; ``refused`` why it was answered without running: "queue_full",
+        "unavailable" or "deadline")."""
         if model is None:
             return
         key = (model.name, model.version)
-        sums = self._ts.per_model.setdefault(key, [0.0, 0.0, 0.0])
-        sums[0] += 1
-        sums[1] += latency_s * 1e6
         self.latency.observe(key, latency_s)
         if refused is not None:
             self.refused.labels(*key, refused).inc()

@@ -223,7 +223,7 @@ class InferencePlane:
             call.timer.cancel()
         latency_s = time.perf_counter() - call.started
         model, job, origin = call.model, call.job, call.origin
-        self.metrics.record_request(model, call.status, latency_s, call.refusal())
+        self.metrics.record_request(model, latency_s, call.refusal())
         if origin.count_status and call.status:
             self.metrics.count_response(call.status)
         self.access.write(origin.peer, origin.method, origin.path, origin.protocol, call.status,
