@@ -32,6 +32,7 @@ from frontend.observe.metrics import ServerMetrics
 from frontend.services import Services
 from frontend.serving.placement import CpuAssigner, GpuAssigner, Placement
 from frontend.serving.plane import InferencePlane
+from frontend.serving.workers import start_failures
 
 logger = logging.getLogger(__name__)
 
@@ -208,5 +209,5 @@ class Server:
         for name, version in defaults.items():
             with contextlib.suppress(ServeError):
                 loader.registry.set_default(name, version)
-        for failure in await loader.wait_started(models):
+        for failure in await start_failures(w for model in models for w in model.workers):
             logger.error("startup model failed to load: %s", failure)

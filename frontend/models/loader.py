@@ -29,7 +29,7 @@ from frontend.models.model import BatchRecorder, Model, TensorMetadata
 from frontend.models.registry import ModelRegistry
 from frontend.models.settings import ModelSettings, SettingsLayer, Source, read_layer, resolve
 from frontend.serving.placement import Placement
-from frontend.serving.workers import WorkerLaunch, WorkerStartError
+from frontend.serving.workers import WorkerLaunch, start_failures
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -194,8 +194,7 @@ class ModelLoader:
         workers = model.start_workers(model.settings.min_workers)
         if not request.synchronous or not workers:
             return model
-        outcomes = await asyncio.gather(*(worker.first_start for worker in workers))
-        failures = [outcome for outcome in outcomes if outcome is not None]
+        failures = await start_failures(workers)
         if failures:
             await self._remove(model, drain_timeout_s=0)
             raise InternalError(str(failures[0]) + self._not_installed_note(unpacked))
@@ -288,7 +287,3 @@ class ModelLoader:
         await asyncio.gather(*(self._remove(model, drain_timeout_s)
                                for model in list(self.registry)))
 
-    @staticmethod
-    async def wait_started(models: list[Model]) -> list[WorkerStartError]:
-        outcomes = await asyncio.gather(*(w.first_start for m in models for w in m.workers))
-        return [outcome for outcome in outcomes if outcome is not None]

@@ -22,7 +22,7 @@ from frontend.models.model import Model
 from frontend.models.settings import Source, read_layer
 from frontend.services import Services
 from frontend.serving.plane import InferencePlane
-from frontend.serving.workers import Worker, WorkerState
+from frontend.serving.workers import Worker, WorkerState, start_failures
 from protos import worker_pb2
 
 MAX_LIST_LIMIT = 100
@@ -120,7 +120,7 @@ class ManagementOps:
         self.snapshots.save(self.registry)
         if not synchronous:
             return 202, {"status": "Processing worker updates..."}
-        failures = [f for f in [await w.first_start for w in started] if f is not None]
+        failures = await start_failures(started)
         if failures:
             raise InternalError(f"Failed to start workers for model {name}: {failures[0]}")
         suffix = f", version: {version}" if version else ""

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -654,6 +654,12 @@ class Worker:
     def is_down(self) -> bool:
         """Keeps failing and is not up now: nothing queued for it will run soon."""
         return self.is_unhealthy and not self.is_up
+
+
+async def start_failures(workers: Iterable[Worker]) -> list[WorkerStartError]:
+    """Wait until each of ``workers`` has loaded its model or failed to; the failures."""
+    outcomes = await asyncio.gather(*(worker.first_start for worker in workers))
+    return [outcome for outcome in outcomes if outcome is not None]
 
 
 def describe_error(exc: BaseException) -> str:
