@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from frontend import __version__
-from frontend.config import ServerConfig, load_config
+from frontend.config import ServerConfig, load_config, parse_bool
 from frontend.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -173,14 +173,14 @@ def stays_in_foreground(args: argparse.Namespace, environ: Mapping[str, str], pi
     whether this is the container's main process (PID 1), which must not return."""
     if args.foreground:
         return True
-    value = environ.get(FOREGROUND_ENV, "").strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    if value:
-        raise ConfigError(f"{FOREGROUND_ENV}={environ[FOREGROUND_ENV]!r}: expected true or false")
-    return pid == 1
+    value = environ.get(FOREGROUND_ENV, "").strip()
+    if not value:
+        return pid == 1
+    try:
+        return parse_bool(value)
+    except ValueError:
+        raise ConfigError(f"{FOREGROUND_ENV}={environ[FOREGROUND_ENV]!r}: expected true or "
+                          "false") from None
 
 
 def setup_logging(log_config: Path | None, stream: TextIO) -> None:

@@ -95,13 +95,14 @@ def parse_models_json(text: str) -> dict[str, dict[str, ConfiguredVersion]]:
                 default = entry.get("defaultVersion", False)
                 models[name][version] = ConfiguredVersion(
                     read_layer(entry, Source.JSON),
-                    default if isinstance(default, bool) else _parse_bool(str(default)))
+                    default if isinstance(default, bool) else parse_bool(str(default)))
             except ValueError as exc:
                 raise ValueError(f"model {name!r} version {version!r}: {exc}") from exc
     return models
 
 
-def _parse_bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
+    """TorchServe's true/false words (true, yes, 1, on; false, no, 0, off), any case."""
     lowered = text.strip().lower()
     if lowered in ("true", "yes", "1", "on"):
         return True
@@ -277,7 +278,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "grpc_management_address": ("grpc_management_address", str),
     "grpc_inference_port": ("grpc_inference_port", _parse_port),
     "grpc_management_port": ("grpc_management_port", _parse_port),
-    "enable_grpc": ("enable_grpc", _parse_bool),
+    "enable_grpc": ("enable_grpc", parse_bool),
     "model_store": ("model_store", Path),
     "load_models": ("load_models", _parse_load_models),
     "models": ("models", parse_models_json),
@@ -294,32 +295,32 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "request_header_timeout": ("request_header_timeout_s", _parse_positive_float),
     "keep_alive_timeout": ("keep_alive_timeout_s", _parse_positive_float),
     "number_of_gpu": ("number_of_gpu", _parse_non_negative_int),
-    "cpu_affinity": ("cpu_affinity", _parse_bool),
+    "cpu_affinity": ("cpu_affinity", parse_bool),
     "cpu_cores_per_worker": ("cpu_cores_per_worker", _parse_positive_int),
     "batch_size": ("default_batch_size", _parse_positive_int),
     "max_batch_delay": ("default_max_batch_delay_ms", _parse_non_negative_int),
     "batch_policy": ("default_batch_policy", _parse_policy),
-    "enable_model_api": ("enable_model_api", _parse_bool),
-    "disable_token_authorization": ("disable_token_authorization", _parse_bool),
+    "enable_model_api": ("enable_model_api", parse_bool),
+    "disable_token_authorization": ("disable_token_authorization", parse_bool),
     "token_expiration_min": ("token_expiration_min", _parse_positive_int),
     "key_file": ("key_file", Path),
     "allowed_urls": ("allowed_urls", _parse_regex_list),
     "max_archive_size": ("max_archive_size_bytes", _parse_positive_int),
-    "install_py_dep_per_model": ("install_py_dep_per_model", _parse_bool),
+    "install_py_dep_per_model": ("install_py_dep_per_model", parse_bool),
     "install_py_dep_timeout": ("install_py_dep_timeout_s", _parse_positive_float),
-    "limit_max_image_pixels": ("limit_max_image_pixels", _parse_bool),
-    "decode_input_request": ("decode_input_request", _parse_bool),
+    "limit_max_image_pixels": ("limit_max_image_pixels", parse_bool),
+    "decode_input_request": ("decode_input_request", parse_bool),
     "service_envelope": ("service_envelope", _parse_choice(SERVICE_ENVELOPES)),
     "default_service_handler": ("default_service_handler", str),
-    "enable_metrics_api": ("enable_metrics_api", _parse_bool),
+    "enable_metrics_api": ("enable_metrics_api", parse_bool),
     "metrics_mode": ("metrics_mode", str),
     # KServe's documented config.properties for TorchServe says metrics_format (TorchServe
     # itself reads only metrics_mode): the same setting.
     "metrics_format": ("metrics_mode", str),
     "log_location": ("log_location", Path),
-    "enable_access_log": ("enable_access_log", _parse_bool),
+    "enable_access_log": ("enable_access_log", parse_bool),
     "run_dir": ("run_dir", Path),
-    "snapshot_disabled": ("snapshot_disabled", _parse_bool),
+    "snapshot_disabled": ("snapshot_disabled", parse_bool),
     "model_snapshot": ("model_snapshot", _parse_json_object),
     "kserve_protocol": ("kserve_protocol", _parse_choice(KSERVE_PROTOCOLS)),
     "kserve_rest_port": ("kserve_rest_port", _parse_port),
@@ -424,7 +425,7 @@ def load_config(
     """The whole startup path: file, environment, then command-line flags."""
     file_values = read_properties(config_file) if config_file is not None else {}
     environ = os.environ if environ is None else environ
-    envvars_on = _parse_bool(file_values.get("enable_envvars_config", "false"))
+    envvars_on = parse_bool(file_values.get("enable_envvars_config", "false"))
     sources = [file_values, env_overrides(environ, envvars_on),
                kserve_env(environ, envvars_on), cli_overrides]
     config, unknown = build_config(*sources)

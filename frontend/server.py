@@ -119,8 +119,7 @@ class Server:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
         plane = InferencePlane(registry, metrics, logs.access)
-        self.services = Services(config, registry, loader, metrics, auth, snapshots,
-                                 logs.access, plane)
+        self.services = Services(config, registry, loader, metrics, auth, snapshots, plane)
         grpc_servers = GrpcServers(self.services) if config.enable_grpc else None
         with logs:
             try:

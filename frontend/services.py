@@ -1,5 +1,5 @@
 """What the API layers share: config, registry, loader, the inference plane, metrics, token
-authority, snapshots, the access log."""
+authority, snapshots."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from frontend.config import ServerConfig
 from frontend.models.loader import ModelLoader
 from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots
-from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
 from frontend.serving.plane import InferencePlane
 
@@ -23,5 +22,4 @@ class Services:
     metrics: ServerMetrics
     auth: TokenAuthority | None
     snapshots: Snapshots
-    access: AccessLog
     plane: InferencePlane

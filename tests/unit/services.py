@@ -63,7 +63,7 @@ def make_services(tmp_path: Path, model_store: Path | None = None,
     snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
     access = AccessLog(None)
     plane = InferencePlane(registry, metrics, access)
-    return Services(config, registry, loader, metrics, None, snapshots, access, plane)
+    return Services(config, registry, loader, metrics, None, snapshots, plane)
 
 
 @dataclass

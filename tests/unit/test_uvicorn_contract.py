@@ -291,7 +291,6 @@ def test_the_protocol_state_we_use_exists_from_the_start(
     ("on_body", ["self", "body"]),
     ("on_message_complete", ["self"]),
     ("on_response_complete", ["self"]),
-    ("_unset_keepalive_if_required", ["self"]),
     ("_start_asgi_task", ["self", "cycle", "app"]),
     ("shutdown", ["self"]),
 ])
@@ -385,9 +384,11 @@ def test_the_fast_path_fills_the_scope_keys_uvicorn_fills() -> None:
 
 
 def test_data_received_does_nothing_our_replacement_lacks() -> None:
-    """protocol.py replaces ``data_received`` whole, keeping ``_unset_keepalive_if_required``
-    and ``parser.feed_data``; the rest is uvicorn's error and upgrade handling, which ours
-    does its own way (400 through ``_refuse_head``; upgrades ignored)."""
+    """protocol.py replaces ``data_received`` whole, keeping ``parser.feed_data``;
+    ``_unset_keepalive_if_required`` cancels the timer only uvicorn's ``on_response_complete``
+    arms (ours replaces it, and ``timeout_keep_alive_task`` stays None: tested above), and the
+    rest is uvicorn's error and upgrade handling, which ours does its own way (400 through
+    ``_refuse_head``; upgrades ignored)."""
     assert _self_attributes(HttpToolsProtocol.data_received) == {
         "_unset_keepalive_if_required", "parser", "logger", "send_400_response",
         "_should_upgrade", "handle_websocket_upgrade", "_unsupported_upgrade_warning"}

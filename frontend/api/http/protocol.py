@@ -113,7 +113,8 @@ class ServerProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        self._unset_keepalive_if_required()
+        # NOTE: no _unset_keepalive_if_required(): it cancels the timer uvicorn's
+        # on_response_complete arms, which ours replaces (the connection's own timer).
         self._began_in_chunk = False
         self._read_bytes = len(data)
         try:
