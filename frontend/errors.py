@@ -39,9 +39,6 @@ class ServeError(Exception):
     def message(self) -> str:
         return str(self)
 
-    def to_body(self) -> dict[str, object]:
-        return {"code": self.http_status, "type": self.type_name, "message": self.message}
-
 
 class BadRequest(ServeError):
     http_status = 400

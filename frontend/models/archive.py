@@ -46,8 +46,14 @@ def archive_stem(path: Path) -> str:
     return name
 
 
-def not_allowed(url: str, shown: str) -> Forbidden:
-    """The 403 for a location ``allowed_urls`` does not admit, saying how to admit it."""
+def require_allowed(url: str, allowed_urls: tuple[str, ...], shown: str | None = None) -> None:
+    """Forbidden (403, saying how to admit it) unless a pattern of ``allowed_urls`` matches
+    the whole ``url``; ``shown`` is how the message names it (default: the url)."""
+    if not any(re.fullmatch(pattern, url) for pattern in allowed_urls):
+        raise _not_allowed(url, repr(url) if shown is None else shown)
+
+
+def _not_allowed(url: str, shown: str) -> Forbidden:
     parts = urlsplit(url)
     if parts.scheme in ("http", "https") and parts.netloc:
         example = re.escape(f"{parts.scheme}://{parts.netloc}/") + ".*"
@@ -80,8 +86,7 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
         if not _exists(path):
             raise ArchiveError(f"Model archive {url!r} not found in the model store {model_store}")
         return path
-    if not any(re.fullmatch(pattern, url) for pattern in allowed_urls):
-        raise not_allowed(url, repr(url))
+    require_allowed(url, allowed_urls)
     if parts.scheme not in ("", "file"):
         raise ArchiveError(f"unsupported url scheme {parts.scheme!r}")
     raw_path = unquote(parts.path) if parts.scheme == "file" else url

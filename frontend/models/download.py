@@ -30,7 +30,7 @@ from urllib.request import (
 )
 
 from frontend.errors import ArchiveError, Conflict, Forbidden, ServeError
-from frontend.models.archive import ARCHIVE_SUFFIXES, not_allowed
+from frontend.models.archive import ARCHIVE_SUFFIXES, require_allowed
 
 MAX_REDIRECTS = 5
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
@@ -70,10 +70,6 @@ def _build_opener() -> OpenerDirector:
                     HTTPDefaultErrorHandler(), _ReturnRedirects()):
         opener.add_handler(handler)
     return opener
-
-
-def _is_allowed(url: str, allowed_urls: tuple[str, ...]) -> bool:
-    return any(re.fullmatch(pattern, url) for pattern in allowed_urls)
 
 
 def _decode_unreserved(path: str) -> str:
@@ -151,9 +147,8 @@ def normalise_url(url: str) -> str:
 def check_allowed(url: str, allowed_urls: tuple[str, ...]) -> str:
     """The normalised ``url`` if ``allowed_urls`` admits it; Forbidden (403) otherwise."""
     normalised = normalise_url(url)
-    if not _is_allowed(normalised, allowed_urls):
-        shown = repr(url) if normalised == url else f"{url!r} (normalised: {normalised!r})"
-        raise not_allowed(normalised, shown)
+    require_allowed(normalised, allowed_urls,
+                    None if normalised == url else f"{url!r} (normalised: {normalised!r})")
     return normalised
 
 

@@ -110,8 +110,8 @@ def test_each_error_states_its_status_and_torchserve_type(
         cls: type[ServeError], expected: tuple[int, str]) -> None:
     error = _instance(cls)
     assert (error.http_status, error.type_name) == expected
-    assert error.to_body() == {"code": expected[0], "type": expected[1],
-                               "message": error.message}
+    assert json.loads(error_body(error)) == {"code": expected[0], "type": expected[1],
+                                             "message": error.message}
 
 
 def test_an_error_has_its_own_headers_and_none_by_default() -> None:
@@ -150,7 +150,7 @@ def test_worker_error_codes_map_to_status_and_type(code: int, status: int,
     assert isinstance(error, ServeError)
     assert (error.http_status, error.type_name) == (status, type_name)
     assert error.message == "Prediction failed: CUDA out of memory"
-    assert error.to_body()["code"] == status
+    assert json.loads(error_body(error))["code"] == status
 
 
 def test_worker_errors_do_not_change_their_class_defaults() -> None:
