@@ -66,7 +66,6 @@ class Model:
         #: Its own packages (install_py_dep_per_model, useVenv), shared by its workers.
         self.environment = environment
         self.loaded_at_startup = loaded_at_startup
-        self.registered_at = time.time()
         self.launch = launch
         self._placement = placement
         self._record = record_batch
@@ -97,6 +96,9 @@ class Model:
         return sum(worker.restarts for worker in self.workers)
 
     def _record_batch(self, jobs: list[Job], result: worker_pb2.PredictResult | None) -> None:
+        """A worker's batch came back (before the worker takes its next one)."""
+        if self.sequences is not None:
+            self.sequences.finished(jobs, result.responses if result is not None else None)
         self.recent_batch_sizes.append(len(jobs))
         self.batches_total += 1
         self.requests_total += len(jobs)

@@ -1,8 +1,9 @@
 """Per-model job queue that releases batches to idle workers.
 
 The batcher only groups jobs; it never touches sockets or processes. Each worker pulls a
-batch when it is idle (as TorchServe's WorkerThread does), so there is at most one batch in
-flight per worker and the queue fills naturally while every worker is busy. *When* a batch is
+batch when it is free (as TorchServe's WorkerThread does; a worker with a batch in flight
+takes a second only when it is full, ``park_for_full``), and the queue fills naturally while
+every worker is busy. *When* a batch is
 released is decided by a small pure policy object, so other policies plug in without touching
 the queue. Time comes in through two seams, a ``clock`` and a ``call_later`` timer, so tests and
 frontend/serving/simulation.py drive the same batcher with simulated time.

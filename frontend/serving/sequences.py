@@ -129,11 +129,6 @@ class SequenceLane:
         """The worker is being stopped: no new sequence binds to it."""
         self.is_up = False
 
-    def finished(self, jobs: list[Job], responses: Items[worker_pb2.Response] | None) -> None:
-        """The worker answered the batch of ``jobs`` (``responses``: its responses, None when
-        it failed the batch as a whole): their sequences go on."""
-        self._owner._finished(jobs, responses)
-
     def went_down(self, reason: str) -> None:
         """The worker died or stopped (``reason`` says which, for the clients): its sequences
         end, those that never reached it move to another worker."""
@@ -323,7 +318,10 @@ class SequenceBatcher:
         lane.is_up = True
         self._bind_unbound()
 
-    def _finished(self, jobs: list[Job], responses: Items[worker_pb2.Response] | None) -> None:
+    def finished(self, jobs: list[Job], responses: Items[worker_pb2.Response] | None) -> None:
+        """A worker answered the batch of ``jobs`` (``responses``: its responses, None when
+        it failed the batch as a whole): their sequences go on. Called before that worker
+        takes its next batch (the sequences of this one may be in it)."""
         if responses is not None and len(responses) != len(jobs):
             responses = None
         for index, job in enumerate(jobs):

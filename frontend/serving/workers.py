@@ -2,8 +2,8 @@
 
 For each worker the frontend listens on a fresh Unix socket in the private run directory,
 starts ``python -m backend --socket PATH`` and waits for its HELLO, then sends LOAD. One
-supervisor task per worker pulls batches from the model's Batcher while the worker is idle,
-so a worker never holds more than one batch.
+supervisor task per worker pulls batches from the model's Batcher through its Dispatcher
+(frontend/serving/dispatch.py), which holds up to ``batches_in_flight`` batches at a time.
 """
 
 from __future__ import annotations
@@ -543,8 +543,7 @@ class Worker:
             timeout_s=self._launch.response_timeout_s,
             max_in_flight=self._launch.batches_in_flight,
             frame_of=self._batch_frame,
-            finish_batch=lambda batch, reply, service_s: self._finish_batch(
-                batch, reply, service_s),
+            finish_batch=self._finish_batch,
             bound=lambda part: bounded(part, max_bytes),
             on_done=done, call_later=loop.call_later, clock=time.monotonic)
         self._dispatcher = dispatcher
@@ -602,9 +601,6 @@ class Worker:
         jobs = batch.jobs
         result = (worker_pb2.PredictResult.FromString(reply.payload)
                   if reply.kind is Kind.PREDICTED else None)
-        if self._lane is not None:
-            # Before the next batch is taken: the sequences of this one may be in it.
-            self._lane.finished(jobs, result.responses if result is not None else None)
         if self._on_batch is not None:
             self._on_batch(jobs, result)
         if result is not None:
@@ -625,7 +621,7 @@ class Worker:
         raise WorkerDied(f"{self.name} broke the protocol")
 
     async def stop(self, timeout_s: float | None) -> None:
-        """Stop after the batch in flight (waiting at most ``timeout_s``; None: no limit)."""
+        """Stop after the batches in flight (waiting at most ``timeout_s``; None: no limit)."""
         if self._lane is not None:
             self._lane.draining()
         if not self._stop_requested.done():

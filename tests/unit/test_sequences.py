@@ -41,9 +41,10 @@ def tick(loop: asyncio.AbstractEventLoop) -> None:
 
 class Worker:
     """A worker's dispatcher as its lane sees it: takes one batch at a time when free, and
-    answers it (after telling the lane, as workers.Worker does) when told."""
+    answers it (after telling the sequences, as the model's batch record does) when told."""
 
-    def __init__(self, lane: SequenceLane) -> None:
+    def __init__(self, sequences: SequenceBatcher, lane: SequenceLane) -> None:
+        self.sequences = sequences
         self.lane = lane
         self.running: list[Job] | None = None
         self.batches: list[list[str]] = []
@@ -71,7 +72,7 @@ class Worker:
             if job.request.headers[SEQUENCE_ID_HEADER] in closes:
                 response.headers[SEQUENCE_END_HEADER] = ";".join(closes)
             responses.append(response)
-        self.lane.finished(jobs, responses)
+        self.sequences.finished(jobs, responses)
         for job, response in zip(jobs, responses, strict=True):
             job.resolve(response)
         self.lane.batcher.park(self._take)
@@ -91,7 +92,7 @@ class Rig:
         self.lanes = [self.sequences.add_lane() for _ in range(lanes)]
 
     def workers(self) -> list[Worker]:
-        return [Worker(lane).start() for lane in self.lanes]
+        return [Worker(self.sequences, lane).start() for lane in self.lanes]
 
     def submit(self, sequence: str, value: int, *, end: bool = False) -> Job:
         request = worker_pb2.Request(request_id=f"{sequence}{value}",
@@ -148,7 +149,7 @@ def test_requests_wait_for_a_worker_that_is_up(loop) -> None:
     r.submit("a", 1)
     r.submit("a", 2)
     assert r.sequences.depth == 2 and all(not lane.sequences for lane in r.lanes)
-    w0 = Worker(r.lanes[0]).start()
+    w0 = Worker(r.sequences, r.lanes[0]).start()
     assert w0.batches == [["a1"]]
 
 
@@ -276,7 +277,7 @@ def test_a_restarted_worker_takes_new_sequences_again(loop) -> None:
     r.lanes[0].went_down("its worker failed")
     r.submit("b", 1)
     assert w0.batches == [["a1"]] and w1.batches == [["b1"]]
-    restarted = Worker(r.lanes[0]).start()
+    restarted = Worker(r.sequences, r.lanes[0]).start()
     r.submit("c", 1)
     assert restarted.batches == [["c1"]]
 
