@@ -174,8 +174,14 @@ class InferenceServicer(_InferenceRpcs, inference_pb2_grpc.InferenceAPIsServiceS
         rpc = _Rpc.of(context)
         async with self.plane.call(rpc.origin("/-")) as call:
             async def start() -> list[worker_pb2.Response] | ResponseStream:
-                self._check(rpc.headers)
-                result = await self._start(self._parsed(raw), rpc, call)
+                try:
+                    self._check(rpc.headers)
+                    result = await self._start(self._parsed(raw), rpc, call)
+                except ServeError as error:
+                    # Recorded here: _answer turns it into grpc's abort, which the plane's
+                    # call does not see as a ServeError (it would record a 500).
+                    call.fail(error)
+                    raise
                 return result if isinstance(result, ResponseStream) else [result]
 
             parts = await _answer(context, start())

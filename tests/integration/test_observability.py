@@ -215,3 +215,28 @@ def test_each_worker_gets_its_share_of_the_cores(build_mar, start_server) -> Non
             assert worker["cpuThreads"] == share  # type: ignore[index]
             environ = psutil.Process(worker["pid"]).environ()  # type: ignore[index]
             assert environ["OMP_NUM_THREADS"] == str(share)
+
+
+def test_grpc_refusals_are_counted_with_their_own_status(build_mar, start_server) -> None:
+    """A StreamPredictions (or Predictions) for no such model is a 404 in the access log and
+    Requests4XX, not a 500."""
+    import grpc
+
+    from protos import inference_pb2, inference_pb2_grpc
+
+    build_mar("echo", "echo")
+    server = start_server("echo.mar")
+    before = _samples(server)
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_inference_port}") as channel:
+        stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        request = inference_pb2.PredictionsRequest(model_name="nope", input={"body": b"y"})
+        with pytest.raises(grpc.RpcError) as streamed:
+            list(stub.StreamPredictions(request, timeout=30))
+        assert streamed.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as unary:
+            stub.Predictions(request, timeout=30)
+        assert unary.value.code() == grpc.StatusCode.NOT_FOUND
+    after = _samples(server)
+    # Plus one 2XX: the first scrape itself.
+    assert _value(after, "Requests4XX_total") - _value(before, "Requests4XX_total") == 2
+    assert _value(after, "Requests5XX_total") == _value(before, "Requests5XX_total")
