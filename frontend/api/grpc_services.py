@@ -440,9 +440,10 @@ def service_handler(service: ServiceDescriptor, servicer: object,
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
-INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"].full_name
-OPEN_INFERENCE_SERVICE = (
-    open_inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name)
+_INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"]
+_OPEN_INFERENCE = open_inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+INFERENCE_SERVICE = _INFERENCE.full_name
+OPEN_INFERENCE_SERVICE = _OPEN_INFERENCE.full_name
 MANAGEMENT_SERVICE = (
     management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"].full_name)
 
@@ -458,13 +459,15 @@ class GrpcServers:
 
     async def start(self) -> None:
         config = self.services.config
+        def open_inference() -> grpc.GenericRpcHandler:
+            return service_handler(_OPEN_INFERENCE, OpenInferenceServicer(self.services),
+                                   RAW_REQUEST_METHODS)
+
         def add_inference(server: grpc.aio.Server) -> None:
             server.add_generic_rpc_handlers((
-                service_handler(inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"],
-                                InferenceServicer(self.services), RAW_REQUEST_METHODS),
-                service_handler(
-                    open_inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"],
-                    OpenInferenceServicer(self.services), RAW_REQUEST_METHODS)))
+                service_handler(_INFERENCE, InferenceServicer(self.services),
+                                RAW_REQUEST_METHODS),
+                open_inference()))
 
         plan = [
             ("inference", config.grpc_inference_address, config.grpc_inference_port,
@@ -479,10 +482,8 @@ class GrpcServers:
             # as TorchServe's wrapper served it: the Open Inference service alone.
             plan.append((
                 "kserve", config.inference_address.host, config.kserve_grpc_port,
-                (OPEN_INFERENCE_SERVICE,), lambda server: server.add_generic_rpc_handlers((
-                    service_handler(
-                        open_inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"],
-                        OpenInferenceServicer(self.services), RAW_REQUEST_METHODS),))))
+                (OPEN_INFERENCE_SERVICE,),
+                lambda server: server.add_generic_rpc_handlers((open_inference(),))))
         for name, host, port, service_names, add in plan:
             server = grpc.aio.server(options=[
                 ("grpc.max_receive_message_length", config.max_request_size_bytes),
