@@ -133,9 +133,13 @@ class ModelLoader:
             use_venv=False,
         )
 
+    def _configured(self, name: str, version: str) -> ConfiguredVersion:
+        """What config.properties ``models=`` says of this version (nothing: the defaults)."""
+        return self.config.models.get(name, {}).get(version) or ConfiguredVersion()
+
     def settings(self, name: str, version: str, request: RegisterRequest,
                  model_config: Mapping[str, Any]) -> ModelSettings:
-        configured = self.config.models.get(name, {}).get(version) or ConfiguredVersion()
+        configured = self._configured(name, version)
         try:
             from_yaml = read_layer(model_config, Source.YAML)
         except ValueError as exc:
@@ -233,8 +237,8 @@ class ModelLoader:
                                    environment),
                       self._placement, self._record_batch, self._model_log,
                       request.loaded_at_startup, plan.tensors, environment)
-        configured = self.config.models.get(name, {}).get(version) or ConfiguredVersion()
-        self.registry.add(model, make_default=configured.is_default_version)
+        self.registry.add(model,
+                          make_default=self._configured(name, version).is_default_version)
         logger.info("registered model %s version %s (batch_size=%d, max_batch_delay=%d ms, "
                     "workers=%d)", name, version, settings.batch_size,
                     settings.max_batch_delay_ms, settings.min_workers)

@@ -24,10 +24,14 @@ class ModelRegistry:
 
     # ---- lookup -------------------------------------------------------------------------
 
-    def get(self, name: str, version: str | None = None) -> Model:
+    def _versions_of(self, name: str) -> dict[str, Model]:
         versions = self._models.get(name)
         if not versions:
             raise ModelNotFound(f"Model not found: {name}")
+        return versions
+
+    def get(self, name: str, version: str | None = None) -> Model:
+        versions = self._versions_of(name)
         if version is None:
             return versions[self._defaults[name]]
         try:
@@ -40,10 +44,7 @@ class ModelRegistry:
         return version in self._models.get(name, {})
 
     def versions(self, name: str) -> list[Model]:
-        versions = self._models.get(name)
-        if not versions:
-            raise ModelNotFound(f"Model not found: {name}")
-        return list(versions.values())
+        return list(self._versions_of(name).values())
 
     def names(self) -> list[str]:
         return sorted(self._models)
@@ -53,7 +54,7 @@ class ModelRegistry:
         return sorted(name for name in self.failed_at_startup if name not in self._models)
 
     def default_version(self, name: str) -> str:
-        self.get(name)
+        self._versions_of(name)  # ModelNotFound
         return self._defaults[name]
 
     def __iter__(self) -> Iterator[Model]:

@@ -44,7 +44,6 @@ class InferenceApp(common.Routes):
         self.config = services.config
         self.registry = services.registry
         self.auth = services.auth
-        self.snapshots = services.snapshots
         self.plane = services.plane
         self.kserve = KServeRoutes(services)
 
