@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks import torchserve
+from benchmarks.echo import build_echo
 from benchmarks.servers import Batchserve
-from model_archiver.packaging import ArchiveOptions, build_archive
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDLER = ROOT / "examples" / "echo" / "echo_handler.py"
@@ -114,8 +114,7 @@ def main() -> int:
     script.write_text(LUA)
     store = work / "store"
     store.mkdir()
-    build_archive(ArchiveOptions(model_name="echo", version="1.0", handler=str(HANDLER),
-                                 export_path=store, force=True))
+    build_echo(store)
     started = time.time()
     with contextlib.ExitStack() as stack:
         ours = stack.enter_context(Batchserve(store))
