@@ -240,17 +240,17 @@ class Batcher:
 
     def unpark(self, take: Take) -> bool:
         """Withdraw a parked worker; False if it was not parked (it got a batch already)."""
-        try:
+        # NOTE: membership first (a handful of parked workers): a busy worker waits in
+        # _parked_full, and unparking it happens once a batch, so no exception per batch.
+        if take in self._parked:
             self._parked.remove(take)
-        except ValueError:
-            try:
-                self._parked_full.remove(take)
-            except ValueError:
-                return False
+            if not self._parked:
+                self._collecting_since = None
             return True
-        if not self._parked:
-            self._collecting_since = None
-        return True
+        if take in self._parked_full:
+            self._parked_full.remove(take)
+            return True
+        return False
 
     def take_full(self) -> list[Job] | None:
         """A full batch if the queue holds one (and batches hold more than one request),
