@@ -251,3 +251,84 @@ def test_an_idle_connection_is_closed_after_keep_alive_and_a_busy_one_is_not(
         assert busy.response()[:3:2] == (200, b"again")
     finally:
         busy.close()
+
+
+# Chunked bodies that no parser may accept: each must be answered 400 and the connection
+# closed, with nothing after them served as a request.
+MALFORMED_CHUNKS = {
+    "a size that is not hex": b"zz\r\nhello\r\n0\r\n\r\n",
+    "a negative size": b"-5\r\nhello\r\n0\r\n\r\n",
+    "a size of 17 hex digits": b"1" * 17 + b"\r\nhello\r\n0\r\n\r\n",
+    "data longer than its size": b"3\r\nhello\r\n0\r\n\r\n",
+    "no CRLF after the data": b"5\r\nhello0\r\n\r\n",
+    "a malformed chunk extension": b"5;\x01bad\r\nhello\r\n0\r\n\r\n",
+    "a size with no line end": b"5 5\r\nhello\r\n0\r\n\r\n",
+}
+#: A whole request sent after each malformed body: it must not be answered.
+_SMUGGLED = b"GET /ping HTTP/1.1\r\nHost: test\r\n\r\n"
+
+
+def _chunked_head(method: bytes, path: bytes, *extra: bytes) -> bytes:
+    return (method + b" " + path + b" HTTP/1.1\r\nHost: test\r\n"
+            + b"".join(line + b"\r\n" for line in extra)
+            + b"Transfer-Encoding: chunked\r\n\r\n")
+
+
+def _assert_refused_and_closed(connection: Connection, case: str) -> None:
+    status, headers, body = connection.response()
+    assert status == 400, f"{case}: {status} {body[:200]!r}"
+    assert headers["connection"] == "close", case
+    assert "Invalid HTTP request" in json.loads(body)["message"], case
+    assert connection.closed_by_server(), f"{case}: more was answered: {connection.buffer!r}"
+
+
+@pytest.mark.parametrize("port, method, path", [
+    ("inference", b"POST", b"/predictions/echo"),  # the fast path
+    ("inference", b"PUT", b"/predictions/echo/1.0"),
+    ("inference", b"POST", b"/v1/models/echo:predict"),  # ASGI routes
+    ("inference", b"POST", b"/explanations/echo"),
+    ("inference", b"POST", b"/predictions/nope"),  # refused at its head (404)
+    ("management", b"POST", b"/models?url=echo.mar"),
+    ("metrics", b"POST", b"/metrics"),
+])
+def test_a_malformed_chunked_body_is_answered_400_and_closed(
+        echo: RunningServer, port: str, method: bytes, path: bytes) -> None:
+    base = getattr(echo, port)
+    for case, chunks in MALFORMED_CHUNKS.items():
+        connection = Connection(echo, base)  # the head and its broken body in one read
+        try:
+            connection.sock.sendall(_chunked_head(method, path) + chunks + _SMUGGLED)
+            if path == b"/predictions/nope":  # refused before its body: the 404, then close
+                assert connection.response()[0] == 404, case
+                assert connection.closed_by_server(), case
+            else:
+                _assert_refused_and_closed(connection, case)
+        finally:
+            connection.close()
+
+
+@pytest.mark.parametrize("path", [b"/predictions/echo", b"/v1/models/echo:predict"])
+def test_a_chunked_body_that_breaks_after_its_head_was_read_is_answered(
+        echo: RunningServer, path: bytes) -> None:
+    """The head is read (the server says 100 Continue), then a good chunk, then a bad one."""
+    for case, chunks in MALFORMED_CHUNKS.items():
+        connection = Connection(echo)
+        try:
+            connection.sock.sendall(_chunked_head(b"POST", path, b"Expect: 100-continue"))
+            assert connection.response()[0] == 100, case
+            connection.sock.sendall(b'2\r\n{"\r\n' + chunks + _SMUGGLED)
+            _assert_refused_and_closed(connection, case)
+        finally:
+            connection.close()
+
+
+def test_a_malformed_body_behind_a_pipelined_request_is_answered_in_its_turn(
+        echo: RunningServer, connection: Connection) -> None:
+    connection.sock.sendall(_post("/predictions/echo", b"first") + _SMUGGLED
+                            + _chunked_head(b"POST", b"/v1/models/echo:predict")
+                            + MALFORMED_CHUNKS["a negative size"] + _SMUGGLED)
+    assert connection.response()[:3:2] == (200, b"first")
+    assert connection.response()[0] == 200  # the /ping before it
+    _assert_refused_and_closed(connection, "pipelined")
+    # The server is still up, and the refusals were counted.
+    assert echo.predict("echo", b"after").content == b"after"

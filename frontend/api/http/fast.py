@@ -171,6 +171,18 @@ class PredictionsProtocol(ServerProtocol):
         prediction.submitted = True
         call.job.future.add_done_callback(lambda future: self._answered(prediction, future))
 
+    def _refuse_body(self, error: ServeError) -> None:
+        prediction = self.cycle
+        if type(prediction) is not _Prediction:
+            super()._refuse_body(error)
+            return
+        self._stop_reading(error)
+        if prediction.response_complete:  # refused before its body: the rest is not read
+            self.close_lingering()
+            return
+        prediction.keep_alive = False
+        self._refuse(prediction, error)
+
     def connection_lost(self, exc: Exception | None) -> None:
         prediction = self.cycle
         if type(prediction) is _Prediction:
@@ -275,7 +287,10 @@ class PredictionsProtocol(ServerProtocol):
         prediction.response_complete = True
         self.count_status(status)
         if not prediction.keep_alive:
-            self.transport.close()
+            if prediction.body_done:
+                self.transport.close()
+            else:  # refused before its body was read (all of it)
+                self.close_lingering()
         self._record(prediction, status)
         self.on_response_complete()
 

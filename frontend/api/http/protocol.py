@@ -31,10 +31,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import ClassVar
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, Scope
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from frontend.errors import (
     BadRequest,
@@ -87,6 +93,8 @@ class ServerProtocol(HttpToolsProtocol):
         self._in_head = False
         #: True when the request being read began in the chunk being parsed.
         self._began_in_chunk = False
+        #: True from a request's parsed head to its complete body.
+        self._in_body = False
         self._refused = False
         #: A refusal written once the requests before it are answered (pipelining).
         self._refusal: bytes | None = None
@@ -126,7 +134,11 @@ class ServerProtocol(HttpToolsProtocol):
             if not self._refused:  # else: our own callback refused the request
                 if isinstance(exc, httptools.HttpParserCallbackError):
                     logger.error("parsing an HTTP request failed", exc_info=exc)
-                self._refuse_head(BadRequest(f"Invalid HTTP request: {exc}"))
+                error = BadRequest(f"Invalid HTTP request: {exc}")
+                if self._in_body:
+                    self._refuse_body(error)
+                else:
+                    self._refuse_head(error)
             return
         if self._in_head and not self._began_in_chunk:
             # A head that spans reads: this whole read belongs to it. (Where in its first read
@@ -171,6 +183,7 @@ class ServerProtocol(HttpToolsProtocol):
             raise _Refused
         if self.parser.should_upgrade():
             self._upgrade_framing = self._body_framing()
+        self._in_body = True
         self.handle_request()
 
     def handle_request(self) -> None:
@@ -180,6 +193,7 @@ class ServerProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         if self._upgrade_framing is not None:
             return  # llhttp's early end of an upgrade request: its body comes next
+        self._in_body = False
         super().on_message_complete()
 
     def _head_too_large(self) -> bool:
@@ -236,15 +250,44 @@ class ServerProtocol(HttpToolsProtocol):
 
     def _refuse_head(self, error: ServeError) -> None:
         """Answer ``error`` and close, once the requests before this one are answered."""
+        self._stop_reading(error)
+        self._refusal = error_response(error)
+        self.count_status(error.http_status)
+        self._write_refusal()
+
+    def _refuse_body(self, error: ServeError) -> None:
+        """The body of the request being read is malformed (a bad chunk size, chunk data
+        longer than its size, ...): that request can never be complete, so it is the one
+        answered ``error``, in its turn, and the connection closed. Its ASGI app, waiting for
+        the rest of the body, sees the client gone (``http.disconnect``)."""
+        self._stop_reading(error)
+        cycle = self.cycle
+        assert isinstance(cycle, RequestResponseCycle)
+        for index, (queued, _) in enumerate(self.pipeline):
+            if queued is cycle:  # behind unanswered requests: answered when its turn comes
+                cycle.keep_alive = False
+                self.pipeline[index] = (cycle, _refusal_app(error, self.count_status))
+                return
+        if cycle.response_started:  # answered, or answering, already: nothing more to say
+            cycle.keep_alive = False
+            if cycle.response_complete:
+                self.transport.close()
+            return
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self._refusal = error_response(error)
+        self.count_status(error.http_status)
+        self._write_refusal()
+
+    def _stop_reading(self, error: ServeError) -> None:
+        """Read no more requests from this connection: it is refused with ``error``."""
         self._refused = True
+        self._in_body = False
         self._stop_head_timer()
         self.flow.pause_reading()
         client = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
         logger.warning("HTTP request from %s refused (%d): %s", client, error.http_status,
                        error.message)
-        self._refusal = error_response(error)
-        self.count_status(error.http_status)
-        self._write_refusal()
 
     def _write_refusal(self) -> None:
         if self._refusal is None or self._answer_pending():
@@ -254,19 +297,26 @@ class ServerProtocol(HttpToolsProtocol):
         if transport.is_closing():
             return
         transport.write(refusal)
+        self.close_lingering()
+
+    def close_lingering(self) -> None:
+        """Close after an answer that leaves input unread: the answer goes out with a FIN,
+        and what the client is still sending is read and dropped (``data_received`` ignores
+        it once refused) until it stops or for LINGER_S at most. (Closing on unread input
+        would reset the connection and could lose the answer.)"""
+        transport = self.transport
         if not transport.can_write_eof():
             transport.close()
             return
-        # A lingering close: the answer goes out with a FIN, and what the client is still
-        # sending is read and dropped (data_received ignores it) until it stops or for
-        # LINGER_S at most.
+        self._refused = True
         transport.write_eof()
         self.flow.resume_reading()
         self.loop.call_later(LINGER_S, transport.close)
 
     def _answer_pending(self) -> bool:
-        return bool(self.pipeline) or (self.cycle is not None
-                                       and not self.cycle.response_complete)
+        cycle = self.cycle
+        return bool(self.pipeline) or (cycle is not None and not cycle.response_complete
+                                       and not getattr(cycle, "disconnected", False))
 
     def on_response_complete(self) -> None:
         """uvicorn's, but for one thing: no keep-alive timer armed per response (and
@@ -288,6 +338,22 @@ class ServerProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+
+def _refusal_app(error: ServeError, count_status: Callable[[int], None]) -> ASGI3Application:
+    """An ASGI app that answers ``error`` (in place of a pipelined request's own app)."""
+    body = error_body(error)
+
+    async def refuse(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+                     ) -> None:
+        count_status(error.http_status)
+        await send({"type": "http.response.start", "status": error.http_status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", b"%d" % len(body)),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+    return refuse
 
 
 class _AfterUpgrade:
