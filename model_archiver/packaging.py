@@ -22,6 +22,7 @@ from enum import Enum
 from io import BytesIO
 from pathlib import Path, PurePosixPath
 
+from model_archiver import names
 from model_archiver.errors import ModelArchiverError
 from model_archiver.manifest import MANIFEST_PATH, Manifest
 
@@ -121,6 +122,7 @@ def build_archive(options: ArchiveOptions) -> Path:
     renamed, so a reader never sees a half-written archive.
     """
     _check_model_name(options.model_name)
+    _check_version(options.version)
     if not options.export_path.is_dir():
         raise ModelArchiverError(f"export path {options.export_path} is not an existing directory")
 
@@ -160,6 +162,15 @@ def _check_model_name(name: str) -> None:
             f"invalid model name {name!r}: it must start with a letter and contain only "
             f"letters, digits, '_', '-' and '.' (pattern {MODEL_NAME_PATTERN.pattern})"
         )
+    problem = names.name_problem(name)
+    if problem:
+        raise ModelArchiverError(problem)
+
+
+def _check_version(version: str | None) -> None:
+    problem = names.version_problem(version) if version else None
+    if problem:
+        raise ModelArchiverError(problem)
 
 
 def _base_name(path: str | None) -> str | None:

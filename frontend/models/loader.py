@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +29,11 @@ from frontend.models.registry import ModelRegistry
 from frontend.models.settings import ModelSettings, SettingsLayer, Source, read_layer, resolve
 from frontend.serving.placement import Placement
 from frontend.serving.workers import WorkerLaunch, start_failures
+from model_archiver import names
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
 
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: Open Inference Protocol datatypes model-config.yaml may name.
 DATATYPES = frozenset({"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
                        "UINT64", "FP16", "FP32", "FP64", "BYTES"})
@@ -215,10 +214,11 @@ class ModelLoader:
     def _plan(self, request: RegisterRequest, unpacked: archives.UnpackedArchive) -> _Plan:
         """The name, version, handler and settings of a registration, checked."""
         manifest = unpacked.manifest
-        name = request.model_name or manifest.model_name
-        if not name or not MODEL_NAME.match(name):
-            raise BadRequest(f"invalid model name {name!r}: use letters, digits, '_', '-', '.'")
+        name = request.model_name or manifest.model_name or ""
         version = manifest.model_version or "1.0"
+        problem = names.name_problem(name) or names.version_problem(version)
+        if problem:
+            raise BadRequest(problem)
         if self.registry.has(name, version):
             raise Conflict(f"Model version {version} is already registered for model {name}")
         handler = request.handler or manifest.handler or self.config.default_service_handler

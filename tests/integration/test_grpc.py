@@ -295,6 +295,12 @@ def test_management_rpcs_refuse_what_rest_refuses(stubs, build_mar, start_server
         rest = requests.post(f"{server.management}/models", timeout=60, params={
             "url": "echo.mar", "model_name": "r", field: str(value)})
         assert rest.status_code == 400, (field, rest.text)
+    for name in ("x" * 10_000, "x" * 256, "CON", "a\nb"):  # names no route can carry
+        with pytest.raises(grpc.RpcError) as refused:
+            client.RegisterModel(pb2.RegisterModelRequest(
+                url="echo.mar", model_name=name, synchronous=True), timeout=60)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name[:10]
+        assert "invalid model name" in (refused.value.details() or ""), name[:10]
     assert requests.get(f"{server.management}/models", timeout=10).json()["models"] == []
 
     # Unset numbers take the REST defaults: no worker (default_workers_per_model is 0).

@@ -444,3 +444,46 @@ def test_describe_has_torchserve_012_fields(build_mar, start_server, tmp_path: P
     assert {key: described[key] for key in expected} == expected
     worker = described["workers"][0]  # type: ignore[index]
     assert worker["gpu"] is False and worker["gpuUsage"] == "N/A"
+
+
+def test_a_name_or_version_no_route_can_carry_is_refused_at_registration(
+        build_mar, start_server) -> None:
+    build_mar("echo", "echo")
+    longest_version = "v" + "1" * 63
+    build_mar("versioned", "echo", version=longest_version)
+    # (Our archiver refuses such a version: an archive made elsewhere may carry one.)
+    for folder_name, key, value in (("badversion", "modelVersion", "con.v2"),
+                                    ("longname", "modelName", "x" * 10_000)):
+        manifest = build_mar(folder_name, "echo", fmt="no-archive") / "MAR-INF" / "MANIFEST.json"
+        document = json.loads(manifest.read_text())
+        document["model"][key] = value
+        manifest.write_text(json.dumps(document))
+    server = start_server()
+    for name, rule in (("x" * 256, "at most 128 characters"), ("x" * 129, "at most 128"),
+                       ("CON", "device name"), ("nul.v2", "device name"),
+                       ("com1", "device name"), ("ends.", "end with '.'"),
+                       ("_first", "beginning with a letter or a digit"),
+                       ("a%2Fb", "use letters, digits"), ("a b", "use letters, digits")):
+        refused = _register(server, url="echo.mar", model_name=name)
+        assert refused.status_code == 400, (name[:20], refused.text)
+        assert rule in refused.json()["message"], (name[:20], refused.text)
+        assert len(refused.text) < 500  # the name is not echoed whole
+    for url, rule in (("badversion", "invalid model version"),
+                      ("longname", "at most 128 characters (10000 given)")):
+        refused = _register(server, url=url)
+        assert refused.status_code == 400 and rule in refused.json()["message"], refused.text
+    assert requests.get(_models(server), timeout=30).json()["models"] == []
+
+    # The longest name and version are usable on every route.
+    longest_name = "n" * 128
+    assert _register(server, url="echo.mar", model_name=longest_name).status_code == 200
+    assert _register(server, url="versioned.mar", model_name="v").status_code == 200
+    assert server.predict(longest_name, b"hi").content == b"hi"
+    assert server.predict(f"v/{longest_version}", b"hi").content == b"hi"
+    v1 = requests.post(f"{server.inference}/v1/models/{longest_name}:predict",
+                       json={"instances": [1]}, timeout=30)
+    assert v1.status_code == 200, v1.text
+    ready = requests.get(f"{server.inference}/v2/models/v/versions/{longest_version}/ready",
+                         timeout=30)
+    assert ready.status_code == 200, ready.text
+    assert requests.delete(f"{_models(server)}/{longest_name}", timeout=30).status_code == 200

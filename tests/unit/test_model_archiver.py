@@ -172,13 +172,20 @@ def test_missing_handler_file_is_an_error(inputs: Path, tmp_path: Path) -> None:
         build_archive(options(inputs, tmp_path, handler=str(inputs / "missing.py:handle")))
 
 
-@pytest.mark.parametrize("name", ["1model", "bad name", "a/b", "", "_x", "toy!"])
+@pytest.mark.parametrize("name", ["1model", "bad name", "a/b", "", "_x", "toy!", "x" * 129,
+                                  "CON", "lpt1.model", "ends."])
 def test_bad_model_name(inputs: Path, tmp_path: Path, name: str) -> None:
     with pytest.raises(ModelArchiverError, match="invalid model name"):
         build_archive(options(inputs, tmp_path, model_name=name))
 
 
-@pytest.mark.parametrize("name", ["toy", "resnet-152", "bert.base_v2"])
+@pytest.mark.parametrize("version", ["1.0 beta", "../1", "v" * 65, "nul", "1."])
+def test_bad_version(inputs: Path, tmp_path: Path, version: str) -> None:
+    with pytest.raises(ModelArchiverError, match="invalid model version"):
+        build_archive(options(inputs, tmp_path, version=version))
+
+
+@pytest.mark.parametrize("name", ["toy", "resnet-152", "bert.base_v2", "x" * 128, "console"])
 def test_good_model_name(inputs: Path, tmp_path: Path, name: str) -> None:
     assert build_archive(options(inputs, tmp_path, model_name=name)).name == f"{name}.mar"
 
