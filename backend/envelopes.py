@@ -144,10 +144,14 @@ class KServeV2Envelope(Envelope):
         if not isinstance(shape, list):
             raise InvalidInput(f"input {name!r}: 'shape' must be a list")
         try:
-            row["data"] = self.numpy.array(values).reshape(tuple(shape)).tolist()
+            array = self.numpy.array(values).reshape(tuple(shape))
         except (ValueError, TypeError) as exc:
-            raise InvalidInput(f"input {name!r}: its data does not fit its shape {shape}: "
-                               f"{exc}") from None
+            raise InvalidInput(f"input {name!r}: its data does not fit its shape "
+                               f"{str(shape)[:80]}: {exc}") from None
+        # An empty array of a huge shape ([[]] as [1, 3000000, 0]) holds nothing, yet its
+        # lists would be millions.
+        open_inference.ShapeBudget(array.size, "elements").spend(name, list(array.shape))
+        row["data"] = array.tolist()
         return row
 
     def wrap(self, results: list[Any], unwrapped: Unwrapped, explain: bool) -> Any:

@@ -52,6 +52,14 @@ BINARY_DATA_SIZE = "binary_data_size"
 #: when it merges a batch's parameters into lists.
 UNMERGED_PARAMETERS = frozenset({"content_type", "headers"})
 _LENGTH = struct.Struct("<I")
+#: The most dimensions a tensor may have (numpy's limit).
+MAX_DIMENSIONS = 32
+#: How many nested lists and elements a request may expand into (``rows``), per byte of the
+#: request. A tensor's elements take a byte each at least, and each element costs at most one
+#: list per dimension, so no tensor with data reaches it; it bounds the tensors whose shape
+#: promises more than their bytes hold: ``[1, 3000000, 0]`` is empty, yet its row would be
+#: three million empty lists.
+EXPANSION_PER_BYTE = MAX_DIMENSIONS
 
 
 @dataclass(slots=True)
@@ -122,10 +130,12 @@ def decode_rest(body: bytes, header_length: str | None) -> InferRequest:
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
     inputs: list[Tensor] = []
     offset = 0
+    budget = ShapeBudget(len(body))
     for index, raw in enumerate(raw_inputs):
         if not isinstance(raw, dict):
             raise InvalidInput(f"inputs[{index}] must be an object")
         name, datatype, shape = _tensor_header(raw, f"inputs[{index}]")
+        budget.spend(name, shape)
         parameters = _parameters(raw.get("parameters"), f"input {name!r}")
         count = math.prod(shape)
         size = parameters.pop(BINARY_DATA_SIZE, None)
@@ -177,14 +187,16 @@ def decode_grpc(payload: bytes) -> InferRequest:
     if raw and len(raw) != len(message.inputs):
         raise InvalidInput(f"raw_input_contents has {len(raw)} entries for "
                            f"{len(message.inputs)} inputs")
-    inputs = []
+    inputs: list[Tensor] = []
+    budget = ShapeBudget(len(payload))
     for index, tensor in enumerate(message.inputs):
         name, datatype = tensor.name, tensor.datatype
         _check_datatype(name, datatype)
         shape = list(tensor.shape)
         if not shape or any(dim < 0 for dim in shape):
             raise InvalidInput(f"input {name!r}: the shape must be a list of sizes, first the "
-                               f"batch dimension; got {shape}")
+                               f"batch dimension; got {_shown(shape)}")
+        budget.spend(name, shape)
         count = math.prod(shape)
         if raw:
             data = unpack(datatype, raw[index], count, name)
@@ -225,8 +237,41 @@ def _tensor_header(raw: Mapping[str, Any], where: str) -> tuple[str, str, list[i
     if (not isinstance(shape, list) or not shape
             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
         raise InvalidInput(f"input {name!r}: 'shape' must be a list of sizes, first the batch "
-                           f"dimension; got {shape!r}")
+                           f"dimension; got {_shown(shape)}")
     return name, datatype, shape
+
+
+class ShapeBudget:
+    """What a request's shapes may cost as nested lists (``rows``): bounded by its size
+    (``size`` of ``unit``: its bytes, or the elements it holds)."""
+
+    def __init__(self, size: int, unit: str = "bytes") -> None:
+        self.size = f"{size} {unit}"
+        self.left = EXPANSION_PER_BYTE * max(size, 1)
+
+    def spend(self, name: str, shape: list[int]) -> None:
+        """Count a tensor of ``shape``: each prefix of it is that many lists (or elements).
+        Raises InvalidInput past the request's budget (work O(len(shape)) at most)."""
+        if len(shape) > MAX_DIMENSIONS:
+            raise InvalidInput(f"input {name!r} has {len(shape)} dimensions; at most "
+                               f"{MAX_DIMENSIONS}")
+        product = 1
+        for size in shape:
+            product *= size
+            if product == 0:
+                break
+            self.left -= product
+            if self.left < 0:
+                raise InvalidInput(
+                    f"input {name!r}: its shape {_shown(shape)} describes more rows and nested "
+                    f"lists than a request of {self.size} can hold (an empty "
+                    "tensor's dimensions count too)")
+
+
+def _shown(shape: object) -> str:
+    """A shape for an error message, cut short."""
+    text = repr(shape)
+    return text if len(text) <= 80 else text[:80] + "...]"
 
 
 def _check_datatype(name: str, datatype: object) -> None:
@@ -238,8 +283,8 @@ def _check_datatype(name: str, datatype: object) -> None:
 def _check_count(name: str, shape: list[int], count: int) -> None:
     expected = math.prod(shape)
     if count != expected:
-        raise InvalidInput(f"input {name!r} has {count} elements, but its shape {shape} holds "
-                           f"{expected}")
+        raise InvalidInput(f"input {name!r} has {count} elements, but its shape "
+                           f"{_shown(shape)} holds {expected}")
 
 
 def _parameters(raw: object, where: str) -> dict[str, Any]:
@@ -271,11 +316,17 @@ def _json_elements(datatype: str, data: Any, name: str) -> list[Any]:
 
 
 def _flatten_into(value: Any, out: list[Any]) -> None:
-    if isinstance(value, list):
-        for item in value:
-            _flatten_into(item, out)
-    else:
-        out.append(value)
+    """Append the leaves of nested lists in order (a loop: JSON may nest as deep as the
+    parser allows, deeper than Python's recursion limit leaves room for here)."""
+    stack = [iter([value])]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
 
 
 def _check_elements(name: str, datatype: str, data: Sequence[Any]) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 import pytest
 import requests
 
@@ -451,6 +452,40 @@ def test_v2_grpc_errors(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     with pytest.raises(grpc.RpcError) as no_inputs:
         stub.ModelInfer(pb.ModelInferRequest(model_name="tensors"))
     assert no_inputs.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _worker_rss(server: RunningServer, model: str) -> int:
+    (worker,) = server.describe(model)["workers"]  # type: ignore[misc]
+    return int(psutil.Process(worker["pid"]).memory_info().rss)
+
+
+def test_a_shape_that_promises_more_than_its_bytes_is_refused_at_once(
+        server: RunningServer, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """An 85-byte empty tensor of shape [1, 3000000, 0] once cost the worker seconds and
+    ~200 MiB (three million empty lists); the work a request causes is bounded by its bytes."""
+    url = f"{server.inference}/v2/models/tensors/infer"
+    before = _worker_rss(server, "tensors")
+    huge = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,3000000,0],"data":[]}]}'
+    for body in (huge, huge.replace(b"[1,3000000,0]", b"[5000,1000,0]"),
+                 huge.replace(b"[1,3000000,0]", b"[1,1000,1000,1000,0]")):
+        assert "nested lists" in _error(requests.post(url, data=body, timeout=30), 400)
+    deep = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1] * 33, "data": [1.0]}]}
+    assert "dimensions" in _error(requests.post(url, json=deep, timeout=30), 400)
+    nested = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":' + b"[" * 5000 \
+        + b"1" + b"]" * 5000 + b"}]}"
+    assert "nested too deeply" in _error(requests.post(url, data=nested, timeout=30), 400)
+    request = pb.ModelInferRequest(model_name="tensors", raw_input_contents=[b""])
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 3_000_000, 0])
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.ModelInfer(request)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "nested lists" in (refused.value.details() or "")
+    # A small empty tensor is still served, and so is the next request.
+    small = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 0], "data": []}]}
+    assert requests.post(url, json=small, timeout=30).status_code == 200
+    ok = {"inputs": [{"name": "i64", "datatype": "INT64", "shape": [1], "data": [1]}]}
+    assert requests.post(url, json=ok, timeout=30).status_code == 200
+    assert _worker_rss(server, "tensors") - before < 50 * 1024 * 1024
 
 
 def test_every_documented_kserve_route_is_served(server: RunningServer) -> None:

@@ -152,6 +152,19 @@ def test_kservev2_refuses_data_that_does_not_fit_its_shape(tmp_path: Path) -> No
     assert answer.status == 400 and "does not fit its shape" in answer.error
 
 
+def test_kservev2_refuses_an_empty_array_of_a_huge_shape(tmp_path: Path) -> None:
+    model = service(tmp_path, "sums.py", "kservev2")
+    huge = {"inputs": [{"name": "x", "shape": [1, 3_000_000, 0], "datatype": "FP32",
+                        "data": [[]]}]}
+    deep = {"inputs": [{"name": "x", "shape": [1] * 40, "datatype": "FP32", "data": [1.0]}]}
+    small = {"inputs": [{"name": "x", "shape": [2, 0], "datatype": "FP32", "data": [[]]}]}
+    refused, too_deep, served = predict(model, json_request(huge, "r1"),
+                                        json_request(deep, "r2"), json_request(small, "r3"))
+    assert refused.status == 400 and "[1, 3000000, 0]" in refused.error
+    assert too_deep.status == 400 and "dimensions" in too_deep.error
+    assert served.status == 200, served.error
+
+
 def test_kservev2_answers_model_infer_as_a_model_infer_response(tmp_path: Path) -> None:
     model = service(tmp_path, "sums.py", "kservev2")
     infer = open_inference_pb2.ModelInferRequest(model_name="mnist", id="g1")
