@@ -224,6 +224,18 @@ def start_parent_watchdog(parent_pid: int, interval_s: float = WATCHDOG_INTERVAL
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
+class _OneLineRecord(logging.LogRecord):
+    """A log record whose unprintable characters are escaped: a request's name or text in a
+    message cannot start a forged line of the model log, which is this process's stderr
+    (the frontend escapes each line it forwards too; a traceback keeps its lines)."""
+
+    def getMessage(self) -> str:
+        message = super().getMessage()
+        if message.isprintable():
+            return message
+        return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in message)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m backend", description="Run one batchserve backend worker."
@@ -236,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one worker; the exit status is 0 on SHUTDOWN or EOF."""
     parent_pid = os.getppid()
     args = parse_args(argv)
+    logging.setLogRecordFactory(_OneLineRecord)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     # The frontend reads our output through pipes: print() from a handler must not sit in a
     # block buffer until exit.

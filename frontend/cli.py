@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, TextIO
 from frontend import __version__
 from frontend.config import ServerConfig, load_config, parse_bool
 from frontend.errors import ConfigError
+from frontend.observe.logs import EscapingLogRecord
 
 if TYPE_CHECKING:
     import psutil
@@ -184,6 +185,9 @@ def stays_in_foreground(args: argparse.Namespace, environ: Mapping[str, str], pi
 
 
 def setup_logging(log_config: Path | None, stream: TextIO) -> None:
+    # Every message escaped, whatever writes it (a user's log config too): a client's bytes
+    # in a logged value cannot forge a line.
+    logging.setLogRecordFactory(EscapingLogRecord)
     if log_config is not None:
         logging.config.fileConfig(log_config, disable_existing_loggers=False)
         return

@@ -1,9 +1,15 @@
-"""Log files: the access log (one line per request, written in bulk off the hot path), the
-model log.
+r"""Log files: the access log (one line per request, written in bulk off the hot path), the
+model log; and the escaping that keeps client bytes from forging log lines.
 
 The request path only appends a tuple to a list; the event loop formats and writes the
 collected lines every 0.2 s in one write. (TorchServe's default logging costs it half its
 echo throughput; benchmarks/RESULTS.md has ours with the access log on and off.)
+
+No byte a client sends reaches a log as it came: a path, a model name, a header may hold a
+CR/LF (``%0d%0a`` decoded) that would start a forged line, or an ESC that drives a terminal.
+Every field of an access-log line, every line of a worker's output and every message of the
+server log (``EscapingLogRecord``) has its unprintable characters written as ``\xNN`` /
+``\uNNNN`` escapes (``escape``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,24 @@ MODEL_LOG = "model_log.log"
 MODEL_LOGGER = "batchserve.model"
 FLUSH_INTERVAL_S = 0.2
 _LINE = '%s %s "%s %s %s" %d %.1fms model=%s version=%s queue_ms=%.2f batch=%d\n'
+
+
+def escape(text: str) -> str:
+    """``text`` with every unprintable character (controls, line and paragraph separators,
+    format characters such as a right-to-left override) as a Python escape; the common text
+    that has none is returned as it is, after one C-speed check."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
+
+
+class EscapingLogRecord(logging.LogRecord):
+    """A log record whose message is escaped (``escape``), whatever formatter or handler
+    writes it: a logged client value cannot break the line. (A traceback, added by the
+    formatter, keeps its lines.) ``logging.setLogRecordFactory`` installs it for a process."""
+
+    def getMessage(self) -> str:
+        return escape(super().getMessage())
 
 
 class AccessLog:
@@ -68,8 +92,10 @@ class AccessLog:
         if self._file is None or not self._pending:
             return
         entries, self._pending = self._pending, []
-        self._file.write("".join(_LINE % (self._timestamp(cast(float, entry[0])), *entry[1:])
-                                 for entry in entries))
+        self._file.write("".join(
+            _LINE % (self._timestamp(cast(float, entry[0])),
+                     *(escape(field) if type(field) is str else field for field in entry[1:]))
+            for entry in entries))
         self._file.flush()
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from frontend.errors import GatewayTimeout, InternalError, WorkerDied, worker_error
+from frontend.observe.logs import escape
 from frontend.serving.batching import Batcher, Job, fail_jobs
 from frontend.serving.dispatch import Dispatcher, InFlight
 from frontend.serving.sequences import SequenceLane
@@ -236,11 +237,21 @@ def _expire(reply: asyncio.Future[Frame], timeout_s: float, name: str) -> None:
 
 async def _forward_output(stream: asyncio.StreamReader | None, name: str,
                           tail: collections.deque[str], model_log: logging.Logger) -> None:
-    """Copy a worker's stdout or stderr into the model log, one line at a time."""
+    """Copy a worker's stdout or stderr into the model log, one line at a time, escaped (a
+    handler may print what a client sent). A line longer than the stream's limit is logged
+    in pieces of that size: the pipe must never stop being read, or the worker blocks."""
     if stream is None:
         return
-    while line := await stream.readline():
-        text = line.decode("utf-8", "replace").rstrip()
+    while True:
+        try:
+            line = await stream.readuntil(b"\n")
+        except asyncio.IncompleteReadError as end:  # the last line, without its newline
+            line = end.partial
+        except asyncio.LimitOverrunError as long:
+            line = await stream.readexactly(long.consumed)
+        if not line:
+            return
+        text = escape(line.decode("utf-8", "replace").rstrip())
         tail.append(text)
         model_log.info("[%s] %s", name, text)
 

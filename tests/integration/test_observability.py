@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import psutil
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from protos import inference_pb2, inference_pb2_grpc
 from tests.conftest import RunningServer
 
 
@@ -240,3 +244,67 @@ def test_grpc_refusals_are_counted_with_their_own_status(build_mar, start_server
     # Plus one 2XX: the first scrape itself.
     assert _value(after, "Requests4XX_total") - _value(before, "Requests4XX_total") == 2
     assert _value(after, "Requests5XX_total") == _value(before, "Requests5XX_total")
+
+
+#: What a client sends to forge a log line: CR/LF, then a line that looks like a log entry.
+FORGED = "\r\n2024-01-01 00:00:00,000 [INFO] FORGED"
+
+
+def test_no_client_byte_reaches_a_log_unescaped(build_mar, server_process) -> None:
+    """Paths, versions, gRPC names, bodies a handler prints or logs: each log (access, model,
+    server) keeps one line per entry and no raw control character."""
+    build_mar("echo", "echo")
+    build_mar("printer", "printer")
+    server = server_process("echo.mar", "printer.mar")
+    encoded = urllib.parse.quote(FORGED)
+    for path in (f"/predictions/echo{encoded}", f"/predictions/echo/1.0{encoded}",
+                 f"/explanations/echo{encoded}", "/predictions/echo%1b[2Jcleared",
+                 f"/v1/models/echo{encoded}:predict", f"/v2/models/echo{encoded}/infer"):
+        answer = requests.post(f"{server.inference}{path}", data=b"{}", timeout=30)
+        assert answer.status_code == 404, (path, answer.text)
+    registered = requests.post(f"{server.management}/models", timeout=60,
+                               params={"url": f"nope{FORGED}.mar"})
+    assert registered.status_code in (400, 404), registered.text
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_inference_port}") as channel:
+        stub = inference_pb2_grpc.InferenceAPIsServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as missing:
+            stub.Predictions(inference_pb2.PredictionsRequest(model_name=f"echo{FORGED}"),
+                             timeout=30)
+        assert missing.value.code() is grpc.StatusCode.NOT_FOUND
+    printed = requests.post(f"{server.inference}/predictions/printer",
+                            data=f"hello{FORGED}\x1b[2J".encode(), timeout=30)
+    assert printed.status_code == 200
+
+    logs = server.log.parent / "logs"
+    access, model_log = logs / "access_log.log", logs / "model_log.log"
+    server.wait_for(lambda: access.exists() and access.read_text().count("\n") >= 7,
+                    "the access log's lines")
+    server.wait_for(lambda: "logged: hello" in model_log.read_text(), "the handler's log line")
+    stamp = re.compile(r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+    for path in (access, model_log, server.log):
+        text = path.read_bytes().decode("utf-8")
+        assert "\r" not in text and "\x1b" not in text, path.name
+        for line in text.split("\n")[:-1]:
+            # Each line is an entry of its own, stamped now (a forged one says 2024).
+            assert not line.startswith("2024-01-01"), (path.name, line)
+            assert stamp.match(line) or path == server.log, (path.name, line)
+    # The access log writes the paths and names as sent, escaped.
+    assert "/predictions/echo\\r\\n2024-01-01 00:00:00,000 [INFO] FORGED" in access.read_text()
+    assert "/predictions/echo/1.0\\r\\n2024-01-01" in access.read_text()
+    assert "/echo\\x1b[2Jcleared" in access.read_text()
+    assert '"gRPC /echo\\r\\n2024-01-01' in access.read_text()
+    # The model log: a message the handler logs keeps to its line; a line it prints is a line
+    # of that worker's output, escaped.
+    lines = model_log.read_text().splitlines()
+    assert any(line.endswith("logged: hello\\r\\n2024-01-01 00:00:00,000 [INFO] "
+                             "FORGED\\x1b[2J") for line in lines)
+    assert any("[W-" in line and line.endswith("] 2024-01-01 00:00:00,000 [INFO] "
+                                              "FORGED\\x1b[2J") for line in lines)
+    # A line longer than the pipe reader's limit (64 KiB) is logged in pieces, and the worker
+    # is still read from: its next answers and lines come.
+    long_line = requests.post(f"{server.inference}/predictions/printer", data=b"y" * 300_000,
+                              timeout=30)
+    assert long_line.status_code == 200
+    assert requests.post(f"{server.inference}/predictions/printer", data=b"after-long",
+                         timeout=30).content == b"after-long"
+    server.wait_for(lambda: "logged: after-long" in model_log.read_text(), "the next line")
