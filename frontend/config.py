@@ -160,10 +160,52 @@ def _parse_policy(text: str) -> PolicyName:
 
 
 def _parse_json_object(text: str) -> dict[str, Any]:
-    value = json.loads(text)
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     if not isinstance(value, dict):
         raise ValueError("expected a JSON object")
     return value
+
+
+def parse_model_snapshot(text: str) -> dict[str, Any]:
+    """TorchServe's ``model_snapshot`` JSON, its structure checked (``check_model_snapshot``).
+    Raises ValueError naming what is wrong and where."""
+    document = _parse_json_object(text)
+    check_model_snapshot(document)
+    return document
+
+
+def check_model_snapshot(document: Mapping[str, Any]) -> None:
+    """A snapshot is ``{"models": {name: {version: {"marName": ..., ...}}}}``: raises
+    ValueError, naming the place (``models.resnet.1.0.marName``), where it is not. The
+    settings in each entry are checked when the model is restored (a bad one skips only that
+    version)."""
+    models = document.get("models")
+    if not isinstance(models, dict):
+        raise ValueError("'models' must be an object of model names")
+    for name, versions in models.items():
+        where = f"models.{_shown(name)}"
+        if not isinstance(versions, dict) or not versions:
+            raise ValueError(f"{where} must be an object of versions")
+        for version, entry in versions.items():
+            at = f"{where}.{_shown(version)}"
+            if not isinstance(entry, dict):
+                raise ValueError(f"{at} must be an object (with marName), not "
+                                 f"{type(entry).__name__}")
+            mar_name = entry.get("marName")
+            if not isinstance(mar_name, str) or not mar_name.strip():
+                raise ValueError(f"{at}.marName must name the archive")
+            if not isinstance(entry.get("defaultVersion", False), bool):
+                raise ValueError(f"{at}.defaultVersion must be true or false")
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """A value for a message: one line (repr's escapes where it needs them), cut at ``limit``
+    characters."""
+    shown = text if text.isprintable() else repr(text)
+    return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
 def _parse_load_models(text: str) -> tuple[str, ...]:
@@ -321,7 +363,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     "enable_access_log": ("enable_access_log", parse_bool),
     "run_dir": ("run_dir", Path),
     "snapshot_disabled": ("snapshot_disabled", parse_bool),
-    "model_snapshot": ("model_snapshot", _parse_json_object),
+    "model_snapshot": ("model_snapshot", parse_model_snapshot),
     "kserve_protocol": ("kserve_protocol", _parse_choice(KSERVE_PROTOCOLS)),
     "kserve_rest_port": ("kserve_rest_port", _parse_port),
     "kserve_grpc_port": ("kserve_grpc_port", _parse_port),
@@ -378,7 +420,7 @@ def build_config(*sources: Mapping[str, str]) -> tuple[ServerConfig, list[str]]:
             try:
                 values[field_name] = parse(raw.strip())
             except (ValueError, TypeError, OverflowError, RecursionError) as exc:
-                raise ConfigError(f"config key {key}={raw!r}: {exc}") from exc
+                raise ConfigError(f"config key {key}={_shown(repr(raw), 120)}: {exc}") from exc
     config = ServerConfig(**values)  # type: ignore[arg-type]  # types come from _PARSERS
     if config.metrics_mode not in ("prometheus", "log", "legacy"):
         raise ConfigError(f"config key metrics_mode={config.metrics_mode!r}: expected prometheus, "

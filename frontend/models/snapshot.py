@@ -20,6 +20,7 @@ from typing import Any
 
 import javaproperties
 
+from frontend.config import parse_model_snapshot
 from frontend.models.loader import RegisterRequest
 from frontend.models.registry import ModelRegistry
 from frontend.models.settings import Source, read_layer
@@ -28,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 SUFFIX = "-snapshot.cfg"
 KEEP = 20
+#: A snapshot file larger than this is not one of ours (each entry takes a few hundred bytes).
+MAX_SNAPSHOT_BYTES = 16 * 1024 * 1024
 
 
 def snapshot_document(registry: ModelRegistry) -> dict[str, Any]:
@@ -81,18 +84,33 @@ class Snapshots:
         return path
 
     def latest(self) -> dict[str, Any] | None:
+        """The newest snapshot that reads as one, checked (``check_model_snapshot``). A file
+        that does not (not UTF-8, not a properties file, no ``model_snapshot``, malformed
+        JSON or structure, too large) is skipped with one line naming it and what is wrong:
+        a server restarting after a bad write must not crash into it again."""
         if not self.folder.is_dir():
             return None
-        candidates = sorted(self.folder.glob(f"*{SUFFIX}"))
-        if not candidates:
-            return None
-        with candidates[-1].open(encoding="utf-8") as fh:
-            properties = javaproperties.load(fh)
-        try:
-            return dict(json.loads(properties["model_snapshot"]))
-        except (KeyError, ValueError) as exc:
-            logger.error("ignoring unreadable snapshot %s: %s", candidates[-1], exc)
-            return None
+        for path in sorted(self.folder.glob(f"*{SUFFIX}"), reverse=True):
+            try:
+                return read_snapshot(path)
+            except (OSError, ValueError, LookupError) as exc:
+                logger.error("skipping unreadable snapshot %s: %s", path, exc)
+        return None
+
+
+def read_snapshot(path: Path) -> dict[str, Any]:
+    """One snapshot file's ``model_snapshot``. Raises OSError, ValueError (what is wrong)."""
+    with path.open("rb") as fh:
+        data = fh.read(MAX_SNAPSHOT_BYTES + 1)
+    if len(data) > MAX_SNAPSHOT_BYTES:
+        raise ValueError(f"larger than {MAX_SNAPSHOT_BYTES} bytes")
+    try:
+        properties = javaproperties.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if "model_snapshot" not in properties:
+        raise ValueError("it has no model_snapshot key")
+    return parse_model_snapshot(properties["model_snapshot"])
 
 
 def _stamp_ms(name: str) -> int:
@@ -105,7 +123,8 @@ def _stamp_ms(name: str) -> int:
 
 
 def restore_requests(document: Mapping[str, Any]) -> tuple[list[RegisterRequest], dict[str, str]]:
-    """Registrations for every model of a snapshot, and each model's default version."""
+    """Registrations for every model of a snapshot (its structure checked:
+    ``check_model_snapshot``), and each model's default version."""
     requests: list[RegisterRequest] = []
     defaults: dict[str, str] = {}
     for name, versions in document.get("models", {}).items():

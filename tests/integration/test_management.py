@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 import requests
 
-from tests.conftest import RunningServer
+from tests.conftest import RunningServer, spawn_server
 
 
 def _models(server: RunningServer) -> str:
@@ -487,3 +490,61 @@ def test_a_name_or_version_no_route_can_carry_is_refused_at_registration(
                          timeout=30)
     assert ready.status_code == 200, ready.text
     assert requests.delete(f"{_models(server)}/{longest_name}", timeout=30).status_code == 200
+
+
+def test_a_bad_newest_snapshot_is_skipped_and_the_server_starts_from_the_next(
+        build_mar, model_store: Path, tmp_path: Path) -> None:
+    """``torchserve --start`` with a snapshot folder whose newest files are not snapshots:
+    one line each, then the models of the newest readable one."""
+    build_mar("echo", "echo")
+    work = tmp_path / "work"
+    folder = work / "logs" / "config"
+    folder.mkdir(parents=True)
+    good = {"name": "snapshot", "modelCount": 1, "models": {"kept": {"1.0": {
+        "defaultVersion": True, "marName": "echo.mar", "minWorkers": 1, "maxWorkers": 1,
+        "batchSize": 3}}}}
+    (folder / "20260101000000000-snapshot.cfg").write_text(
+        "model_snapshot=" + json.dumps(good) + "\n")
+    bad = {"20260101000000001": b"\xff\xfe\x00not utf-8",
+           "20260101000000002": b'model_snapshot={"models": []}\n',
+           "20260101000000003": b'model_snapshot={"models": {"kept": {"1.0": "echo.mar"}}}\n',
+           "20260101000000004": b'model_snapshot={"models": {"kept": {"1.0": {}}}}\n'}
+    for stamp, text in bad.items():
+        (folder / f"{stamp}-snapshot.cfg").write_bytes(text)
+    server = spawn_server(work, model_store)
+    try:
+        assert requests.post(f"{server.inference}/predictions/kept", data=b"back",
+                             timeout=30).content == b"back"
+        described = requests.get(f"{server.management}/models/kept", timeout=30).json()[0]
+        assert described["batchSize"] == 3
+        log = server.log_text()
+        skipped = [line for line in log.splitlines() if "skipping unreadable snapshot" in line]
+        assert len(skipped) == len(bad), log
+        assert all(any(stamp in line for line in skipped) for stamp in bad)
+        assert "Traceback" not in log
+    finally:
+        server.stop()
+
+
+def test_a_malformed_model_snapshot_key_is_a_configuration_error(
+        model_store: Path, tmp_path: Path) -> None:
+    """KServe restores models with model_snapshot in config.properties: a malformed one stops
+    the start with one line naming the key (exit 2), with or without --ncs, in the foreground
+    or not."""
+    env = {**os.environ, "BATCHSERVE_STATE_DIR": str(tmp_path / "state")}
+    for snapshot, problem in (('{"models": []}', "'models' must be an object"),
+                              ('{"models": {"m": {"1.0": "m.mar"}}}', "models.m.1.0 must be"),
+                              ('{"models": {"m": {"1.0": {}}}}', "models.m.1.0.marName"),
+                              ('{"models": {', "model_snapshot=")):
+        config = tmp_path / "config.properties"
+        config.write_text(f"model_snapshot={snapshot}\n")
+        for flags in (["--ncs"], ["--ncs", "--foreground"], []):
+            result = subprocess.run(
+                [str(Path(sys.executable).parent / "torchserve"), "--start", "--model-store",
+                 str(model_store), "--ts-config", str(config), *flags],
+                env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                stdin=subprocess.DEVNULL)
+            assert result.returncode == 2, (snapshot, flags, result.stdout, result.stderr)
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+            assert "model_snapshot" in lines[0] and problem in lines[0], lines[0]
