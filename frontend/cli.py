@@ -30,6 +30,7 @@ from frontend import __version__
 from frontend.config import ServerConfig, load_config, parse_bool
 from frontend.errors import ConfigError
 from frontend.observe.logs import EscapingLogRecord
+from frontend.processes import python_module
 
 if TYPE_CHECKING:
     import psutil
@@ -256,7 +257,7 @@ def start_background(argv: Sequence[str], config: ServerConfig) -> int:
     state_dir()  # fail early if it cannot be made
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "frontend", *argv, "--foreground"],
+            [*python_module(sys.executable, "frontend"), *argv, "--foreground"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -269,7 +270,7 @@ def start_background(argv: Sequence[str], config: ServerConfig) -> int:
             return 1
         state = read_state()
         if state is not None and state.get("pid") == process.pid and _ping(str(state["inference"])):
-            keys = state.get("key_file") or "off (--disable-token-auth)"
+            keys = state.get("key_file") or f"off ({config.token_authorization_off_by})"
             print(f"batchserve started (pid {process.pid}).\n"
                   f"  inference API:  {state['inference']}\n"
                   f"  management API: {state['management']}\n"

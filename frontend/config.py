@@ -273,6 +273,9 @@ class ServerConfig:
     default_batch_policy: PolicyName = PolicyName.ADAPTIVE
     enable_model_api: bool = False
     disable_token_authorization: bool = False
+    #: What turned token authorization off, as the user wrote it (the flag, the key and its
+    #: file, the variable, KServe's mode), for the start banner and the log; "" when on.
+    token_authorization_off_by: str = ""
     token_expiration_min: int = 60
     #: Where the token key file is written (TorchServe: key_file.json in the working folder).
     key_file: Path = Path("key_file.json")
@@ -483,7 +486,16 @@ def load_config(
     if config.kserve_protocol and "disable_token_authorization" not in given:
         # KServe's clients and probes send no token, and KServe authenticates at its ingress;
         # the old wrapper asked for none. Set the key to keep tokens on under KServe.
-        config = replace(config, disable_token_authorization=True)
+        config = replace(config, disable_token_authorization=True,
+                         token_authorization_off_by="KServe's mode (PROTOCOL_VERSION); set "
+                         "disable_token_authorization=false to keep tokens")
+    elif config.disable_token_authorization:
+        labels = [f"disable_token_authorization=true in {config_file}",
+                  "TS_DISABLE_TOKEN_AUTHORIZATION=true", "", "--disable-token-auth"]
+        setter = next(label for source, label in zip(reversed(sources), reversed(labels),
+                                                     strict=True)
+                      if "disable_token_authorization" in source)
+        config = replace(config, token_authorization_off_by=setter)
     return config
 
 

@@ -159,8 +159,9 @@ class Server:
                 auth.start()
                 logger.info("token authorization is on: keys in %s", auth.path.resolve())
             else:
-                logger.warning("token authorization is disabled: anyone who can reach the "
-                               "ports can use every API")
+                logger.warning("token authorization is disabled (by %s): anyone who can "
+                               "reach the ports can use every API",
+                               self.config.token_authorization_off_by or "the configuration")
             await http.start()
             logger.info("inference API on %s, management API on %s, metrics on %s, gRPC "
                         "inference/management ports %s/%s", bound["inference"],

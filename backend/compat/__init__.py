@@ -4,7 +4,8 @@
 ``ts.utils.util``, ``ts.handler_utils`` and ``ts.context`` for TorchServe custom handlers to
 run in our worker. It becomes the top-level ``ts`` only inside a worker, and only when no real
 TorchServe is installed (``install_torchserve_shim``); nothing named ``ts`` is ever installed
-into site-packages, so a real TorchServe can live beside us.
+into site-packages, so a real TorchServe can live beside us. A ``ts/`` folder in a model's
+archive or the working directory never stands in for either.
 
 NOTE: this directory itself joins ``sys.path``, so every module in it becomes importable by its
 bare name. Keep it to this file and ``ts/``.
@@ -22,14 +23,20 @@ SHIM_DIR = Path(__file__).resolve().parent
 
 
 def install_torchserve_shim() -> bool:
-    """Make ``import ts`` find our stand-in, unless some ``ts`` is importable already.
+    """Make ``import ts`` find our stand-in, unless a ``ts`` is installed (a real
+    TorchServe), and import that ``ts`` now. Returns whether it is the shim.
 
-    The directory is appended, not prepended: a real TorchServe (or a ``ts`` the model
-    archive ships) always wins. Returns whether ``import ts`` now resolves to the shim.
+    Called before a model's folder joins ``sys.path`` (the worker's working directory is
+    never on it): once imported, ``ts`` and its submodules resolve from where it was found,
+    so a ``ts/`` in an archive or in the working directory cannot stand in for it.
     """
     spec = importlib.util.find_spec("ts")
-    if spec is not None:
-        return spec.origin is not None and Path(spec.origin).is_relative_to(SHIM_DIR)
-    sys.path.append(str(SHIM_DIR))
-    importlib.invalidate_caches()
-    return True
+    if spec is None:
+        sys.path.append(str(SHIM_DIR))
+        importlib.invalidate_caches()
+    try:
+        module = importlib.import_module("ts")
+    except Exception:  # a broken installed ts: handlers that import it will say so
+        return False
+    origin = getattr(module, "__file__", None)
+    return origin is not None and Path(origin).resolve().is_relative_to(SHIM_DIR)

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from frontend.errors import DependencyInstallError
+from frontend.observe.logs import output_lines
+from frontend.processes import python_module
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +139,7 @@ class DependencyInstaller:
     async def _create_venv(folder: Path, run: _Runner) -> ModelEnvironment:
         venv = folder / "venv"
         # No pip of its own (ensurepip costs seconds): the server's is visible in it.
-        await run([sys.executable, "-m", "venv", "--without-pip", str(venv)],
+        await run([*python_module(sys.executable, "venv"), "--without-pip", str(venv)],
                   "Virtual environment creation failed")
         lines = "".join(f"import site; site.addsitedir({entry!r})\n"
                         for entry in server_site_dirs())
@@ -148,7 +150,7 @@ class DependencyInstaller:
     @staticmethod
     async def _install(environment: ModelEnvironment, requirements: Path, use_venv: bool,
                        run: _Runner) -> ModelEnvironment:
-        pip = [environment.python, "-m", "pip", "install", "--disable-pip-version-check",
+        pip = [*python_module(environment.python, "pip"), "install", "--disable-pip-version-check",
                "--no-input", "--progress-bar", "off"]
         if use_venv:  # TorchServe's options: the server's packages count as installed
             await run([*pip, "-U", "--upgrade-strategy", "only-if-needed",
@@ -206,8 +208,7 @@ class _Runner:
     async def _forward(self, process: asyncio.subprocess.Process,
                        tail: collections.deque[str]) -> None:
         assert process.stdout is not None
-        while line := await process.stdout.readline():
-            text = line.decode("utf-8", "replace").rstrip()
+        async for text in output_lines(process.stdout):
             if text:
                 tail.append(text)
                 self.model_log.info("[%s] %s", self.label, text)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TextIO, cast
 
@@ -36,6 +37,22 @@ def escape(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
+
+
+async def output_lines(stream: asyncio.StreamReader) -> AsyncIterator[str]:
+    """The lines a child process writes to ``stream``, decoded and escaped (``escape``),
+    without their line ends. A line longer than the stream's limit (64 KiB) comes in pieces of
+    that size: the pipe must never stop being read, or the child blocks on its next write."""
+    while True:
+        try:
+            line = await stream.readuntil(b"\n")
+        except asyncio.IncompleteReadError as end:  # the last line, without its newline
+            line = end.partial
+        except asyncio.LimitOverrunError as long:
+            line = await stream.readexactly(long.consumed)
+        if not line:
+            return
+        yield escape(line.decode("utf-8", "replace").rstrip())
 
 
 class EscapingLogRecord(logging.LogRecord):

@@ -26,7 +26,8 @@ from typing import Any
 import psutil
 
 from frontend.errors import GatewayTimeout, InternalError, WorkerDied, worker_error
-from frontend.observe.logs import escape
+from frontend.observe.logs import output_lines
+from frontend.processes import python_module
 from frontend.serving.batching import Batcher, Job, fail_jobs
 from frontend.serving.dispatch import Dispatcher, InFlight
 from frontend.serving.sequences import SequenceLane
@@ -238,20 +239,10 @@ def _expire(reply: asyncio.Future[Frame], timeout_s: float, name: str) -> None:
 async def _forward_output(stream: asyncio.StreamReader | None, name: str,
                           tail: collections.deque[str], model_log: logging.Logger) -> None:
     """Copy a worker's stdout or stderr into the model log, one line at a time, escaped (a
-    handler may print what a client sent). A line longer than the stream's limit is logged
-    in pieces of that size: the pipe must never stop being read, or the worker blocks."""
+    handler may print what a client sent)."""
     if stream is None:
         return
-    while True:
-        try:
-            line = await stream.readuntil(b"\n")
-        except asyncio.IncompleteReadError as end:  # the last line, without its newline
-            line = end.partial
-        except asyncio.LimitOverrunError as long:
-            line = await stream.readexactly(long.consumed)
-        if not line:
-            return
-        text = escape(line.decode("utf-8", "replace").rstrip())
+    async for text in output_lines(stream):
         tail.append(text)
         model_log.info("[%s] %s", name, text)
 
@@ -426,7 +417,7 @@ class Worker:
         try:
             os.chmod(path, 0o600)
             process = await asyncio.create_subprocess_exec(
-                launch.python, "-m", "backend", "--socket", str(path),
+                *python_module(launch.python, "backend"), "--socket", str(path),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,

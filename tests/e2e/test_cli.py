@@ -178,3 +178,60 @@ def test_make_demo_takes_other_ports() -> None:
             config.metrics_address.port) == (8180, 8181, 8182)
     assert (config.grpc_inference_port, config.grpc_management_port) == (7170, 7171)
     assert load_config(root / "config.properties", {}, {}).inference_address.port == 8080
+
+
+DECOYS = ("frontend", "backend", "protos", "model_archiver", "ts", "pip", "venv")
+
+
+def _decoys(folder: Path) -> None:
+    """Packages named like ours (and pip's, venv's) that fail loudly when imported."""
+    for name in DECOYS:
+        (folder / name).mkdir(parents=True)
+        for module in ("__init__.py", "__main__.py"):
+            (folder / name / module).write_text(
+                f"raise SystemExit('the decoy {name} was imported from ' + __file__)\n")
+
+
+def test_start_from_a_folder_with_decoys_of_our_packages(tmp_path: Path) -> None:
+    """From the root of a pytorch/serve checkout (it has frontend/) or any folder holding
+    folders named like our packages, ``torchserve --start`` (in the background) and its
+    workers import our own; nor does a model's archive shadow them (or pip)."""
+    env = {**os.environ, "BATCHSERVE_STATE_DIR": str(tmp_path / "state")}
+    checkout = tmp_path / "serve"
+    _decoys(checkout)
+    archive_decoys = tmp_path / "archive-decoys"
+    _decoys(archive_decoys)
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# nothing to install: pip still runs in the model's folder\n")
+    handler = Path(__file__).resolve().parent.parent / "fixtures" / "handlers" / "uses_ts.py"
+    store = checkout / "model_store"
+    store.mkdir()
+    archived = _run([str(BIN / "torch-model-archiver"), "--model-name", "decoyed",
+                     "--handler", str(handler), "--extra-files", str(archive_decoys),
+                     "--requirements-file", str(requirements), "--export-path", str(store)],
+                    env, checkout)
+    assert archived.returncode == 0, archived.stderr
+    (checkout / "config.properties").write_text(
+        "inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
+        "metrics_address=http://127.0.0.1:0\ngrpc_inference_port=0\ngrpc_management_port=0\n"
+        "install_py_dep_per_model=true\ndisable_token_authorization=true\n")
+    started = _run([str(BIN / "torchserve"), "--start", "--ncs", "--model-store", "model_store",
+                    "--models", "decoyed=decoyed.mar", "--ts-config", "config.properties"],
+                   env, checkout)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        # The banner names what turned token authorization off: here the config key.
+        assert ("token keys:     off (disable_token_authorization=true in config.properties)"
+                in started.stdout), started.stdout
+        state = json.loads((tmp_path / "state" / "server.json").read_text())
+        answer = requests.post(f"{state['inference']}/predictions/decoyed", data=b"hi",
+                               timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["body"] == "hi"
+        assert "decoy" not in answer.json()["ts"] and str(tmp_path) not in answer.json()["ts"]
+    finally:
+        stopped = _run([str(BIN / "torchserve"), "--stop"], env, checkout)
+    assert stopped.returncode == 0
+    logs = "\n".join(path.read_text(errors="replace")
+                     for path in (checkout / "logs").glob("*.log"))
+    assert "decoy" not in logs.replace("decoyed", ""), logs[-3000:]

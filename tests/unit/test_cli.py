@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from frontend.cli import build_parser, read_state, stays_in_foreground
 from frontend.errors import ConfigError
+from frontend.processes import python_module
 
 START = ["--start", "--model-store", "store"]
 
@@ -42,3 +45,17 @@ def test_a_state_file_naming_this_process_is_stale(tmp_path: Path,
     state.write_text(json.dumps({"pid": os.getpid()}))
     assert read_state() is None
     assert not state.exists()
+
+
+@pytest.mark.parametrize("safe_path_flag", [True, False])  # Python 3.11's -P; 3.10's bootstrap
+def test_a_module_is_run_without_the_working_directory_on_sys_path(
+        tmp_path: Path, safe_path_flag: bool) -> None:
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "__init__.py").write_text("raise SystemExit('the decoy was imported')\n")
+    command = python_module(sys.executable, "json.tool", safe_path_flag=safe_path_flag)
+    result = subprocess.run([*command, "--compact"], input='{"a": [1]}', cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert (result.returncode, result.stdout.strip()) == (0, '{"a":[1]}'), result.stderr
+    unsafe = subprocess.run([sys.executable, "-m", "json.tool"], input="{}", cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert "the decoy was imported" in unsafe.stderr  # what python -m does

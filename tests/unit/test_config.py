@@ -196,3 +196,21 @@ def test_metrics_format_is_metrics_mode() -> None:
     assert build_config({"metrics_format": "log"})[0].metrics_mode == "log"
     with pytest.raises(ConfigError, match="metrics_mode"):
         build_config({"metrics_format": "graphite"})
+
+
+def test_what_turned_token_authorization_off_is_named(tmp_path: Path) -> None:
+    properties = tmp_path / "config.properties"
+    properties.write_text("enable_envvars_config=true\n")
+    assert load_config(properties, {}, {}).token_authorization_off_by == ""
+    assert load_config(properties, {"disable_token_authorization": "true"}, {}) \
+        .token_authorization_off_by == "--disable-token-auth"
+    assert load_config(properties, {}, {"TS_DISABLE_TOKEN_AUTHORIZATION": "true"}) \
+        .token_authorization_off_by == "TS_DISABLE_TOKEN_AUTHORIZATION=true"
+    properties.write_text("enable_envvars_config=true\nmanagement_address=http://127.0.0.1:8085\n")
+    assert "PROTOCOL_VERSION" in load_config(properties, {}, {"PROTOCOL_VERSION": "v2"}) \
+        .token_authorization_off_by
+    properties.write_text("disable_token_authorization=true\n")
+    assert load_config(properties, {}, {}).token_authorization_off_by == \
+        f"disable_token_authorization=true in {properties}"
+    assert load_config(properties, {"disable_token_authorization": "true"}, {}) \
+        .token_authorization_off_by == "--disable-token-auth"

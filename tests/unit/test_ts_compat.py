@@ -112,12 +112,26 @@ def test_a_real_ts_package_wins_over_the_shim(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(SHIM_DIR)])
+    forget_modules(tmp_path, "ts")  # a fresh worker: nothing named ts imported yet
     real = tmp_path / "site" / "ts"
     real.mkdir(parents=True)
     (real / "__init__.py").write_text("")
     sys.path.insert(0, str(real.parent))
     assert not install_torchserve_shim()
     assert str(SHIM_DIR) not in sys.path
+    assert Path(sys.modules["ts"].__file__ or "").parent == real
+
+
+def test_a_ts_folder_in_a_model_directory_does_not_stand_in_for_ts(tmp_path: Path) -> None:
+    decoy = tmp_path / "model" / "ts" / "torch_handler"
+    decoy.mkdir(parents=True)
+    for folder in (decoy.parent, decoy):
+        (folder / "__init__.py").write_text("raise ImportError('the decoy was imported')\n")
+    (decoy / "base_handler.py").write_text("raise ImportError('the decoy was imported')\n")
+    sys.path.insert(0, str(tmp_path / "model"))  # as the worker does once it loads a model
+    importlib.invalidate_caches()
+    base_handler = importlib.import_module("ts.torch_handler.base_handler")
+    assert Path(base_handler.__file__ or "").is_relative_to(SHIM_DIR)
 
 
 # --- PredictionException ------------------------------------------------------------------------
