@@ -20,8 +20,7 @@ from urllib.parse import urlsplit
 import javaproperties
 
 from frontend.errors import ConfigError
-from frontend.models.settings import FIELDS, SettingsLayer, Source, policy, read_layer
-from frontend.serving.policies import PolicyName
+from frontend.settings import FIELDS, PolicyName, SettingsLayer, Source, policy, read_layer
 
 logger = logging.getLogger(__name__)
 

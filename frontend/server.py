@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from frontend.api.auth import TokenAuthority
 from frontend.api.grpc_services import GrpcServers
 from frontend.api.http.app import serve_http
 from frontend.config import Address, ServerConfig
@@ -29,9 +28,10 @@ from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots, restore_requests
 from frontend.observe.logs import ServerLogs
 from frontend.observe.metrics import ServerMetrics
-from frontend.services import Services
+from frontend.ops.auth import TokenAuthority
+from frontend.ops.plane import InferencePlane
+from frontend.ops.services import Services
 from frontend.serving.placement import CpuAssigner, GpuAssigner, Placement
-from frontend.serving.plane import InferencePlane
 from frontend.serving.workers import start_failures
 
 logger = logging.getLogger(__name__)

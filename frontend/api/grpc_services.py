@@ -27,13 +27,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from frontend import __version__
-from frontend.api import grpc_wire, kserve
-from frontend.api.auth import KeyKind
+from frontend.api import grpc_wire
 from frontend.errors import InternalError, ServeError, WorkerError, grpc_code, type_for_status
-from frontend.models.management import ManagementOps
-from frontend.services import Services
-from frontend.serving.plane import Answer, Call, Origin
-from frontend.serving.streams import ResponseStream
+from frontend.ops import kserve
+from frontend.ops.auth import KeyKind
+from frontend.ops.management import ManagementOps
+from frontend.ops.plane import Answer, Call, Origin, ResponseStream
+from frontend.ops.services import Services
 from protos import (
     inference_pb2,
     inference_pb2_grpc,

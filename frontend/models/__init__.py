@@ -1,1 +1,1 @@
-"""Models: the registry, archives and downloads, settings, snapshots and management operations."""
+"""Models: the registry, archives and downloads, a version at run time, snapshots."""

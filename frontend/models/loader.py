@@ -26,9 +26,9 @@ from frontend.models.dependencies import NO_ENVIRONMENT, DependencyInstaller, Mo
 from frontend.models.download import download_archive
 from frontend.models.model import BatchRecorder, Model, TensorMetadata
 from frontend.models.registry import ModelRegistry
-from frontend.models.settings import ModelSettings, SettingsLayer, Source, read_layer, resolve
 from frontend.serving.placement import Placement
 from frontend.serving.workers import WorkerLaunch, start_failures
+from frontend.settings import ModelSettings, SettingsLayer, Source, read_layer, resolve
 from model_archiver import names
 from protos import worker_pb2
 

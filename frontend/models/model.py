@@ -19,12 +19,12 @@ from typing import Any
 from frontend.errors import ServiceUnavailable
 from frontend.models import archive as archives
 from frontend.models.dependencies import NO_ENVIRONMENT, ModelEnvironment
-from frontend.models.settings import ModelSettings
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.placement import Placement
 from frontend.serving.policies import make_policy
 from frontend.serving.sequences import SequenceBatcher
 from frontend.serving.workers import Worker, WorkerLaunch
+from frontend.settings import ModelSettings
 from protos import worker_pb2
 
 #: Called after each batch: the model, its jobs and the worker's result (None: it failed).

@@ -1,7 +1,7 @@
 """Registered models: names, versions and each name's default version.
 
 Only bookkeeping: the loader (frontend/models/loader.py) builds, starts and stops models;
-the management layer (frontend/models/management.py) describes them.
+the management layer (frontend/ops/management.py) describes them.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import javaproperties
 from frontend.config import parse_model_snapshot
 from frontend.models.loader import RegisterRequest
 from frontend.models.registry import ModelRegistry
-from frontend.models.settings import Source, read_layer
+from frontend.settings import Source, read_layer
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ import bisect
 import re
 import shutil
 import socket
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from typing import Protocol
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -33,8 +34,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from frontend.models.model import Model
-from frontend.serving.batching import Job
 from protos import worker_pb2
 
 HOSTNAME = socket.gethostname()
@@ -43,6 +42,37 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                  5.0, 10.0, 30.0, 120.0)
 _INVALID = re.compile(r"[^a-zA-Z0-9_:]")
+
+
+class _Depth(Protocol):
+    @property
+    def depth(self) -> int: ...
+
+
+class Model(Protocol):
+    """What the metrics read of a model version (``frontend.models.model.Model``): this layer
+    records the layers above it without importing them."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def batcher(self) -> _Depth: ...
+
+    @property
+    def workers(self) -> Sized: ...
+
+    def restarts_total(self) -> int: ...
+
+
+class Job(Protocol):
+    """What the metrics read of a request that was batched (``frontend.serving.batching.Job``)."""
+
+    @property
+    def queue_wait_s(self) -> float: ...
 #: The only metrics exported in ``metrics_mode=legacy`` (TorchServe's rule).
 LEGACY = ("ts_inference_requests_total", "ts_inference_latency_microseconds",
           "ts_queue_latency_microseconds")
@@ -324,7 +354,7 @@ class ServerMetrics:
                                "queued (504)", [*MODEL_LABELS, "reason"],
                                registry=self.registry)
 
-    def record_batch(self, model: Model, jobs: list[Job], result: worker_pb2.PredictResult |
+    def record_batch(self, model: Model, jobs: Sequence[Job], result: worker_pb2.PredictResult |
                      None) -> None:
         """A batch came back from a worker (``result`` is None when it failed as a whole)."""
         key = (model.name, model.version)

@@ -1,1 +1,1 @@
-"""The inference plane, batching, policies, and the dispatch of batches to worker processes."""
+"""Batching, policies, sequences, and the dispatch of batches to worker processes."""

@@ -14,9 +14,10 @@ replays whole workloads through the real Batcher in simulated time.
 
 from __future__ import annotations
 
-import enum
 import math
 from typing import Protocol
+
+from frontend.settings import PolicyName
 
 
 class BatchPolicy(Protocol):
@@ -48,13 +49,6 @@ class BatchPolicy(Protocol):
         change the policy's state.
         """
         ...
-
-
-class PolicyName(str, enum.Enum):
-    """Values of the per-model ``batch_policy`` setting."""
-
-    FIXED = "fixed"
-    ADAPTIVE = "adaptive"
 
 
 def _check_limits(max_batch_size: int, max_delay_s: float) -> None:

@@ -630,7 +630,7 @@ def test_no_file_descriptor_is_left_open_by_refused_requests(build_mar, start_se
 @pytest.mark.parametrize("planted", ["file", "symlink"])
 def test_the_key_file_is_private_even_when_its_temporary_name_was_planted(
         tmp_path: Path, planted: str) -> None:
-    from frontend.api.auth import TokenAuthority
+    from frontend.ops.auth import TokenAuthority
 
     key_file = tmp_path / "key_file.json"
     temporary = tmp_path / f".{key_file.name}.{os.getpid()}.tmp"

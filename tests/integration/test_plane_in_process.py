@@ -17,10 +17,10 @@ import uvloop
 
 from frontend.config import Address, parse_models_json
 from frontend.errors import ModelNotFound, ModelVersionNotFound
-from frontend.models.management import describe_model
+from frontend.ops.management import describe_model
+from frontend.ops.plane import Origin
+from frontend.ops.services import Services
 from frontend.server import Server
-from frontend.services import Services
-from frontend.serving.plane import Origin
 from protos import worker_pb2
 
 ANSWER_TIMEOUT_S = 30.0

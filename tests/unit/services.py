@@ -20,9 +20,9 @@ from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots
 from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
-from frontend.services import Services
+from frontend.ops.plane import InferencePlane
+from frontend.ops.services import Services
 from frontend.serving.placement import GpuAssigner, Placement
-from frontend.serving.plane import InferencePlane
 
 T = TypeVar("T")
 _servers = itertools.count()

@@ -30,7 +30,7 @@ from frontend.api.grpc_services import (
 )
 from frontend.errors import GatewayTimeout, ModelNotFound, WorkerError
 from frontend.models.loader import RegisterRequest
-from frontend.services import Services
+from frontend.ops.services import Services
 from protos import inference_pb2, management_pb2, open_inference_pb2, worker_pb2
 from tests.unit.services import run_with_services
 

@@ -22,7 +22,7 @@ from frontend.api.http.management import ManagementApp
 from frontend.api.http.metrics import MetricsApp
 from frontend.models.loader import RegisterRequest
 from frontend.observe.metrics import LEGACY
-from frontend.services import Services
+from frontend.ops.services import Services
 from tests.unit.services import Reply, call, run_with_services, scope
 
 NOT_FOUND = {"code": 404, "type": "ResourceNotFoundException",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from frontend.serving.ids import new_request_id
+from frontend.ops.ids import new_request_id
 
 
 def test_request_ids_are_unique_version_4_uuids_also_after_a_fork() -> None:

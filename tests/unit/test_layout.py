@@ -77,6 +77,44 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycle_from("a", {"a": {"b"}, "b": set()}) is None
 
 
+#: The frontend's floors, top down: a module may import its own floor and those below it,
+#: never one above (docs/architecture.md, "The frontend's folders", draws the same table).
+#: A floor is a list of module prefixes.
+FRONTEND_FLOORS: list[tuple[str, ...]] = [
+    ("frontend.__main__", "frontend.cli", "frontend.server"),  # start, assemble
+    ("frontend.api",),  # transports: parse and render
+    ("frontend.ops",),  # the use-cases: the plane, management, auth, params, ids, KServe
+    ("frontend.models",),  # registry, a version at run time, archives, loading, snapshots
+    ("frontend.serving",),  # batching, policies, sequences, dispatch, workers
+    ("frontend.observe",),  # metrics, logs
+    ("frontend.config", "frontend.settings", "frontend.errors", "frontend.processes",
+     "frontend"),  # the ground: one config, one settings type, the errors
+]
+
+
+def _floor(module: str) -> int:
+    matches = [(len(prefix), index) for index, prefixes in enumerate(FRONTEND_FLOORS)
+               for prefix in prefixes if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module} is on no floor: add it to FRONTEND_FLOORS and the docs' table"
+    return max(matches)[1]
+
+
+def test_no_frontend_module_imports_from_a_floor_above_its_own() -> None:
+    """TYPE_CHECKING imports and imports inside functions count too."""
+    graph = _module_imports()
+    upward = [f"{module} (floor {_floor(module)}) imports {imported} (floor {_floor(imported)})"
+              for module, imported_set in sorted(graph.items()) if module.startswith("frontend")
+              for imported in sorted(imported_set)
+              if imported.startswith("frontend") and _floor(imported) < _floor(module)]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_floor_check_finds_an_upward_import() -> None:
+    assert _floor("frontend.serving.workers") > _floor("frontend.ops.plane")
+    assert _floor("frontend.errors") == len(FRONTEND_FLOORS) - 1
+    assert _floor("frontend.api.http.fast") < _floor("frontend.observe.logs")
+
+
 def test_every_e2e_module_is_marked_slow() -> None:
     """``pytest -m "not slow"`` must leave out all of tests/e2e: each module says so once."""
     modules = sorted((ROOT / "tests" / "e2e").glob("test_*.py"))

@@ -1,4 +1,4 @@
-"""ManagementOps (frontend/models/management.py) on a server's real services, without workers:
+"""ManagementOps (frontend/ops/management.py) on a server's real services, without workers:
 every model is registered or scaled with 0 workers, so no process starts and nothing listens.
 
 What both transports answer (TorchServe's message texts, describe's names, the refusals and
@@ -17,10 +17,10 @@ import pytest
 
 from frontend.errors import BadRequest, Forbidden, MethodNotAllowed, ModelNotFound, ServeError
 from frontend.models.loader import RegisterRequest
-from frontend.models.management import ManagementOps
 from frontend.models.snapshot import SUFFIX, restore_requests
-from frontend.services import Services
-from frontend.serving.policies import PolicyName
+from frontend.ops.management import ManagementOps
+from frontend.ops.services import Services
+from frontend.settings import PolicyName
 from tests.unit.services import run_with_services
 
 #: Settings as restore_requests() reads them from a snapshot, by ModelSettings field name.

@@ -1,4 +1,4 @@
-"""The inference plane (frontend/serving/plane.py) over a real registry, real metrics, a real
+"""The inference plane (frontend/ops/plane.py) over a real registry, real metrics, a real
 access log and real Models, with the test in the place of the worker processes.
 
 A Model is built as the loader builds it, without starting workers. ``Model.submit`` refuses
@@ -35,20 +35,19 @@ from frontend.errors import (
 from frontend.models.archive import UnpackedArchive
 from frontend.models.model import Model
 from frontend.models.registry import ModelRegistry
-from frontend.models.settings import ModelSettings
 from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
-from frontend.serving.batching import Batcher, Job
-from frontend.serving.placement import GpuAssigner, Placement
-from frontend.serving.plane import (
+from frontend.ops.plane import (
     EXPLAIN_HEADER,
     SEQUENCE_ID_HEADER,
     Call,
     InferencePlane,
     Origin,
 )
-from frontend.serving.policies import PolicyName
+from frontend.serving.batching import Batcher, Job
+from frontend.serving.placement import GpuAssigner, Placement
 from frontend.serving.workers import Worker, WorkerLaunch
+from frontend.settings import ModelSettings, PolicyName
 from model_archiver.manifest import Manifest
 from protos import worker_pb2
 

@@ -25,10 +25,9 @@ from frontend.models.archive import UnpackedArchive
 from frontend.models.loader import ModelLoader, RegisterRequest, tensor_metadata
 from frontend.models.model import Model
 from frontend.models.registry import ModelRegistry
-from frontend.models.settings import ModelSettings, SettingsLayer
 from frontend.serving.placement import GpuAssigner, Placement
-from frontend.serving.policies import PolicyName
 from frontend.serving.workers import Worker, WorkerLaunch
+from frontend.settings import ModelSettings, PolicyName, SettingsLayer
 from model_archiver.manifest import Manifest
 from protos import worker_pb2
 from tests.unit.services import NoWorkers

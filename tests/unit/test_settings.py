@@ -6,15 +6,15 @@ import math
 
 import pytest
 
-from frontend.models.settings import (
+from frontend.settings import (
     FIELDS,
     ModelSettings,
+    PolicyName,
     SettingsLayer,
     Source,
     read_layer,
     resolve,
 )
-from frontend.serving.policies import PolicyName
 
 DEFAULTS = SettingsLayer(batch_size=1, max_batch_delay_ms=100, min_workers=1,
                          response_timeout_s=120, startup_timeout_s=120, job_queue_size=100,

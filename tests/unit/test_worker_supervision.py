@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from frontend.models.management import describe_worker
+from frontend.ops.management import describe_worker
 from frontend.serving.batching import Batcher
 from frontend.serving.policies import FixedPolicy
 from frontend.serving.workers import (

@@ -27,7 +27,7 @@ from frontend.api.http.management import ManagementApp
 from frontend.api.http.metrics import MetricsApp
 from frontend.config import DEFAULT_DRAIN_TIMEOUT_S, Address
 from frontend.errors import RouteNotFound, ServeError
-from frontend.services import Services
+from frontend.ops.services import Services
 
 logger = logging.getLogger(__name__)
 

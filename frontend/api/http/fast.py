@@ -46,8 +46,7 @@ from frontend.errors import (
     error_body,
     header_pairs,
 )
-from frontend.serving.plane import Call, InferencePlane, Origin
-from frontend.serving.streams import ResponseStream
+from frontend.ops.plane import Call, InferencePlane, Origin, ResponseStream
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)

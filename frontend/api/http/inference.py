@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from frontend.api.auth import KeyKind
 from frontend.api.http import common
+from frontend.api.http.calls import answer_unless_gone, http_origin, response_headers
 from frontend.api.http.forms import is_form, parse_form
 from frontend.api.http.kserve import KServeRoutes
-from frontend.api.http.observe import answer_unless_gone, http_origin, response_headers
 from frontend.api.http.openapi import inference_description
 from frontend.errors import (
     MethodNotAllowed,
@@ -25,11 +24,9 @@ from frontend.errors import (
     torchserve_body,
     type_for_status,
 )
-from frontend.models.model import Model
-from frontend.services import Services
-from frontend.serving.plane import Call
-from frontend.serving.sequences import SEQUENCE_ID_HEADER
-from frontend.serving.streams import ResponseStream
+from frontend.ops.auth import KeyKind
+from frontend.ops.plane import SEQUENCE_ID_HEADER, Call, Model, ResponseStream
+from frontend.ops.services import Services
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)

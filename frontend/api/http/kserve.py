@@ -19,10 +19,8 @@ import asyncio
 import json
 
 from frontend import __version__
-from frontend.api import kserve
-from frontend.api.auth import KeyKind
 from frontend.api.http import common
-from frontend.api.http.observe import (
+from frontend.api.http.calls import (
     answer_unless_gone,
     check_response_size,
     http_origin,
@@ -36,9 +34,10 @@ from frontend.errors import (
     header_pairs,
     kserve_body,
 )
-from frontend.services import Services
-from frontend.serving.plane import Call
-from frontend.serving.streams import ResponseStream
+from frontend.ops import kserve
+from frontend.ops.auth import KeyKind
+from frontend.ops.plane import Call, ResponseStream
+from frontend.ops.services import Services
 from protos import worker_pb2
 
 V1_MODELS = "/v1/models"

@@ -1,19 +1,19 @@
 """The management API (port 8081) over HTTP: TorchServe's paths and parameters.
 
-The operations themselves live in frontend/models/management.py (shared with gRPC). Where we
+The operations themselves live in frontend/ops/management.py (shared with gRPC). Where we
 differ from TorchServe it is noted there (a duplicate registration is 409 here, 500 in
 TorchServe).
 """
 
 from __future__ import annotations
 
-from frontend.api.auth import KeyKind
 from frontend.api.http import common
 from frontend.api.http.openapi import management_description
-from frontend.api.params import bool_param
 from frontend.errors import BadRequest, MethodNotAllowed, RouteNotFound
-from frontend.models.management import Body, ManagementOps
-from frontend.services import Services
+from frontend.ops.auth import KeyKind
+from frontend.ops.management import Body, ManagementOps
+from frontend.ops.params import bool_param
+from frontend.ops.services import Services
 
 
 class ManagementApp(common.Routes):

@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from frontend.api.http import common
 from frontend.errors import MethodNotAllowed, RouteNotFound
 from frontend.observe.metrics import LEGACY, ServerMetrics
-from frontend.services import Services
+from frontend.ops.services import Services
 
 
 class MetricsApp(common.Routes):

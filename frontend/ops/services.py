@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frontend.api.auth import TokenAuthority
 from frontend.config import ServerConfig
 from frontend.models.loader import ModelLoader
 from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots
 from frontend.observe.metrics import ServerMetrics
-from frontend.serving.plane import InferencePlane
+from frontend.ops.auth import TokenAuthority
+from frontend.ops.plane import InferencePlane
 
 
 @dataclass(frozen=True, slots=True)

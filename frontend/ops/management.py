@@ -15,14 +15,14 @@ from collections.abc import Mapping
 
 import psutil
 
-from frontend.api.params import bool_param, int_param
 from frontend.errors import BadRequest, InternalError, MethodNotAllowed
 from frontend.models.loader import RegisterRequest
 from frontend.models.model import Model
-from frontend.models.settings import Source, read_layer
-from frontend.services import Services
-from frontend.serving.plane import InferencePlane
+from frontend.ops.params import bool_param, int_param
+from frontend.ops.plane import InferencePlane
+from frontend.ops.services import Services
 from frontend.serving.workers import Worker, WorkerState, start_failures
+from frontend.settings import Source, read_layer
 from protos import worker_pb2
 
 MAX_LIST_LIMIT = 100

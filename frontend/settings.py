@@ -21,7 +21,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypedDict, cast
 
-from frontend.serving.policies import PolicyName
+
+class PolicyName(str, enum.Enum):
+    """Values of the per-model ``batch_policy`` setting (frontend/serving/policies.py has the
+    policies)."""
+
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"
+
 
 
 class Source(enum.Enum):

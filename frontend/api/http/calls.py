@@ -7,7 +7,7 @@ import asyncio
 
 from frontend.api.http import common
 from frontend.errors import InternalError
-from frontend.serving.plane import Answer, Call, InferencePlane, Origin
+from frontend.ops.plane import Answer, Call, InferencePlane, Origin
 from protos import worker_pb2
 
 

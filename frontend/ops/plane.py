@@ -29,15 +29,20 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from frontend.errors import BadRequest, QueueFull, ServeError, expired
-from frontend.models.model import Model
+from frontend.models.model import Model as Model
 from frontend.models.registry import ModelRegistry
 from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
+from frontend.ops.ids import new_request_id
 from frontend.serving.batching import Job
-from frontend.serving.ids import new_request_id
-from frontend.serving.sequences import SEQUENCE_ID_HEADER, name_sequence
-from frontend.serving.streams import ResponseStream
+from frontend.serving.sequences import SEQUENCE_ID_HEADER as SEQUENCE_ID_HEADER
+from frontend.serving.sequences import name_sequence
+from frontend.serving.streams import ResponseStream as ResponseStream
 from protos import worker_pb2
+
+# NOTE: Model, SEQUENCE_ID_HEADER and ResponseStream are imported "as" themselves: the
+# transports take them from here (the model a call resolved to, the header that names a
+# sequence, a streamed answer), as they import nothing below ops/.
 
 #: A client's own deadline for its prediction, in seconds (HTTP header, lower case).
 REQUEST_TIMEOUT_HEADER = "x-request-timeout"
