@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from frontend.api.grpc_services import GrpcServers
+from frontend.api.grpc.servers import GrpcServers
 from frontend.api.http.app import serve_http
 from frontend.config import Address, ServerConfig
 from frontend.errors import ConfigError, ServeError

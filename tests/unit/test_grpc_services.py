@@ -1,4 +1,4 @@
-"""The gRPC servicers (frontend/api/grpc_services.py) without a gRPC server: their pure pieces,
+"""The gRPC servicers (frontend/api/grpc/) without a gRPC server: their pure pieces,
 and RPCs called with a stand-in context on a server's real services (no worker, no port).
 The servers themselves run in tests/integration/test_grpc*.py."""
 
@@ -15,19 +15,12 @@ import grpc
 import pytest
 
 from frontend import __version__
-from frontend.api import grpc_services
-from frontend.api.grpc_services import (
-    RAW_REQUEST_METHODS,
-    InferenceServicer,
-    ManagementServicer,
-    OpenInferenceServicer,
-    _answer,
-    _body_of,
-    _params,
-    _Rpc,
-    _rpc_status,
-    service_handler,
-)
+from frontend.api.grpc import servers
+from frontend.api.grpc.common import Rpc, answer, body_of, rpc_status
+from frontend.api.grpc.inference import InferenceServicer
+from frontend.api.grpc.management import ManagementServicer, _params
+from frontend.api.grpc.open_inference import OpenInferenceServicer
+from frontend.api.grpc.servers import RAW_REQUEST_METHODS, service_handler
 from frontend.errors import GatewayTimeout, ModelNotFound, WorkerError
 from frontend.models.loader import RegisterRequest
 from frontend.ops.services import Services
@@ -69,7 +62,7 @@ class Context:
 def test_rpc_snapshot_reads_the_context_once() -> None:
     context = Context([("Authorization", "Bearer k"), ("trace-bin", b"\x00\x01"),
                        ("X-Request-Timeout", "3")], remaining=10.0)
-    rpc = _Rpc.of(context)
+    rpc = Rpc.of(context)
     assert rpc.peer == "ipv4:127.0.0.1:50000"
     # Header names in lower case, as HTTP's; binary metadata is no header.
     assert rpc.headers == [(b"authorization", b"Bearer k"), (b"x-request-timeout", b"3")]
@@ -82,19 +75,19 @@ def test_rpc_snapshot_reads_the_context_once() -> None:
 
 
 def test_rpc_without_a_deadline_has_no_time_limit() -> None:
-    rpc = _Rpc.of(Context())
+    rpc = Rpc.of(Context())
     assert rpc.deadline is None and rpc.time_remaining() is None
 
 
 def test_rpc_time_remaining_never_goes_negative() -> None:
-    rpc = _Rpc.of(Context(remaining=0.0))
+    rpc = Rpc.of(Context(remaining=0.0))
     time.sleep(0.01)
     assert rpc.time_remaining() == 0.0
 
 
 def test_a_worker_answer_is_its_body() -> None:
-    assert _body_of(worker_pb2.Response(status=200, body=b"ok")) == b"ok"
-    assert _body_of(worker_pb2.Response(body=b"")) == b""
+    assert body_of(worker_pb2.Response(status=200, body=b"ok")) == b"ok"
+    assert body_of(worker_pb2.Response(body=b"")) == b""
 
 
 @pytest.mark.parametrize(("status", "http_status", "type_name"), [
@@ -106,7 +99,7 @@ def test_a_worker_answer_is_its_body() -> None:
 def test_a_worker_error_is_raised_with_its_status(status: int, http_status: int,
                                                   type_name: str) -> None:
     with pytest.raises(WorkerError, match=r"^boom$") as raised:
-        _body_of(worker_pb2.Response(status=status, error="boom", body=b"ignored"))
+        body_of(worker_pb2.Response(status=status, error="boom", body=b"ignored"))
     assert (raised.value.http_status, raised.value.type_name) == (http_status, type_name)
 
 
@@ -127,7 +120,7 @@ def test_proto3_zero_values_are_absent_parameters() -> None:
 ])
 def test_stream_status_carries_the_grpc_code_of_the_http_status(http_status: int,
                                                                 code: grpc.StatusCode) -> None:
-    status = _rpc_status(http_status, "why")
+    status = rpc_status(http_status, "why")
     assert (status.code, status.message) == (code.value[0], "why")
 
 
@@ -147,10 +140,10 @@ def test_answer_aborts_with_the_rest_message_text() -> None:
                                   "no answer within 2 s")):
             context = Context()
             with pytest.raises(Aborted):
-                await _answer(context, body())  # type: ignore[arg-type]
+                await answer(context, body())  # type: ignore[arg-type]
             assert context.aborted == (code, text)
         context = Context()
-        assert await _answer(context, fine()) == "ok"  # type: ignore[arg-type]
+        assert await answer(context, fine()) == "ok"  # type: ignore[arg-type]
         assert context.aborted is None
 
     asyncio.run(run())
@@ -163,7 +156,7 @@ def test_an_error_that_is_not_a_serve_error_is_not_turned_into_a_status() -> Non
     async def run() -> None:
         context = Context()
         with pytest.raises(KeyError):
-            await _answer(context, broken())  # type: ignore[arg-type]
+            await answer(context, broken())  # type: ignore[arg-type]
         assert context.aborted is None  # grpc answers UNKNOWN and logs it
 
     asyncio.run(run())
@@ -339,8 +332,8 @@ def test_model_api_disabled_is_permission_denied_as_torchserve(tmp_path: Path) -
 
 def test_services_have_torchserve_and_kserve_names() -> None:
     """TorchServe's and KServe's own stubs call these names."""
-    assert grpc_services.INFERENCE_SERVICE == \
+    assert servers.INFERENCE_SERVICE == \
         "org.pytorch.serve.grpc.inference.InferenceAPIsService"
-    assert grpc_services.MANAGEMENT_SERVICE == \
+    assert servers.MANAGEMENT_SERVICE == \
         "org.pytorch.serve.grpc.management.ManagementAPIsService"
-    assert grpc_services.OPEN_INFERENCE_SERVICE == "inference.GRPCInferenceService"
+    assert servers.OPEN_INFERENCE_SERVICE == "inference.GRPCInferenceService"
