@@ -46,8 +46,43 @@ WATCHDOG_INTERVAL_S = 0.25
 LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
 
 
-class Worker:
-    """The state of one worker connection: no model yet, or one loaded ModelService."""
+@dataclass(frozen=True, slots=True)
+class Load:
+    """LOAD: load this model."""
+
+    message: worker_pb2.LoadModel
+
+
+@dataclass(frozen=True, slots=True)
+class Predict:
+    """PREDICT: run this batch; ``prepared`` is what the handler did ahead (None: nothing)."""
+
+    batch: worker_pb2.PredictBatch
+    prepared: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """SHUTDOWN: exit once the batch being run is answered."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bad:
+    """A frame that cannot be obeyed: answered with this error."""
+
+    message: str
+    batch_id: int = 0
+
+
+Command = Load | Predict | Shutdown | Bad
+
+
+class WorkerSession:
+    """One worker's connection to the frontend: no model yet, or one loaded ModelService.
+
+    A reader thread decodes each frame once into a ``Command`` (a PREDICT's batch is also
+    prepared there, while the main thread runs the batch before it); the main thread obeys
+    the commands in order."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
@@ -56,9 +91,9 @@ class Worker:
         self.should_stop = False
 
     def serve(self) -> None:
-        """Say HELLO, then answer frames until SHUTDOWN or the frontend closes the socket."""
+        """Say HELLO, then obey commands until SHUTDOWN or the frontend closes the socket."""
         self._send(Frame(Kind.HELLO, worker_pb2.Hello(pid=os.getpid()).SerializeToString()))
-        inbox: queue.Queue[_Incoming | ProtocolError | None] = queue.Queue(READ_AHEAD)
+        inbox: queue.Queue[Command | ProtocolError | None] = queue.Queue(READ_AHEAD)
         threading.Thread(target=self._read, args=(inbox,), name="frame-reader",
                          daemon=True).start()
         while not self.should_stop:
@@ -70,20 +105,20 @@ class Worker:
                 # The stream cannot be resynchronised: say why, then give up the connection.
                 self._send(error_frame(worker_pb2.PROTOCOL, str(item)))
                 raise item
-            reply = self.handle_frame(item.frame, item.batch, item.prepared)
+            reply = self.obey(item)
             if reply is not None:
                 self._send(reply)
             if self.should_stop:
                 logger.info("shutdown requested; exiting")
                 return
 
-    def _read(self, inbox: queue.Queue[_Incoming | ProtocolError | None]) -> None:
-        """The reader thread: frames off the socket, in order, each PREDICT batch decoded and
-        prepared (while the main thread runs the batch before it); None at end of file."""
+    def _read(self, inbox: queue.Queue[Command | ProtocolError | None]) -> None:
+        """The reader thread: frames off the socket, in order, each decoded into a command;
+        None at end of file."""
         try:
             while data := self._sock.recv(RECV_BYTES):
                 for frame in self._decoder.feed(data):
-                    inbox.put(self._incoming(frame))
+                    inbox.put(self.command(frame))
         except ProtocolError as exc:
             inbox.put(exc)
             return
@@ -91,42 +126,54 @@ class Worker:
             pass  # the socket was closed under us: the main thread is exiting
         inbox.put(None)
 
-    def _incoming(self, frame: Frame) -> _Incoming:
-        if frame.kind is not Kind.PREDICT or self.service is None:
-            return _Incoming(frame)
+    def command(self, frame: Frame) -> Command:
+        """What ``frame`` asks, decoded (the one place a payload is decoded)."""
+        if frame.kind is Kind.SHUTDOWN:
+            return Shutdown()
+        if frame.kind is Kind.LOAD:
+            try:
+                return Load(worker_pb2.LoadModel.FromString(frame.payload))
+            except Exception as exc:  # protobuf's DecodeError
+                return Bad(f"bad LOAD payload: {describe(exc)}")
+        if frame.kind is not Kind.PREDICT:
+            return Bad(f"unexpected frame {frame.kind.name}")
         try:
             batch = worker_pb2.PredictBatch.FromString(frame.payload)
-        except Exception:  # protobuf's DecodeError: the main thread answers it
-            return _Incoming(frame)
+        except Exception as exc:  # protobuf's DecodeError
+            return Bad(f"bad PREDICT payload: {describe(exc)}")
+        return Predict(batch, self._prepare(batch))
+
+    def _prepare(self, batch: worker_pb2.PredictBatch) -> Any:
+        """The handler's work ahead on ``batch`` (None: none, or no model loaded yet: a batch
+        read behind its LOAD runs unprepared)."""
+        if self.service is None:
+            return None
         try:
-            prepared = self.service.prepare(batch)
+            return self.service.prepare(batch)
         except Exception:  # whatever went wrong, the batch runs the plain way and says why
             logger.exception("preparing batch %d failed; running it unprepared", batch.batch_id)
-            prepared = None
-        return _Incoming(frame, batch, prepared)
-
-    def handle_frame(self, frame: Frame, batch: worker_pb2.PredictBatch | None = None,
-                     prepared: Any = None) -> Frame | None:
-        """The reply to one frame (None for SHUTDOWN)."""
-        if frame.kind is Kind.SHUTDOWN:
-            self.should_stop = True
             return None
-        if frame.kind is Kind.LOAD:
-            return self._load(frame.payload)
-        if frame.kind is Kind.PREDICT:
-            return self._predict(frame.payload, batch, prepared)
-        return error_frame(worker_pb2.PROTOCOL, f"unexpected frame {frame.kind.name}")
 
-    def _load(self, payload: bytes) -> Frame:
+    def obey(self, command: Command) -> Frame | None:
+        """The reply to one command (None for SHUTDOWN)."""
+        match command:
+            case Shutdown():
+                self.should_stop = True
+                return None
+            case Load(message):
+                return self._load(message)
+            case Predict(batch, prepared):
+                return self._predict(batch, prepared)
+            case Bad(message, batch_id):
+                return error_frame(worker_pb2.PROTOCOL, message, batch_id)
+        raise AssertionError(f"unknown command {command!r}")
+
+    def _load(self, message: worker_pb2.LoadModel) -> Frame:
         if self.service is not None:
             return error_frame(
                 worker_pb2.PROTOCOL,
                 f"model {self.service.context.model_name!r} is already loaded",
             )
-        try:
-            message = worker_pb2.LoadModel.FromString(payload)
-        except Exception as exc:  # protobuf's DecodeError
-            return error_frame(worker_pb2.PROTOCOL, f"bad LOAD payload: {describe(exc)}")
         logger.info(
             "loading model %s (version %s) from %s with handler %r",
             message.model_name,
@@ -145,13 +192,7 @@ class Worker:
         logger.info("model %s loaded in %.1f ms", message.model_name, load_time_ms)
         return Frame(Kind.LOADED, worker_pb2.Loaded(load_time_ms=load_time_ms).SerializeToString())
 
-    def _predict(self, payload: bytes, batch: worker_pb2.PredictBatch | None = None,
-                 prepared: Any = None) -> Frame:
-        if batch is None:
-            try:
-                batch = worker_pb2.PredictBatch.FromString(payload)
-            except Exception as exc:  # protobuf's DecodeError
-                return error_frame(worker_pb2.PROTOCOL, f"bad PREDICT payload: {describe(exc)}")
+    def _predict(self, batch: worker_pb2.PredictBatch, prepared: Any) -> Frame:
         if self.service is None:
             return error_frame(
                 worker_pb2.PROTOCOL, "PREDICT before a model was loaded", batch.batch_id
@@ -190,16 +231,6 @@ class Worker:
         response = worker_pb2.Response(request_id=request_id, status=status, body=body,
                                        content_type=content_type)
         self._send(Frame(Kind.PARTIAL, response.SerializeToString()))
-
-
-@dataclass(frozen=True, slots=True)
-class _Incoming:
-    """A frame from the frontend; a PREDICT's batch decoded, and prepared when the handler
-    can do that ahead."""
-
-    frame: Frame
-    batch: worker_pb2.PredictBatch | None = None
-    prepared: Any = None
 
 
 def error_frame(code: worker_pb2.ErrorCode, message: str, batch_id: int = 0) -> Frame:
@@ -272,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.register_at_fork(after_in_child=sock.close)
     with sock:
         try:
-            Worker(sock).serve()
+            WorkerSession(sock).serve()
         except (BrokenPipeError, ConnectionResetError):
             logger.info("frontend went away; exiting")
         except ProtocolError as exc:

@@ -339,3 +339,28 @@ def test_batches_sent_back_to_back_are_answered_in_order(
     conn.send(Kind.SHUTDOWN)
     assert_exits_zero(process)
     conn.sock.close()
+
+
+def test_each_frame_is_decoded_once_into_a_command() -> None:
+    """The reader thread's decoding (no process needed): every payload is decoded there, and
+    what cannot be obeyed becomes a Bad command the main thread answers."""
+    from backend.worker import Bad, Load, Predict, Shutdown, WorkerSession
+
+    left, right = socket.socketpair()
+    with left, right:
+        session = WorkerSession(left)
+        batch = worker_pb2.PredictBatch(batch_id=7, requests=[worker_pb2.Request(request_id="r")])
+        predict = session.command(Frame(Kind.PREDICT, batch.SerializeToString()))
+        assert predict == Predict(batch, None)  # no model yet: it runs unprepared
+        load = worker_pb2.LoadModel(model_name="m")
+        assert session.command(Frame(Kind.LOAD, load.SerializeToString())) == Load(load)
+        assert session.command(Frame(Kind.SHUTDOWN, b"")) == Shutdown()
+        for kind in (Kind.PREDICT, Kind.LOAD):
+            bad = session.command(Frame(kind, b"\xff\xff\xff"))
+            assert isinstance(bad, Bad) and f"bad {kind.name} payload" in bad.message
+        assert session.command(Frame(Kind.HELLO, b"")) == Bad("unexpected frame HELLO")
+        refused = session.obey(predict)
+        assert refused is not None and refused.kind is Kind.ERROR
+        error = worker_pb2.Error.FromString(refused.payload)
+        assert (error.code, error.batch_id) == (worker_pb2.PROTOCOL, 7)
+        assert session.obey(Shutdown()) is None and session.should_stop
