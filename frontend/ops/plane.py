@@ -1,23 +1,24 @@
 """The inference plane: the one path a prediction takes, whatever transport brought it.
 
 Transports only parse and render (the ``/predictions`` fast path, the ASGI routes for
-TorchServe and KServe v1/v2, both gRPC services). Between the two, the plane does each step
-once:
+TorchServe and KServe v1/v2, both gRPC services). Between the two, every transport calls the
+plane in the same two phases, so the order of the steps cannot be got wrong:
 
-* ``begin`` opens a ``Call`` for one prediction (who asked, when, its job);
-* ``resolve`` finds the model and version it names; ``admit`` refuses it at once when the
-  model's queue is full (an HTTP body is not read then);
-* ``build`` makes the worker's request: a fresh request id, the client's headers (HTTP headers
-  or gRPC metadata), its inputs, its weight in batch items, its own deadline
-  (``X-Request-Timeout``, or the gRPC deadline), and whether it asks for an explanation
-  (TorchServe's ``explain`` header, which only the route sets);
-* ``submit`` queues it with its deadline (504 at the deadline, never dispatched after it); a
-  stateful model's request is named by its sequence first (a new one when it names none),
-  which ``call.sequence_id`` holds for the transport to return;
-  ``outcome`` awaits the answer (a transport in callbacks adds one to ``call.job.future``);
+* ``begin`` (or ``call``, for the async transports) opens a ``Call`` for one prediction (who
+  asked, when, its job);
+* ``open``, as soon as the request names its model, before any body is read: the model and
+  version it names (404), refused at once (503) when the model's queue is full;
+* ``send``, once the request is read: the worker's request is built (a fresh request id, the
+  client's headers or gRPC metadata, its inputs, its weight in batch items, whether it asks
+  for an explanation) and queued with its deadline (the model's ``response_timeout``, or the
+  client's own, ``X-Request-Timeout`` or the gRPC deadline, when sooner: 504 at the deadline,
+  never dispatched after it); a stateful model's request is named by its sequence first (a
+  new one when it names none), which ``call.sequence_id`` holds for the transport to return;
+* ``outcome`` awaits the answer (a transport in callbacks adds one to ``call.job.future``);
 * ``end`` records the request's metrics and access-log line, exactly once.
 
-``predict`` runs the whole sequence for the async transports.
+``predict`` runs both phases and the outcome, for the transports that have the whole request
+at once (gRPC).
 """
 
 from __future__ import annotations
@@ -129,31 +130,43 @@ class InferencePlane:
         self.metrics = metrics
         self.access = access
 
-    # -- steps ------------------------------------------------------------------------------
+    # -- the two phases ---------------------------------------------------------------------
 
     def begin(self, origin: Origin, loop: asyncio.AbstractEventLoop) -> Call:
         return Call(origin, Job(_NO_REQUEST, loop.create_future()))
 
-    def resolve(self, call: Call, name: str, version: str | None = None) -> Model:
-        call.model = self.registry.get(name, version or None)
-        return call.model
-
-    @staticmethod
-    def admit(model: Model) -> None:
-        """Refuse now (503) if the model's queue has no room: before a body is read."""
+    def open(self, call: Call, name: str, version: str | None = None) -> Model:
+        """Phase one, before the body is read: the model the call names (ModelNotFound), and
+        a refusal (503) now if its queue has no room."""
+        model = call.model = self.registry.get(name, version or None)
         model.batcher.refuse_if_full()
+        return model
+
+    def send(self, call: Call, headers: Iterable[tuple[bytes, bytes]],
+             inputs: Iterable[tuple[str, bytes, str | None]], *,
+             deadline_s: float | None = None, loop: asyncio.AbstractEventLoop | None = None,
+             weight: int = 1, instances: bool = False,
+             tensor_format: worker_pb2.TensorFormat = worker_pb2.TENSOR_FORMAT_NONE,
+             sequence_id: str | None = None, explain: bool = False) -> None:
+        """Phase two, once the request is read: build the call's worker request and queue it.
+
+        ``inputs``: (name, bytes, content type or None) for each input; ``deadline_s``: a
+        transport's own deadline (gRPC's); ``explain``: the request asks for an explanation
+        (/explanations, KServe's explain). Raises BadRequest for a bad ``X-Request-Timeout``.
+        """
+        assert call.model is not None, "open first"
+        timeout_s = self._build(call, headers, inputs, weight, instances, tensor_format,
+                                sequence_id, explain)
+        if deadline_s is not None:
+            timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
+        self._submit(call, timeout_s, loop or asyncio.get_running_loop())
 
     @staticmethod
-    def build(call: Call, headers: Iterable[tuple[bytes, bytes]],
-              inputs: Iterable[tuple[str, bytes, str | None]], *,
-              weight: int = 1, instances: bool = False,
-              tensor_format: worker_pb2.TensorFormat = worker_pb2.TENSOR_FORMAT_NONE,
-              sequence_id: str | None = None, explain: bool = False) -> float | None:
-        """Make the call's worker request; returns the client's own deadline (seconds).
-
-        ``inputs``: (name, bytes, content type or None) for each input; ``explain``: the
-        request asks for an explanation (/explanations, KServe's explain).
-        """
+    def _build(call: Call, headers: Iterable[tuple[bytes, bytes]],
+               inputs: Iterable[tuple[str, bytes, str | None]], weight: int, instances: bool,
+               tensor_format: worker_pb2.TensorFormat, sequence_id: str | None,
+               explain: bool) -> float | None:
+        """Make the call's worker request; returns the client's own deadline (seconds)."""
         request = call.job.request = worker_pb2.Request(
             request_id=new_request_id(), instances=instances, tensor_format=tensor_format)
         call.job.weight = weight
@@ -178,8 +191,8 @@ class InferencePlane:
                 request.content_types[name] = content_type
         return timeout_s
 
-    def submit(self, call: Call, timeout_s: float | None,
-               loop: asyncio.AbstractEventLoop) -> None:
+    def _submit(self, call: Call, timeout_s: float | None,
+                loop: asyncio.AbstractEventLoop) -> None:
         """Queue the call's job with its deadline: the model's ``response_timeout``, or the
         client's own when that is sooner. Still queued at its deadline, it is answered 504
         and never reaches a worker; not answered by a worker by then, it is answered 504.
@@ -188,7 +201,7 @@ class InferencePlane:
         ``clientTimeoutInMills`` (TorchServe's rule; it drops the request, we answer 504);
         once dispatched it has the rest of ``response_timeout``."""
         model = call.model
-        assert model is not None, "resolve first"
+        assert model is not None, "open first"
         budget_s = float(model.settings.response_timeout_s)
         queue_s = budget_s
         if timeout_s is not None:
@@ -240,7 +253,7 @@ class InferencePlane:
         unrecorded: it is not a client's prediction."""
         call = self.begin(Origin("-", "-", "-", "-"), asyncio.get_running_loop())
         call.model, call.job.request = model, request
-        self.submit(call, None, asyncio.get_running_loop())
+        self._submit(call, None, asyncio.get_running_loop())
         return await self.outcome(call)
 
     # -- the whole sequence, for the async transports ------------------------------------------
@@ -264,17 +277,10 @@ class InferencePlane:
     async def predict(self, call: Call, name: str, version: str | None,
                       headers: Iterable[tuple[bytes, bytes]],
                       inputs: Iterable[tuple[str, bytes, str | None]], *,
-                      deadline_s: float | None = None,
-                      abandoned: asyncio.Future[Any] | None = None,
-                      **flags: Any) -> Answer:
-        """Resolve, build, submit and await; ``deadline_s`` is a transport's own deadline
-        (gRPC's), ``flags`` go to ``build``."""
-        model = self.resolve(call, name, version)
-        self.admit(model)
-        timeout_s = self.build(call, headers, inputs, **flags)
-        if deadline_s is not None:
-            timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
-        self.submit(call, timeout_s, asyncio.get_running_loop())
+                      abandoned: asyncio.Future[Any] | None = None, **flags: Any) -> Answer:
+        """Open, send and await, for a request read whole (``flags`` go to ``send``)."""
+        self.open(call, name, version)
+        self.send(call, headers, inputs, **flags)
         return await self.outcome(call, abandoned)
 
 

@@ -213,30 +213,37 @@ def _body(inputs: bytes) -> list[tuple[str, bytes, str | None]]:
     return [("body", inputs, None)]
 
 
-# ---- build ------------------------------------------------------------------------------------
+# ---- send: the worker's request ----------------------------------------------------------------
 
 
-def test_build_gives_each_call_a_fresh_request_id(rig: Rig,
-                                                  loop: asyncio.AbstractEventLoop) -> None:
+def _sent(rig: Rig, loop: asyncio.AbstractEventLoop, headers: list[tuple[bytes, bytes]],
+          inputs: list[tuple[str, bytes, str | None]], **flags: Any) -> Call:
+    """A call opened for model "m" and sent (its deadline timer held by ManualTimers)."""
+    call = rig.plane.begin(HTTP, loop)
+    rig.plane.open(call, "m")
+    rig.plane.send(call, headers, inputs, loop=ManualTimers().as_loop(), **flags)
+    return call
+
+
+def test_send_gives_each_call_a_fresh_request_id(rig: Rig,
+                                                 loop: asyncio.AbstractEventLoop) -> None:
+    rig.add_model(job_queue_size=3)
     ids = set()
     for _ in range(3):
-        call = rig.plane.begin(HTTP, loop)
-        rig.plane.build(call, [], _body(b"x"))
-        request_id = call.job.request.request_id
+        request_id = _sent(rig, loop, [], _body(b"x")).job.request.request_id
         assert uuid.UUID(request_id).version == 4
         ids.add(request_id)
     assert len(ids) == 3
 
 
-def test_build_copies_headers_inputs_and_flags(rig: Rig, loop: asyncio.AbstractEventLoop) -> None:
-    call = rig.plane.begin(HTTP, loop)
-    timeout_s = rig.plane.build(
-        call, [(b"x-caf\xe9", b"cr\xe8me"), (b"content-type", b"text/plain")],
-        [("body", b"payload", "text/plain"), ("extra", b"\x00\xff", None)],
-        weight=3, instances=True, tensor_format=worker_pb2.TENSOR_FORMAT_REST,
-        sequence_id="seq-7")
+def test_send_copies_headers_inputs_and_flags(rig: Rig, loop: asyncio.AbstractEventLoop) -> None:
+    rig.add_model(response_timeout_s=5)
+    call = _sent(rig, loop, [(b"x-caf\xe9", b"cr\xe8me"), (b"content-type", b"text/plain")],
+                 [("body", b"payload", "text/plain"), ("extra", b"\x00\xff", None)],
+                 weight=3, instances=True, tensor_format=worker_pb2.TENSOR_FORMAT_REST,
+                 sequence_id="seq-7")
     request = call.job.request
-    assert timeout_s is None
+    assert call.job.budget_s == 5.0  # no deadline of the client's own
     assert dict(request.headers) == {"x-caf\u00e9": "cr\u00e8me", "content-type": "text/plain",
                                      SEQUENCE_ID_HEADER: "seq-7"}
     assert dict(request.inputs) == {"body": b"payload", "extra": b"\x00\xff"}
@@ -246,9 +253,9 @@ def test_build_copies_headers_inputs_and_flags(rig: Rig, loop: asyncio.AbstractE
     assert call.job.weight == 3
 
 
-def test_build_defaults(rig: Rig, loop: asyncio.AbstractEventLoop) -> None:
-    call = rig.plane.begin(HTTP, loop)
-    rig.plane.build(call, [], _body(b"x"))
+def test_send_defaults(rig: Rig, loop: asyncio.AbstractEventLoop) -> None:
+    rig.add_model()
+    call = _sent(rig, loop, [], _body(b"x"))
     request = call.job.request
     assert (request.instances, request.tensor_format, call.job.weight) == (
         False, worker_pb2.TENSOR_FORMAT_NONE, 1)
@@ -261,90 +268,89 @@ def test_build_defaults(rig: Rig, loop: asyncio.AbstractEventLoop) -> None:
     (False, b"True", "False"),  # as TorchServe: a client's own header explains nothing
     (False, None, None),
 ])
-def test_build_sets_the_explain_header_only_for_explanations(
+def test_send_sets_the_explain_header_only_for_explanations(
         rig: Rig, loop: asyncio.AbstractEventLoop, explain: bool, client_header: bytes | None,
         expected: str | None) -> None:
-    call = rig.plane.begin(HTTP, loop)
+    rig.add_model()
     headers = [] if client_header is None else [(EXPLAIN_HEADER.encode(), client_header)]
-    rig.plane.build(call, headers, _body(b"x"), explain=explain)
+    call = _sent(rig, loop, headers, _body(b"x"), explain=explain)
     assert call.job.request.headers.get(EXPLAIN_HEADER) == expected
 
 
 @pytest.mark.parametrize(("value", "seconds"), [(b"2.5", 2.5), (b"30", 30.0), (b" 1 ", 1.0)])
-def test_build_returns_the_client_timeout(rig: Rig, loop: asyncio.AbstractEventLoop,
-                                          value: bytes, seconds: float) -> None:
-    call = rig.plane.begin(HTTP, loop)
-    assert rig.plane.build(call, [(b"x-request-timeout", value)], _body(b"x")) == seconds
+def test_send_takes_the_client_timeout(rig: Rig, loop: asyncio.AbstractEventLoop,
+                                       value: bytes, seconds: float) -> None:
+    rig.add_model(response_timeout_s=60)
+    call = _sent(rig, loop, [(b"x-request-timeout", value)], _body(b"x"))
+    assert call.job.budget_s == seconds
     # the handler sees the header as the client sent it
     assert call.job.request.headers["x-request-timeout"] == value.decode()
 
 
 @pytest.mark.parametrize("value", [b"soon", b"", b"-1", b"0", b"nan", b"1s"])
-def test_build_refuses_a_bad_client_timeout(rig: Rig, loop: asyncio.AbstractEventLoop,
-                                            value: bytes) -> None:
-    call = rig.plane.begin(HTTP, loop)
+def test_send_refuses_a_bad_client_timeout(rig: Rig, loop: asyncio.AbstractEventLoop,
+                                           value: bytes) -> None:
+    model, _ = rig.add_model()
     with pytest.raises(BadRequest, match="x-request-timeout must be"):
-        rig.plane.build(call, [(b"x-request-timeout", value)], _body(b"x"))
+        _sent(rig, loop, [(b"x-request-timeout", value)], _body(b"x"))
+    assert model.batcher.depth == 0  # refused before it was queued
 
 
-# ---- resolve and admit ------------------------------------------------------------------------
+# ---- open: resolve and admit ---------------------------------------------------------------------
 
 
-def test_resolve_finds_the_default_or_the_named_version(
+def test_open_finds_the_default_or_the_named_version(
         rig: Rig, loop: asyncio.AbstractEventLoop) -> None:
     first, _ = rig.add_model(version="1.0")
     second, _ = rig.add_model(version="2.0")
     call = rig.plane.begin(HTTP, loop)
-    assert rig.plane.resolve(call, "m") is first
+    assert rig.plane.open(call, "m") is first
     assert call.model is first
-    assert rig.plane.resolve(call, "m", "") is first  # an empty version segment: the default
-    assert rig.plane.resolve(call, "m", "2.0") is second
+    assert rig.plane.open(call, "m", "") is first  # an empty version segment: the default
+    assert rig.plane.open(call, "m", "2.0") is second
     assert call.model is second
 
 
-def test_resolve_refuses_unknown_models_and_versions(
+def test_open_refuses_unknown_models_and_versions(
         rig: Rig, loop: asyncio.AbstractEventLoop) -> None:
     rig.add_model()
     call = rig.plane.begin(HTTP, loop)
     with pytest.raises(ModelNotFound, match="Model not found: other"):
-        rig.plane.resolve(call, "other")
+        rig.plane.open(call, "other")
     with pytest.raises(ModelVersionNotFound, match=r"Model version 9\.0 does not exist"):
-        rig.plane.resolve(call, "m", "9.0")
+        rig.plane.open(call, "m", "9.0")
     assert call.model is None
 
 
-def test_admit_refuses_with_503_and_retry_after_when_the_queue_is_full(
+def test_open_refuses_with_503_and_retry_after_when_the_queue_is_full(
         rig: Rig, loop: asyncio.AbstractEventLoop) -> None:
     model, _ = rig.add_model(job_queue_size=2)
     timers = ManualTimers()
     for _ in range(2):
-        rig.plane.admit(model)  # room: no error
         call = rig.plane.begin(HTTP, loop)
-        rig.plane.resolve(call, "m")
-        rig.plane.build(call, [], _body(b"x"))
-        rig.plane.submit(call, None, timers.as_loop())
+        rig.plane.open(call, "m")  # room: no error
+        rig.plane.send(call, [], _body(b"x"), loop=timers.as_loop())
     with pytest.raises(ServiceUnavailable) as refused:
-        rig.plane.admit(model)
+        rig.plane.open(rig.plane.begin(HTTP, loop), "m")
     assert refused.value.http_status == 503
     assert refused.value.headers == {"Retry-After": "1"}
     assert model.batcher.depth == 2
 
 
-# ---- submit and the deadline ------------------------------------------------------------------
+# ---- send: the queue and the deadline ------------------------------------------------------------
 
 
 def _submitted(rig: Rig, loop: asyncio.AbstractEventLoop, timers: ManualTimers,
                client_timeout_s: float | None) -> Call:
     call = rig.plane.begin(HTTP, loop)
-    rig.plane.resolve(call, "m")
-    rig.plane.build(call, [], _body(b"x"))
-    rig.plane.submit(call, client_timeout_s, timers.as_loop())
+    rig.plane.open(call, "m")
+    rig.plane.send(call, [], _body(b"x"), deadline_s=client_timeout_s, loop=timers.as_loop())
     return call
 
 
 @pytest.mark.parametrize(("client_timeout_s", "budget_s"), [
     (None, 5.0), (2.0, 2.0), (10.0, 5.0), (0.25, 0.25)])
-def test_submit_sets_the_deadline_to_the_sooner_of_model_and_client(
+def test_send_sets_the_deadline_to_the_sooner_of_model_and_client(
         rig: Rig, loop: asyncio.AbstractEventLoop, client_timeout_s: float | None,
         budget_s: float) -> None:
     model, _ = rig.add_model(response_timeout_s=5)
@@ -396,7 +402,7 @@ def test_an_answer_before_the_deadline_wins(rig: Rig, loop: asyncio.AbstractEven
     assert call.job.future.result().body == b"echo:x"
 
 
-def test_submit_to_a_model_without_workers_refuses_and_sets_no_timer(
+def test_send_to_a_model_without_workers_refuses_and_sets_no_timer(
         rig: Rig, loop: asyncio.AbstractEventLoop) -> None:
     model, _ = rig.add_model()
     model.workers.clear()
@@ -539,9 +545,8 @@ def test_outcome_cancels_an_abandoned_job_so_the_queue_forgets_it(rig: Rig) -> N
 
     async def scenario() -> None:
         call = rig.plane.begin(HTTP, asyncio.get_running_loop())
-        rig.plane.resolve(call, "m")
-        rig.plane.build(call, [], _body(b"x"))
-        rig.plane.submit(call, None, timers.as_loop())
+        rig.plane.open(call, "m")
+        rig.plane.send(call, [], _body(b"x"), loop=timers.as_loop())
         abandoned: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiting = asyncio.ensure_future(rig.plane.outcome(call, abandoned))
         abandoned.set_result(None)  # the client disconnected
@@ -596,9 +601,8 @@ def test_refusals_are_counted_by_their_reason(rig: Rig) -> None:
 
     async def scenario() -> None:
         filler = rig.plane.begin(HTTP, asyncio.get_running_loop())
-        rig.plane.resolve(filler, "full")
-        rig.plane.build(filler, [], _body(b"x"))
-        rig.plane.submit(filler, None, asyncio.get_running_loop())  # the queue of one is full
+        rig.plane.open(filler, "full")
+        rig.plane.send(filler, [], _body(b"x"))  # the queue of one is full
         assert await ask("full", []) == 503  # queue full
         assert await ask("idle", []) == 503  # no worker
         assert await ask("none", []) == 404  # not a model: no per-model sample

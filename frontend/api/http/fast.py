@@ -4,7 +4,7 @@ httptools' parser callbacks, without an ASGI task per request.
 Everything else on the inference port (``/ping``, KServe, the API description, pipelined or
 upgraded requests, other methods) goes through uvicorn's own ``HttpToolsProtocol``, which
 this class extends, to our ASGI apps. A prediction here follows the same steps as the ASGI
-route (``InferenceApp.model_for``, ``admit``, ``build``, ``answer``): it may be
+route (``InferenceApp.open``, ``send``, ``answer``): it may be
 refused as soon as its headers are parsed (before the body is read), is queued when its body
 is complete, and is answered from a callback on its job's future. That removes the
 per-request task, the ASGI message dicts and a second task watching for a hang-up, which
@@ -126,8 +126,7 @@ class PredictionsProtocol(ServerProtocol):
         prediction = _Prediction(scope, keep_alive, self.plane.begin(origin, self.loop))
         self.cycle = prediction
         try:
-            model = self.inference.model_for(scope, prediction.call)
-            self.inference.admit(model, scope)
+            self.inference.open(scope, prediction.call)
         except ServeError as error:
             self._refuse(prediction, error)
             return
@@ -162,8 +161,7 @@ class PredictionsProtocol(ServerProtocol):
         prediction.chunks = []
         call = prediction.call
         try:
-            self.plane.submit(call, self.inference.build(prediction.scope, body, call),
-                              self.loop)
+            self.inference.send(prediction.scope, body, call, loop=self.loop)
         except ServeError as error:
             self._refuse(prediction, error)
             return

@@ -69,12 +69,13 @@ class InferenceApp(common.Routes):
         status = "Healthy" if healthy else "Unhealthy"
         await common.send_json(send, 200 if healthy else 500, {"status": status})
 
-    # The steps of a /predictions request, shared by the ASGI route below and by the
+    # The two phases of a /predictions request, shared by the ASGI route below and by the
     # connection-level fast path (frontend/api/http/fast.py), which serves nearly all of
     # them; the inference plane does the rest.
 
-    def model_for(self, scope: common.Scope, call: Call) -> Model:
-        """The model a /predictions request names (ServeError: wrong method, token or name)."""
+    def open(self, scope: common.Scope, call: Call) -> Model:
+        """Phase one of a /predictions request, before its body is read: the model it names
+        (ServeError: wrong method, token or name; a full queue; a body declared too big)."""
         if scope["method"] not in _INFERENCE_METHODS:
             raise MethodNotAllowed()
         if self.auth is not None:
@@ -82,17 +83,14 @@ class InferenceApp(common.Routes):
         parts = common.path_parts(scope)
         if len(parts) not in (2, 3):
             raise RouteNotFound()
-        return self.plane.resolve(call, parts[1], parts[2] if len(parts) == 3 else None)
-
-    def admit(self, model: Model, scope: common.Scope) -> None:
-        """Refuse a request before its body is read: full queue, or a body declared too big."""
-        self.plane.admit(model)
+        model = self.plane.open(call, parts[1], parts[2] if len(parts) == 3 else None)
         common.check_content_length(scope, self.config.max_request_size_bytes)
+        return model
 
-    def build(self, scope: common.Scope, body: bytes, call: Call, explain: bool = False
-              ) -> float | None:
-        """The call's worker request from the HTTP request (form fields, or the body);
-        returns the client's own deadline."""
+    def send(self, scope: common.Scope, body: bytes, call: Call, explain: bool = False,
+             loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Phase two, once the body is read: the call's inputs (form fields, or the body)
+        sent through the plane."""
         content_type = ""
         for name, value in scope["headers"]:
             if name == b"content-type":
@@ -101,7 +99,7 @@ class InferenceApp(common.Routes):
             inputs = parse_form(content_type, body, self.config.max_request_inputs)
         else:
             inputs = [("body", body, content_type)]
-        return self.plane.build(call, scope["headers"], inputs, explain=explain)
+        self.plane.send(call, scope["headers"], inputs, explain=explain, loop=loop)
 
     def answer(self, response: worker_pb2.Response, request_id: str,
                sequence_id: str | None = None) -> tuple[int, bytes, bytes, common.Headers]:
@@ -122,11 +120,9 @@ class InferenceApp(common.Routes):
         """A prediction through the ASGI cycle (a request pipelined behind another, or an
         upgrade): the same steps as the fast path; or an explanation (only ever here)."""
         async with self.plane.call(http_origin(scope)) as call:
-            model = self.model_for(scope, call)
-            self.admit(model, scope)
+            self.open(scope, call)
             body = await common.read_body(receive, self.config.max_request_size_bytes)
-            self.plane.submit(call, self.build(scope, body, call, explain),
-                              asyncio.get_running_loop())
+            self.send(scope, body, call, explain)
             result = await answer_unless_gone(self.plane, call, receive)
             if result is None:
                 call.status = 0  # the client went away

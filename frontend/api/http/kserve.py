@@ -15,7 +15,6 @@ item, and the envelope there unwraps it and writes the whole answer.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from frontend import __version__
@@ -113,7 +112,7 @@ class KServeRoutes:
             raise RouteNotFound()
         self._expect(scope, "POST")
         async with self.plane.call(http_origin(scope)) as call:
-            self.plane.admit(self.plane.resolve(call, name))
+            self.plane.open(call, name)
             call.status = await self._v1_predict(call, scope, receive, send,
                                                  verb == "explain")
 
@@ -123,10 +122,10 @@ class KServeRoutes:
         if self.config.service_envelope:
             return await self._enveloped(call, scope, receive, send, body, explain)
         instances = kserve.v1_instances(body, self.config.max_request_instances)
-        timeout_s = self.plane.build(call, scope["headers"],
-                                     [("body", _compact(instances), "application/json")],
-                                     weight=len(instances), instances=True, explain=explain)
-        response = await self._submit(call, timeout_s, receive)
+        self.plane.send(call, scope["headers"],
+                        [("body", _compact(instances), "application/json")],
+                        weight=len(instances), instances=True, explain=explain)
+        response = await self._answer(call, receive)
         if response is None:
             return 0
         headers, failed = await self._send_error(send, call.job.request, response)
@@ -179,7 +178,7 @@ class KServeRoutes:
         elif rest in (["infer"], ["explain"]):
             self._expect(scope, "POST")
             async with self.plane.call(http_origin(scope)) as call:
-                self.plane.admit(self.plane.resolve(call, name, version))
+                self.plane.open(call, name, version)
                 call.status = await self._v2_infer(call, scope, receive, send,
                                                    rest == ["explain"])
         else:
@@ -195,21 +194,19 @@ class KServeRoutes:
         header = kserve.split_v2_body(body, length)
         rows = kserve.v2_rows(kserve.parse_json(header), self.config.max_request_inputs,
                               self.config.max_request_instances)
-        timeout_s = self.plane.build(call, scope["headers"], [("body", body, None)], weight=rows,
-                                     tensor_format=worker_pb2.TENSOR_FORMAT_REST,
-                                     explain=explain)
-        return await self._answer_as_is(call, timeout_s, receive, send)
+        self.plane.send(call, scope["headers"], [("body", body, None)], weight=rows,
+                        tensor_format=worker_pb2.TENSOR_FORMAT_REST, explain=explain)
+        return await self._answer_as_is(call, receive, send)
 
     async def _enveloped(self, call: Call, scope: common.Scope, receive: common.Receive,
                          send: common.Send, body: bytes, explain: bool) -> int:
-        timeout_s = self.plane.build(call, scope["headers"], [("body", body, None)],
-                                     explain=explain)
-        return await self._answer_as_is(call, timeout_s, receive, send)
+        self.plane.send(call, scope["headers"], [("body", body, None)], explain=explain)
+        return await self._answer_as_is(call, receive, send)
 
-    async def _answer_as_is(self, call: Call, timeout_s: float | None,
-                            receive: common.Receive, send: common.Send) -> int:
+    async def _answer_as_is(self, call: Call, receive: common.Receive, send: common.Send
+                            ) -> int:
         """Send the worker's answer as it wrote it (or KServe's error body)."""
-        response = await self._submit(call, timeout_s, receive)
+        response = await self._answer(call, receive)
         if response is None:
             return 0
         headers, failed = await self._send_error(send, call.job.request, response)
@@ -239,10 +236,8 @@ class KServeRoutes:
         await send_kserve_error(send, status, response.error, headers)
         return headers, status
 
-    async def _submit(self, call: Call, timeout_s: float | None, receive: common.Receive
-                      ) -> worker_pb2.Response | None:
-        """Queue the call and wait; None when the client went away meanwhile."""
-        self.plane.submit(call, timeout_s, asyncio.get_running_loop())
+    async def _answer(self, call: Call, receive: common.Receive) -> worker_pb2.Response | None:
+        """The sent call's answer; None when the client went away meanwhile."""
         result = await answer_unless_gone(self.plane, call, receive)
         if isinstance(result, ResponseStream):
             raise InternalError("the handler sent intermediate responses, which KServe's "
