@@ -65,7 +65,7 @@ from pathlib import Path
 from frontend.errors import QueueFull
 from frontend.serving import simulation
 from frontend.serving.batching import Batcher, Job
-from frontend.serving.dispatch import Dispatcher, InFlight
+from frontend.serving.dispatch import Dispatcher
 from frontend.serving.policies import make_policy
 from frontend.serving.simulation import SimulatedTime, SimulatedWorker, linear_service
 from protos import worker_pb2
@@ -288,6 +288,26 @@ _REQUEST = worker_pb2.Request()
 _RESPONSE = worker_pb2.Response(status=200)
 
 
+
+class _PodWorker(SimulatedWorker):
+    """A simulated worker of one pod: it keeps the pod's counts of what is in flight, what
+    was dispatched and how long it queued."""
+
+    def __init__(self, time: SimulatedTime, service: Callable[[int], float], replica: Replica,
+                 answer: Callable[[list[Job]], None]) -> None:
+        super().__init__(time, service, replica.batcher, answer)
+        self._replica = replica
+
+    def frame(self, jobs: list[Job]) -> Frame:
+        self._replica.in_flight += sum(job.weight for job in jobs)
+        return super().frame(jobs)
+
+    def finish(self, jobs: list[Job], reply: Frame, took_s: float) -> Callable[[], None]:
+        self._replica.in_flight -= sum(job.weight for job in jobs)
+        self._replica.dispatched += len(jobs)
+        self._replica.queue_us += sum(job.queue_wait_s for job in jobs) * 1e6
+        return super().finish(jobs, reply, took_s)
+
 class Cluster:
     """Replicas, a round-robin balancer and one autoscaling rule, in simulated time."""
 
@@ -323,24 +343,11 @@ class Cluster:
                           clock=time, call_later=time.call_later)
         replica = Replica(f"pod-{self._serial}", batcher, time.now + ready_in_s)
         for index in range(s.workers):
-            worker = SimulatedWorker(time, self._service)
-
-            def frame_of(jobs: list[Job], worker: SimulatedWorker = worker) -> Frame:
-                replica.in_flight += sum(job.weight for job in jobs)
-                return worker.frame_of(jobs)
-
-            def finish_batch(batch: InFlight, reply: Frame, took_s: float
-                             ) -> Callable[[], None]:
-                replica.batcher.completed(batch.weight, took_s)
-                replica.in_flight -= batch.weight
-                replica.dispatched += len(batch.jobs)
-                replica.queue_us += sum(job.queue_wait_s for job in batch.jobs) * 1e6
-                return lambda: self._answer(batch.jobs)
-
+            worker = _PodWorker(time, self._service, replica, self._answer)
             Dispatcher(f"{replica.name}-W{index}", batcher, worker, timeout_s=math.inf,
-                       max_in_flight=s.batches_in_flight, frame_of=frame_of,
-                       finish_batch=finish_batch, on_done=self._stopped.append,
-                       call_later=time.call_later, clock=time).start()
+                       max_in_flight=s.batches_in_flight, exchange=worker,
+                       on_done=self._stopped.append, call_later=time.call_later,
+                       clock=time).start()
         self.replicas.append(replica)
         time.call_at(replica.ready_at, lambda: self._ready(replica))
 

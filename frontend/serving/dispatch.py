@@ -50,7 +50,7 @@ class DispatchState(enum.Enum):
 
 
 class Connection(Protocol):
-    """What the dispatcher needs of a worker connection (``workers.WorkerConnection``)."""
+    """What the dispatcher needs of a worker connection (``connection.WorkerConnection``)."""
 
     on_partial: Callable[[worker_pb2.Response], None] | None
 
@@ -76,10 +76,23 @@ class InFlight:
         return sum(job.weight for job in self.jobs)
 
 
-#: Accounts for a batch's reply (given the batch, the reply and the seconds the worker spent
-#: on it) and returns what delivers its answers (None: answered already). Raises WorkerDied
-#: when the reply breaks the protocol.
-FinishBatch = Callable[[InFlight, Frame, float], "Callable[[], None] | None"]
+class Exchange(Protocol):
+    """What a batch says to the worker and what its reply means (``exchange.PredictExchange``)."""
+
+    def frame(self, jobs: list[Job]) -> Frame:
+        """The frame that sends a batch of ``jobs``."""
+        ...
+
+    def finish(self, jobs: list[Job], reply: Frame, service_s: float
+               ) -> Callable[[], None] | None:
+        """Account for a batch's reply (the worker spent ``service_s`` on it); what delivers
+        its answers (None: answered already). Raises WorkerDied when the reply breaks the
+        protocol."""
+        ...
+
+    def bound(self, response: worker_pb2.Response) -> worker_pb2.Response:
+        """A streamed part, within the response size limit."""
+        ...
 
 
 class Dispatcher:
@@ -93,9 +106,7 @@ class Dispatcher:
         *,
         timeout_s: float,
         max_in_flight: int,
-        frame_of: Callable[[list[Job]], Frame],
-        finish_batch: FinishBatch,
-        bound: Callable[[worker_pb2.Response], worker_pb2.Response] = lambda part: part,
+        exchange: Exchange,
         on_done: Callable[[BaseException | None], None],
         call_later: CallLater,
         clock: Callable[[], float],
@@ -107,9 +118,7 @@ class Dispatcher:
         self._connection = connection
         self._timeout_s = timeout_s
         self._max_in_flight = max_in_flight
-        self._frame_of = frame_of
-        self._finish_batch = finish_batch
-        self._bound = bound
+        self._exchange = exchange
         self._on_done = on_done
         self._call_later = call_later
         self._clock = clock
@@ -199,7 +208,7 @@ class Dispatcher:
     def _send(self, jobs: list[Job]) -> None:
         batch = InFlight(jobs)
         try:
-            self._connection.send(self._frame_of(jobs),
+            self._connection.send(self._exchange.frame(jobs),
                                   lambda outcome: self._on_reply(batch, outcome))
         except WorkerDied as exc:
             # Never sent: the jobs go back to the queue for another worker.
@@ -234,7 +243,7 @@ class Dispatcher:
                 self._finish(outcome)
             return
         try:
-            deliver = self._finish_batch(batch, outcome, service_s)
+            deliver = self._exchange.finish(batch.jobs, outcome, service_s)
         except BaseException as exc:
             fail_jobs(batch.jobs, exc if isinstance(exc, ServeError)
                       else InternalError(f"{self.name}: {exc}"))
@@ -276,7 +285,7 @@ class Dispatcher:
         for batch in self.in_flight:
             for job in batch.jobs:
                 if job.request.request_id == part.request_id:
-                    job.add_part(self._bound(part))
+                    job.add_part(self._exchange.bound(part))
                     return
         logger.warning("intermediate response for unknown request %s", part.request_id)
 

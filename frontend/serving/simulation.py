@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from frontend.serving.batching import Batcher, Job
-from frontend.serving.dispatch import Dispatcher, InFlight
+from frontend.serving.dispatch import Dispatcher
 from frontend.serving.policies import BatchPolicy
 from protos import worker_pb2
 from protos.framing import Frame, Kind
@@ -128,21 +128,34 @@ _PREDICTED = Frame(Kind.PREDICTED, b"")
 
 class SimulatedWorker:
     """A worker connection (dispatch.Connection) whose handler runs one batch at a time and
-    answers it ``service_s(items)`` after it could start it."""
+    answers it ``service_s(items)`` after it could start it; and its exchange
+    (dispatch.Exchange): a reply tells the batcher how long the batch took, then ``answer``
+    answers its jobs."""
 
-    def __init__(self, time: SimulatedTime, service_s: Callable[[int], float]) -> None:
+    def __init__(self, time: SimulatedTime, service_s: Callable[[int], float],
+                 batcher: Batcher, answer: Callable[[list[Job]], None]) -> None:
         self.on_partial: Callable[[worker_pb2.Response], None] | None = None
         self.batches = 0
         self._time = time
         self._service_s = service_s
+        self._batcher = batcher
+        self._answer = answer
         self._free_at = -math.inf
         self._items = 0
         self._replies: list[SimulatedTimer] = []
 
-    def frame_of(self, jobs: list[Job]) -> Frame:
+    def frame(self, jobs: list[Job]) -> Frame:
         # The Dispatcher builds a batch's frame right before it sends it.
         self._items = sum(job.weight for job in jobs)
         return _PREDICT
+
+    def finish(self, jobs: list[Job], reply: Frame, took_s: float) -> Callable[[], None]:
+        self._batcher.completed(sum(job.weight for job in jobs), took_s)
+        return lambda: self._answer(jobs)
+
+    @staticmethod
+    def bound(response: worker_pb2.Response) -> worker_pb2.Response:
+        return response
 
     def send(self, frame: Frame, on_reply: Callable[[Frame | BaseException], None]) -> None:
         self.batches += 1
@@ -216,16 +229,12 @@ def simulate(
                 if following < duration_s:
                     time.call_at(following, arrive)
 
-    def finish_batch(batch: InFlight, reply: Frame, took_s: float) -> Callable[[], None]:
-        batcher.completed(batch.weight, took_s)
-        return lambda: answer(batch.jobs)
-
-    simulated = [SimulatedWorker(time, service_s) for _ in range(workers)]
+    simulated = [SimulatedWorker(time, service_s, batcher, answer) for _ in range(workers)]
     try:
         for index, worker in enumerate(simulated):
             Dispatcher(f"W-sim-{index}", batcher, worker, timeout_s=math.inf,
-                       max_in_flight=batches_in_flight, frame_of=worker.frame_of,
-                       finish_batch=finish_batch, on_done=ended.append,
+                       max_in_flight=batches_in_flight, exchange=worker,
+                       on_done=ended.append,
                        call_later=time.call_later, clock=time).start()
         if rate_per_s is not None:
             time.call_at(rng.expovariate(rate_per_s), arrive)

@@ -12,26 +12,27 @@ import asyncio
 import collections
 import contextlib
 import enum
-import itertools
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from frontend.errors import GatewayTimeout, InternalError, WorkerDied, worker_error
+from frontend.errors import GatewayTimeout, InternalError, WorkerDied
 from frontend.observe.logs import output_lines
 from frontend.processes import python_module
-from frontend.serving.batching import Batcher, Job, fail_jobs
-from frontend.serving.dispatch import Dispatcher, InFlight
+from frontend.serving.batching import Batcher, Job
+from frontend.serving.connection import WorkerConnection
+from frontend.serving.dispatch import Dispatcher
+from frontend.serving.exchange import PredictExchange
 from frontend.serving.sequences import SequenceLane
-from frontend.serving.wire import read_frame, write_frame
+from frontend.serving.wire import read_frame
 from protos import worker_pb2
 from protos.framing import Frame, Kind, ProtocolError
 
@@ -43,8 +44,6 @@ BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 60.0
 #: Consecutive deaths (or failed starts) after which a worker counts as unhealthy.
 UNHEALTHY_AFTER_FAILURES = 3
-#: How long after a worker process exits its socket is read before being dropped.
-EXIT_GRACE_S = 0.1
 
 
 
@@ -80,160 +79,6 @@ def backoff_s(failures: int) -> float:
     if failures <= 0:
         return 0.0
     return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** (failures - 1))
-
-
-class WorkerConnection:
-    """One live worker process and its socket. Frames sent are answered in order: each
-    sender's ``on_reply`` is called with its reply as the replies are read."""
-
-    def __init__(
-        self,
-        name: str,
-        process: asyncio.subprocess.Process,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
-        self.name = name
-        self.process = process
-        self._reader = reader
-        self._writer = writer
-        loop = asyncio.get_running_loop()
-        #: Called, oldest first, with the replies to the frames outstanding (or with the error
-        #: that ends them).
-        self._replies: collections.deque[Callable[[Frame | BaseException], None]] = (
-            collections.deque())
-        #: Receives each intermediate response (PARTIAL frame) of the batches in flight.
-        self.on_partial: Callable[[worker_pb2.Response], None] | None = None
-        self.closed: asyncio.Future[None] = loop.create_future()
-        self._read_task = loop.create_task(self._read_loop())
-        self._exit_task = loop.create_task(self._watch_exit())
-
-    async def _watch_exit(self) -> None:
-        """End the connection when the process exits, whether or not its socket closes.
-
-        A child the handler forked (multiprocessing, DataLoader workers) may hold the socket
-        open after the worker itself died, so end of file alone would leave its batch waiting
-        for the response timeout. What the worker wrote before it exited is still read first:
-        the socket is dropped a moment after the exit, not at once.
-        """
-        await self.process.wait()
-        if not self.closed.done():
-            asyncio.get_running_loop().call_later(EXIT_GRACE_S, self._drop_socket)
-
-    def _drop_socket(self) -> None:
-        if not self.closed.done():
-            self._writer.transport.abort()  # the reader sees end of file
-
-    async def _read_loop(self) -> None:
-        reason = "closed its socket"
-        try:
-            while True:
-                frame = await read_frame(self._reader)
-                if frame.kind is Kind.PARTIAL:
-                    if self.on_partial is not None:
-                        self.on_partial(worker_pb2.Response.FromString(frame.payload))
-                elif self._replies:
-                    self._reply(frame)
-                else:
-                    logger.warning("%s sent an unexpected %s frame", self.name, frame.kind.name)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        except ProtocolError as exc:
-            reason = f"broke the protocol ({exc})"
-            self.kill()
-        finally:
-            code = await self._exit_code(0.5)
-            if code is not None:
-                reason = f"exited with code {code}"
-            while self._replies:
-                self._reply(WorkerDied(
-                    f"Worker died: {self.name} (pid {self.process.pid}) {reason}"))
-            if not self.closed.done():
-                self.closed.set_result(None)
-
-    def _reply(self, outcome: Frame | BaseException) -> None:
-        on_reply = self._replies.popleft()
-        try:
-            on_reply(outcome)
-        except Exception:  # the reader must go on whatever a callback does
-            logger.exception("%s: handling a reply failed", self.name)
-
-    async def _exit_code(self, wait_s: float) -> int | None:
-        try:
-            return await asyncio.wait_for(self.process.wait(), wait_s)
-        except TimeoutError:
-            return None
-
-    def send(self, frame: Frame, on_reply: Callable[[Frame | BaseException], None]) -> None:
-        """Send one frame; ``on_reply`` is called, from the reader, with the worker's reply
-        frame as soon as it is read, or with WorkerDied if the worker goes first. Raises
-        WorkerDied if the worker is gone already."""
-        if self.closed.done():
-            raise WorkerDied(f"Worker died: {self.name} is gone")
-        try:
-            write_frame(self._writer, frame)
-        except (ConnectionError, RuntimeError) as exc:
-            raise WorkerDied(f"Worker died: {self.name}: {exc}") from None
-        self._replies.append(on_reply)
-
-    def forget_replies(self) -> None:
-        """Stop waiting for the outstanding replies (their senders gave up on them; the
-        worker is being killed)."""
-        self._replies.clear()
-
-    async def request(self, frame: Frame, timeout_s: float) -> Frame:
-        """Send one frame and wait for the worker's reply frame."""
-        loop = asyncio.get_running_loop()
-        reply: asyncio.Future[Frame] = loop.create_future()
-
-        def on_reply(outcome: Frame | BaseException) -> None:
-            if reply.done():
-                return
-            if isinstance(outcome, BaseException):
-                reply.set_exception(outcome)
-            else:
-                reply.set_result(outcome)
-
-        self.send(frame, on_reply)
-        timer = loop.call_later(timeout_s, _expire, reply, timeout_s, self.name)
-        try:
-            await self._writer.drain()
-            return await reply
-        except ConnectionError as exc:
-            raise WorkerDied(f"Worker died: {self.name}: {exc}") from None
-        finally:
-            timer.cancel()
-            if not reply.done():
-                self.forget_replies()
-
-    def kill(self) -> None:
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
-
-    async def close(self, grace_s: float = 5.0) -> None:
-        """Ask the worker to exit, kill it if it does not, and reap it."""
-        if self.process.returncode is None and not self.closed.done():
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                write_frame(self._writer, Frame(Kind.SHUTDOWN))
-                await self._writer.drain()
-        self._writer.close()
-        if await self._exit_code(grace_s) is None:
-            self.kill()
-            await self.process.wait()
-        # The worker leads its own process group (start_new_session): whatever it forked and
-        # left running goes with it, so no orphan keeps its GPU memory, socket or pipes.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._read_task
-        self._exit_task.cancel()
-
-
-def _expire(reply: asyncio.Future[Frame], timeout_s: float, name: str) -> None:
-    if not reply.done():
-        reply.set_exception(GatewayTimeout(
-            f"{name} did not answer within the response timeout of {timeout_s:g} s"))
 
 
 async def _forward_output(stream: asyncio.StreamReader | None, name: str,
@@ -279,7 +124,10 @@ class Worker:
         self._launch = launch
         self._batcher = batcher
         self._on_batch = on_batch
-        self._batch_ids = itertools.count(1)
+        #: Builds its batches' frames and answers their jobs from the replies (one for all
+        #: its lives: batch ids go on counting across restarts).
+        self._exchange = PredictExchange(self.name, self.id, batcher,
+                                         launch.max_response_bytes, self._batch_done)
         loop = asyncio.get_running_loop()
         #: The outcome of the first start: None when the model loaded, else the error.
         self.first_start: asyncio.Future[WorkerStartError | None] = loop.create_future()
@@ -529,7 +377,6 @@ class Worker:
         """
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
-        max_bytes = self._launch.max_response_bytes
 
         def done(error: BaseException | None) -> None:
             if finished.done():
@@ -544,10 +391,7 @@ class Worker:
             self.name, self._batcher, connection,
             timeout_s=self._launch.response_timeout_s,
             max_in_flight=self._launch.batches_in_flight,
-            frame_of=self._batch_frame,
-            finish_batch=self._finish_batch,
-            bound=lambda part: bounded(part, max_bytes),
-            on_done=done, call_later=loop.call_later, clock=time.monotonic)
+            exchange=self._exchange, on_done=done, call_later=loop.call_later, clock=time.monotonic)
         self._dispatcher = dispatcher
 
         def on_exit(_: object) -> None:
@@ -588,39 +432,12 @@ class Worker:
         """Batches sent to the worker and not answered yet."""
         return len(self._dispatcher.in_flight) if self._dispatcher is not None else 0
 
-    def _batch_frame(self, jobs: list[Job]) -> Frame:
-        batch = worker_pb2.PredictBatch(batch_id=next(self._batch_ids))
-        batch.requests.extend(job.request for job in jobs)
-        batch_name = f"{self.id}-{batch.batch_id}"
-        for job in jobs:
-            job.batch_id = batch_name
-        return Frame(Kind.PREDICT, batch.SerializeToString())
-
-    def _finish_batch(self, batch: InFlight, reply: Frame, service_s: float
-                      ) -> Callable[[], None] | None:
-        """Account for a batch's reply. Returns what delivers its answers (the caller runs it
-        once the next batch is on its way), or None when the jobs are answered already."""
-        jobs = batch.jobs
-        result = (worker_pb2.PredictResult.FromString(reply.payload)
-                  if reply.kind is Kind.PREDICTED else None)
-        if self._on_batch is not None:
-            self._on_batch(jobs, result)
+    def _batch_done(self, jobs: list[Job], result: worker_pb2.PredictResult | None) -> None:
+        """A batch's reply was read (``result`` None: the batch failed as a whole)."""
         if result is not None:
             self.failures = 0
-            self._batcher.completed(batch.weight, service_s)
-            if len(result.responses) != len(jobs):
-                fail_jobs(jobs, InternalError(
-                    f"{self.name} returned {len(result.responses)} responses for a batch of "
-                    f"{len(jobs)} requests"))
-                return None
-            responses = result.responses
-            return lambda: _resolve(jobs, responses, self._launch.max_response_bytes)
-        if reply.kind is Kind.ERROR:
-            error = worker_pb2.Error.FromString(reply.payload)
-            fail_jobs(jobs, worker_error(error.code, error.message))
-            return None
-        fail_jobs(jobs, InternalError(f"{self.name} sent {reply.kind.name} to a batch"))
-        raise WorkerDied(f"{self.name} broke the protocol")
+        if self._on_batch is not None:
+            self._on_batch(jobs, result)
 
     async def stop(self, timeout_s: float | None) -> None:
         """Stop after the batches in flight (waiting at most ``timeout_s``; None: no limit)."""
@@ -663,20 +480,3 @@ async def start_failures(workers: Iterable[Worker]) -> list[WorkerStartError]:
 def describe_error(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _resolve(jobs: list[Job], responses: Sequence[worker_pb2.Response], max_bytes: int
-             ) -> None:
-    for job, response in zip(jobs, responses, strict=True):
-        job.resolve(bounded(response, max_bytes))
-
-
-def bounded(response: worker_pb2.Response, max_bytes: int) -> worker_pb2.Response:
-    """The worker's response, or a 500 in its place when its body exceeds max_response_size:
-    the one place that holds the limit, whatever protocol carries the answer."""
-    if len(response.body) <= max_bytes:
-        return response
-    return worker_pb2.Response(
-        request_id=response.request_id, status=500,
-        error=f"the response of {len(response.body)} bytes exceeds max_response_size "
-              f"({max_bytes} bytes)")

@@ -11,7 +11,7 @@ import pytest
 
 from frontend.errors import GatewayTimeout, ServiceUnavailable, WorkerDied
 from frontend.serving.batching import Batcher, Job
-from frontend.serving.dispatch import Dispatcher, DispatchState, InFlight
+from frontend.serving.dispatch import Dispatcher, DispatchState
 from frontend.serving.policies import FixedPolicy
 from frontend.serving.simulation import SimulatedTime
 from protos import worker_pb2
@@ -57,6 +57,33 @@ class FakeConnection:
         self.killed = True
 
 
+class EchoExchange:
+    """The rig's exchange: a batch's frame holds its requests; a reply's responses answer its
+    jobs in order, and the worker's time on each batch is noted."""
+
+    def __init__(self, service_times: list[float]) -> None:
+        self.service_times = service_times
+
+    @staticmethod
+    def frame(jobs: list[Job]) -> Frame:
+        batch = worker_pb2.PredictBatch(requests=[job.request for job in jobs])
+        return Frame(Kind.PREDICT, batch.SerializeToString())
+
+    def finish(self, jobs: list[Job], reply: Frame, service_s: float) -> Callable[[], None]:
+        self.service_times.append(service_s)
+        result = worker_pb2.PredictResult.FromString(reply.payload)
+
+        def deliver() -> None:
+            for job, response in zip(jobs, result.responses, strict=True):
+                job.resolve(response)
+
+        return deliver
+
+    @staticmethod
+    def bound(response: worker_pb2.Response) -> worker_pb2.Response:
+        return response
+
+
 @dataclass
 class Rig:
     loop: asyncio.AbstractEventLoop
@@ -88,24 +115,9 @@ def rig(loop: asyncio.AbstractEventLoop, *, batch_size: int = 2, max_in_flight: 
     done: list[BaseException | None] = []
     service_times: list[float] = []
 
-    def finish(batch: InFlight, reply: Frame, service_s: float) -> Callable[[], None]:
-        service_times.append(service_s)
-        result = worker_pb2.PredictResult.FromString(reply.payload)
-
-        def deliver() -> None:
-            for job, response in zip(batch.jobs, result.responses, strict=True):
-                job.resolve(response)
-
-        return deliver
-
-    def frame_of(jobs: list[Job]) -> Frame:
-        batch = worker_pb2.PredictBatch(requests=[job.request for job in jobs])
-        return Frame(Kind.PREDICT, batch.SerializeToString())
-
     dispatcher = Dispatcher("W-test", batcher, connection, timeout_s=TIMEOUT_S,
-                            max_in_flight=max_in_flight, frame_of=frame_of,
-                            finish_batch=finish, on_done=done.append,
-                            call_later=clock.call_later, clock=clock)
+                            max_in_flight=max_in_flight, exchange=EchoExchange(service_times),
+                            on_done=done.append, call_later=clock.call_later, clock=clock)
     return Rig(loop, clock, batcher, connection, dispatcher, done, service_times)
 
 
@@ -283,10 +295,9 @@ def test_max_in_flight_must_be_positive() -> None:
     async def run() -> None:
         with pytest.raises(ValueError, match="max_in_flight"):
             Dispatcher("W", Batcher(max_batch_size=1, capacity=1, policy=FixedPolicy(1, 0.0)),
-                       FakeConnection(), timeout_s=1, max_in_flight=0, frame_of=lambda j: Frame(
-                           Kind.PREDICT), finish_batch=lambda b, f, s: None,
-                       on_done=lambda e: None, call_later=SimulatedTime().call_later,
-                       clock=SimulatedTime())
+                       FakeConnection(), timeout_s=1, max_in_flight=0,
+                       exchange=EchoExchange([]), on_done=lambda e: None,
+                       call_later=SimulatedTime().call_later, clock=SimulatedTime())
 
     asyncio.run(run())
 

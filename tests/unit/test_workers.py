@@ -1,17 +1,18 @@
-"""The pure pieces of frontend/serving/workers.py: restart backoff, the response size bound,
-how an error is told (the processes themselves: test_worker_supervision.py)."""
+"""The pure pieces of frontend/serving/workers.py and exchange.py: restart backoff, the
+response size bound, how an error is told (the processes themselves:
+test_worker_supervision.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from frontend.errors import GatewayTimeout
+from frontend.serving.exchange import bounded
 from frontend.serving.workers import (
     BACKOFF_FIRST_S,
     BACKOFF_MAX_S,
     WorkerStartError,
     backoff_s,
-    bounded,
     describe_error,
 )
 from protos import worker_pb2
