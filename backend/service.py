@@ -1,37 +1,43 @@
 """ModelService: one loaded model; turns a PredictBatch into a PredictResult.
 
-It decodes the inputs as TorchServe does, calls the handler once per batch, checks that it
-returned one result per request and encodes each result. It returns messages, never wire
-bytes. When the handler raises for a whole batch of several requests, the batch is re-run in
-smaller groups to find the request(s) at fault (``_isolate``), so that the others still get
-their predictions; a failure it cannot isolate is raised, and ``backend.errors.classify``
-maps it to an ErrorCode. Requests that ask for explanations (TorchServe's ``explain`` header)
-and predictions that share a batch run as two batches (``_apart``).
+A batch is planned into runs (``_plan``): explanations apart from predictions (a handler
+explains or predicts a whole batch: TorchServe looks at the first request's header), and,
+with a service envelope that does not join requests, one run per request. Each run calls the
+handler once: every request of it becomes its rows through its codec (backend/codecs.py:
+TorchServe's request, KServe v1 instances, v2 tensors, an envelope), the rows of all go to
+the handler together, and each request's results come back through its codec (``_run``).
+When the handler raises for a whole run of several requests, the run is re-run in smaller
+groups to find the request(s) at fault (``_isolate``), so that the others still get their
+predictions; a failure it cannot isolate is raised, and ``backend.errors.classify`` maps it
+to an ErrorCode. The runs' answers, handler time and metrics are merged in the batch's order.
+It returns messages, never wire bytes.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import logging
-import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from backend import open_inference
-from backend.context import (
-    CONTENT_TYPE,
-    EXPLAIN_HEADER,
-    SEQUENCE_ID_HEADER,
-    Context,
-    read_manifest,
-    read_model_yaml_config,
+from backend.codecs import (
+    Codec,
+    EnvelopeCodec,
+    InstancesCodec,
+    PlainCodec,
+    Segment,
+    TensorsCodec,
+    decode_request,
+    encode_result,
+    failed,
+    is_explanation,
 )
-from backend.envelopes import Envelope, Unwrapped, grpc_answer, make_envelope, v2_document
+from backend.context import SEQUENCE_ID_HEADER, Context, read_manifest, read_model_yaml_config
+from backend.envelopes import Envelope, make_envelope
 from backend.errors import (
     BatchSizeMismatch,
     HandlerLoadError,
@@ -40,19 +46,15 @@ from backend.errors import (
     Unsupported,
     describe,
     is_prediction_exception,
-    request_message,
-    request_status,
 )
 from backend.loader import EntryPoint, add_dependency_dirs, load_entry_point
 from protos import worker_pb2
 
+__all__ = ["ModelService", "Prepared", "encode_result", "load_service"]
+
 logger = logging.getLogger(__name__)
 
-BODY = "body"
-OCTET_STREAM = "application/octet-stream"
-TEXT_PLAIN = "text/plain; charset=utf-8"
-APPLICATION_JSON = "application/json"
-#: Re-running a failed batch in groups stops after this share of the response timeout (from
+#: Re-running a failed run in groups stops after this share of the response timeout (from
 #: the batch's start), leaving the rest to answer in time...
 ISOLATION_TIME_SHARE = 0.5
 #: ...or once it has re-run this many times the batch's requests.
@@ -76,43 +78,82 @@ class ModelService:
         self.response_timeout_s = response_timeout_s
         #: v2 output datatypes declared in model-config.yaml (``outputs``).
         self.declared_outputs = open_inference.declared_datatypes(context.model_yaml_config)
+        # The handler's optional steps, looked up once: a step ahead of the batch (both
+        # halves, or neither) and TorchServe's describe_handle().
+        handler = getattr(entry_point.handle, "__self__", None)
+        prepare_batch = _method(handler, "prepare_batch")
+        handle_prepared = _method(handler, "handle_prepared")
+        self._ahead = ((prepare_batch, handle_prepared)
+                       if prepare_batch and handle_prepared and envelope is None else None)
+        self._describe_handle = _method(handler, "describe_handle")
+        name = entry_point.name
+        self._plain = PlainCodec(decode_input_request, name)
+        self._instances = InstancesCodec(name)
+        self._tensors = TensorsCodec(name, self.declared_outputs, model_version)
+        self._enveloped = (EnvelopeCodec(envelope, decode_input_request, name)
+                           if envelope is not None else None)
 
     def prepare(self, batch: worker_pb2.PredictBatch) -> Prepared | None:
         """What of ``batch`` can be done ahead, while the batch before it runs (the worker's
         reader thread calls this): its requests decoded and, for a handler with a
         ``prepare_batch`` step (the vision handlers: images decoded and moved to the model's
         device), that step. None when there is nothing to do ahead of time."""
-        handler = getattr(self.entry_point.handle, "__self__", None)
-        stage = getattr(handler, "prepare_batch", None)
-        if (not callable(stage) or not callable(getattr(handler, "handle_prepared", None))
-                or self.envelope is not None) or any(
+        if self._ahead is None or any(
                 r.describe or r.instances or r.tensor_format or is_explanation(r)
                 for r in batch.requests):
             return None
         data = [decode_request(r, decode=self.decode_input_request) for r in batch.requests]
-        return Prepared(data, stage(data))
+        return Prepared(data, self._ahead[0](data))
+
+    # -- plan, run, merge ---------------------------------------------------------------------
 
     def predict(self, batch: worker_pb2.PredictBatch, prepared: Prepared | None = None
                 ) -> worker_pb2.PredictResult:
-        """Run one batch (``prepared`` by ``prepare``, or not). Raises when the whole batch
-        failed and the failure could not be pinned on some of its requests (see
+        """Run one batch (``prepared`` by ``prepare``, or not). Raises when a run failed as a
+        whole and the failure could not be pinned on some of its requests (see
         ``errors.classify``)."""
-        started = time.monotonic()
-        try:
-            return self._predict(batch, prepared)
-        except Exception as exc:
-            if (len(batch.requests) < 2 or self.context.partials_sent
-                    or any(r.describe or SEQUENCE_ID_HEADER in r.headers
-                           for r in batch.requests)):
-                # A stateful handler's request must not run twice (its state would count it
-                # twice): a sequence's batch fails as a whole, as in TorchServe.
-                raise
-            return self._isolate(batch, exc, started + ISOLATION_TIME_SHARE
-                                 * self.response_timeout_s)
+        requests = list(batch.requests)
+        isolation = _Isolation(
+            work_left=ISOLATION_WORK * len(requests),
+            deadline=time.monotonic() + ISOLATION_TIME_SHARE * self.response_timeout_s,
+            # A stateful handler's request must not run twice (its state would count it
+            # twice): a sequence's batch fails as a whole, as in TorchServe.
+            allowed=len(requests) >= 2 and not any(
+                r.describe or SEQUENCE_ID_HEADER in r.headers for r in requests))
+        merged = _Merged()
+        described = [r for r in requests if r.describe]
+        if described:
+            merged.add(self._describe(described))
+        runs = self._plan([r for r in requests if not r.describe])
+        for run in runs:
+            ahead = prepared if len(runs) == 1 and len(run) == len(requests) else None
+            merged.add(self._run_isolated(run, ahead, isolation))
+        return merged.result(batch.batch_id, requests)
 
-    def _isolate(self, batch: worker_pb2.PredictBatch, error: Exception,
-                 deadline: float) -> worker_pb2.PredictResult:
-        """The handler raised for the whole batch: re-run its requests in halves, and halves
+    def _plan(self, requests: list[worker_pb2.Request]) -> list[list[worker_pb2.Request]]:
+        """The runs of a batch: predictions, then explanations; one per request with an
+        envelope that does not join requests."""
+        runs: list[list[worker_pb2.Request]] = []
+        for explaining in (False, True):
+            part = [r for r in requests if is_explanation(r) is explaining]
+            if self._enveloped is not None and not self._enveloped.envelope.joins_requests:
+                runs.extend([request] for request in part)
+            elif part:
+                runs.append(part)
+        return runs
+
+    def _run_isolated(self, run: list[worker_pb2.Request], prepared: Prepared | None,
+                      isolation: _Isolation) -> _Merged:
+        try:
+            return self._run(run, prepared)
+        except Exception as exc:
+            if not isolation.allowed or self.context.partials_sent:
+                raise
+            return self._isolate(run, exc, isolation)
+
+    def _isolate(self, run: list[worker_pb2.Request], error: Exception, isolation: _Isolation
+                 ) -> _Merged:
+        """The handler raised for the whole run: re-run its requests in halves, and halves
         of the halves that fail, down to single requests, so that each good request gets its
         prediction and only the request at fault its error (TorchServe fails them all).
 
@@ -122,80 +163,109 @@ class ModelService:
         timeout; requests still grouped then get their group's error. A group that streamed
         intermediate responses is not re-run.
         """
-        requests = list(batch.requests)
+        merged = _Merged()
+        if len(run) == 1:
+            merged.fail(run, error, self.entry_point.name)
+            return merged
         logger.warning("%s failed a batch of %d requests (%s); re-running it in smaller groups "
-                       "to find the request(s) at fault", self.entry_point.name, len(requests),
+                       "to find the request(s) at fault", self.entry_point.name, len(run),
                        describe(error))
-        work_left = ISOLATION_WORK * len(requests)
-        answers: dict[str, worker_pb2.Response] = {}
-        handler_time_ms = 0.0
-        metrics: list[worker_pb2.Metric] = []
-        pending = deque((half, error) for half in _halves(requests))
+        pending = deque((half, error) for half in _halves(run))
         while pending:
             group, group_error = pending.popleft()
-            if len(group) > work_left or time.monotonic() >= deadline:
-                answers.update(self._failed(group, group_error))
+            if len(group) > isolation.work_left or time.monotonic() >= isolation.deadline:
+                merged.fail(group, group_error, self.entry_point.name)
                 continue
-            work_left -= len(group)
+            isolation.work_left -= len(group)
             try:
-                result = self._predict(worker_pb2.PredictBatch(batch_id=batch.batch_id,
-                                                               requests=group))
+                merged.add(self._run(group, None))
             except Exception as exc:
                 if len(group) == 1 or self.context.partials_sent:
-                    answers.update(self._failed(group, exc))
+                    merged.fail(group, exc, self.entry_point.name)
                 else:
                     pending.extend((half, exc) for half in _halves(group))
-                continue
-            handler_time_ms += result.handler_time_ms
-            metrics.extend(result.metrics)
-            answers.update((response.request_id, response) for response in result.responses)
-        return worker_pb2.PredictResult(
-            batch_id=batch.batch_id, handler_time_ms=handler_time_ms, metrics=metrics,
-            responses=[answers[request.request_id] for request in requests])
+        return merged
 
-    def _failed(self, group: list[worker_pb2.Request], error: BaseException
-                ) -> Iterator[tuple[str, worker_pb2.Response]]:
-        for request in group:
-            response = worker_pb2.Response(request_id=request.request_id)
-            yield request.request_id, _fail(response, error, self.entry_point.name)
+    def _run(self, run: list[worker_pb2.Request], prepared: Prepared | None) -> _Merged:
+        """Call the handler once on the rows of ``run``'s requests; their answers."""
+        segments = [Segment(request, self._codec_for(request)) for request in run]
+        rows: list[Any] = []
+        for index, segment in enumerate(segments):
+            try:
+                if prepared is not None:
+                    segment.rows = [prepared.data[index]]
+                else:
+                    segment.codec.decode(segment)
+            except InvalidInput as exc:
+                segment.error, segment.rows = exc, []
+            segment.start = len(rows)
+            rows.extend(segment.rows)
+        merged = _Merged()
+        if not rows:  # nothing could be decoded: the handler is not called
+            for segment in segments:
+                merged.fail([segment.request], segment.error or InvalidInput("no rows"),
+                            self.entry_point.name)
+            return merged
+        context = self.context
+        context.begin_batch(
+            [s.request.request_id for s in segments for _ in s.rows],
+            [dict(s.request.headers) for s in segments for _ in s.rows])
+        tensors = [s for s in segments if s.tensors is not None and s.codec is self._tensors
+                   and s.error is None]
+        self._merge_parameters(tensors)
+        plain = all(segment.codec is self._plain for segment in segments)
+        results, merged.handler_time_ms = self._handle(rows, "requests" if plain else "rows",
+                                                       prepared)
+        outputs = {name: open_inference.split_parameters(values, len(tensors))
+                   for name, values in context.output_parameters.items()}
+        for position, segment in enumerate(tensors):
+            segment.output_parameters = {name: parts[position]
+                                         for name, parts in outputs.items()}
+        for segment in segments:
+            if segment.error is not None:
+                merged.fail([segment.request], segment.error, self.entry_point.name)
+            else:
+                items = results[segment.start:segment.start + len(segment.rows)]
+                merged.answers[id(segment.request)] = segment.codec.encode(
+                    segment, items, context)
+        merged.metrics = [
+            worker_pb2.Metric(name=record.name, unit=record.unit, type=record.metric_type,
+                              value=record.value, dimensions=dict(record.dimensions))
+            for record in context.metrics.drain()]
+        return merged
 
-    def _predict(self, batch: worker_pb2.PredictBatch, prepared: Prepared | None = None
-                 ) -> worker_pb2.PredictResult:
-        if any(r.describe for r in batch.requests):
-            return self._describe(batch)
-        requests = list(batch.requests)
-        explaining = [is_explanation(r) for r in requests]
-        if any(explaining) and not all(explaining):
-            return self._apart(batch, explaining)
-        if self.envelope is not None:
-            return self._predict_enveloped(batch, self.envelope)
-        if any(r.instances or r.tensor_format for r in requests):
-            return self._predict_rows(batch)
-        self.context.begin_batch(
-            [r.request_id for r in requests], [dict(r.headers) for r in requests]
-        )
-        if prepared is None:
-            data = [decode_request(r, decode=self.decode_input_request) for r in requests]
-        else:
-            data = prepared.data
-        results, handler_time_ms = self._handle(data, "requests", prepared)
-        responses = [
-            self._encode(idx, request, item)
-            for idx, (request, item) in enumerate(zip(requests, results, strict=True))
-        ]
-        return self._result(batch, responses, handler_time_ms)
+    def _codec_for(self, request: worker_pb2.Request) -> Codec:
+        if self._enveloped is not None:
+            return self._enveloped
+        if request.instances:
+            return self._instances
+        if request.tensor_format:
+            return self._tensors
+        return self._plain
 
-    def _handle(self, data: list[Any], unit: str, prepared: Prepared | None = None
+    def _merge_parameters(self, tensors: list[Segment]) -> None:
+        """The v2 requests' parameters as the handler reads them: merged into lists
+        (MLServer's rule), the request's and each input's."""
+        requests = [s.tensors for s in tensors if s.tensors is not None]
+        self.context.request_parameters = open_inference.merge_parameters(
+            [t.parameters for t in requests])
+        by_input: dict[str, list[dict[str, Any]]] = {}
+        for request in requests:
+            for tensor in request.inputs:
+                by_input.setdefault(tensor.name, []).append(tensor.parameters)
+        self.context.input_parameters = {
+            name: open_inference.merge_parameters(values) for name, values in by_input.items()}
+
+    def _handle(self, data: list[Any], unit: str, prepared: Prepared | None
                 ) -> tuple[list[Any], float]:
         """Call the handler once on ``data`` (or on what ``prepare`` made of it); one result
         per item, and the time it took."""
         start = time.perf_counter()
         try:
-            if prepared is None:
+            if prepared is None or self._ahead is None:
                 results = self.entry_point.handle(data, self.context)
             else:
-                handler = self.entry_point.handle.__self__  # type: ignore[attr-defined]
-                results = handler.handle_prepared(prepared.staged, self.context)
+                results = self._ahead[1](prepared.staged, self.context)
         except Exception as exc:
             if not (is_prediction_exception(exc) or isinstance(exc, Unsupported)):
                 raise
@@ -206,7 +276,6 @@ class ModelService:
             results = [exc] * len(data)
         handler_time_ms = (time.perf_counter() - start) * 1000.0
         self.context.metrics.add_time("PredictionTime", handler_time_ms)
-
         if not isinstance(results, (list, tuple)):
             raise InvalidHandlerOutput(
                 f"{self.entry_point.name} returned {type(results).__name__}, expected a list "
@@ -219,256 +288,16 @@ class ModelService:
             )
         return list(results), handler_time_ms
 
-    def _result(self, batch: worker_pb2.PredictBatch, responses: list[worker_pb2.Response],
-                handler_time_ms: float) -> worker_pb2.PredictResult:
-        return worker_pb2.PredictResult(
-            batch_id=batch.batch_id, responses=responses, handler_time_ms=handler_time_ms,
-            metrics=[
-                worker_pb2.Metric(name=record.name, unit=record.unit, type=record.metric_type,
-                                  value=record.value, dimensions=dict(record.dimensions))
-                for record in self.context.metrics.drain()
-            ],
-        )
-
-    def _predict_rows(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
-        """A batch with KServe v1 instances or v2 tensors: every request's rows go to the handler
-        in one call (a TorchServe request is one row), and the results are split back."""
-        segments: list[_Segment] = []
-        data: list[Any] = []
-        ids: list[str] = []
-        headers: list[Mapping[str, str]] = []
-        for request in batch.requests:
-            segment = _Segment(request, start=len(data))
-            try:
-                if request.instances:
-                    rows = instance_rows(request)
-                elif request.tensor_format:
-                    segment.tensors = open_inference.decode(
-                        request, _header(request.headers, open_inference.HEADER_LENGTH))
-                    rows = open_inference.rows(segment.tensors)
-                else:
-                    rows = [decode_request(request, decode=self.decode_input_request)]
-            except InvalidInput as exc:
-                segment.error, rows = exc, []
-            segment.count = len(rows)
-            segments.append(segment)
-            data.extend(rows)
-            ids.extend([request.request_id] * len(rows))
-            headers.extend([dict(request.headers)] * len(rows))
-        self.context.begin_batch(ids, headers)
-        tensors = [s.tensors for s in segments if s.tensors is not None and s.error is None]
-        self.context.request_parameters = open_inference.merge_parameters(
-            [t.parameters for t in tensors])
-        by_input: dict[str, list[dict[str, Any]]] = {}
-        for request_tensors in tensors:
-            for tensor in request_tensors.inputs:
-                by_input.setdefault(tensor.name, []).append(tensor.parameters)
-        self.context.input_parameters = {
-            name: open_inference.merge_parameters(values) for name, values in by_input.items()}
-        results, handler_time_ms = self._handle(data, "rows") if data else ([], 0.0)
-        output_parameters = {
-            name: open_inference.split_parameters(values, len(tensors))
-            for name, values in self.context.output_parameters.items()}
-        responses = []
-        position = 0  # among the v2 requests
-        for segment in segments:
-            items = results[segment.start:segment.start + segment.count]
-            if segment.error is not None:
-                response = _fail(worker_pb2.Response(request_id=segment.request.request_id),
-                                 segment.error, self.entry_point.name)
-            elif segment.request.instances:
-                response = self._encode_instances(segment, items)
-            elif segment.tensors is not None:
-                response = self._encode_tensors(segment, items, {
-                    name: parts[position] for name, parts in output_parameters.items()})
-                position += 1
-            else:
-                response = self._encode(segment.start, segment.request, items[0])
-            responses.append(response)
-        return self._result(batch, responses, handler_time_ms)
-
-    def _predict_enveloped(self, batch: worker_pb2.PredictBatch, envelope: Envelope
-                           ) -> worker_pb2.PredictResult:
-        """Every request unwrapped by the envelope into rows, the handler run on them (once for
-        the batch, or once per request: ``Envelope.joins_requests``), each request's results
-        wrapped into its answer. A gRPC ModelInfer request goes through the envelope as the
-        JSON body KServe's TorchServe wrapper made of it, and its answer back into a
-        ModelInferResponse."""
-        segments: list[_Segment] = []
-        for request in batch.requests:
-            segment = _Segment(request, start=0)
-            try:
-                if request.tensor_format == worker_pb2.TENSOR_FORMAT_GRPC:
-                    segment.tensors = open_inference.decode_grpc(request.inputs.get(BODY, b""))
-                    data: dict[str, Any] = {BODY: v2_document(segment.tensors)}
-                else:
-                    data = decode_request(request, decode=self.decode_input_request)
-                segment.unwrapped = envelope.unwrap(data, request.request_id)
-            except InvalidInput as exc:
-                segment.error = exc
-            segments.append(segment)
-        good = [segment for segment in segments if segment.unwrapped is not None]
-        groups = [good] if envelope.joins_requests else [[segment] for segment in good]
-        handler_time_ms = 0.0
-        responses: dict[str, worker_pb2.Response] = {}
-        for group in groups:
-            rows: list[Any] = []
-            ids: list[str] = []
-            headers: list[Mapping[str, str]] = []
-            for segment in group:
-                assert segment.unwrapped is not None
-                segment.start, segment.count = len(rows), len(segment.unwrapped.rows)
-                rows.extend(segment.unwrapped.rows)
-                ids.extend([segment.request.request_id] * segment.count)
-                headers.extend([dict(segment.request.headers)] * segment.count)
-            if not rows:
-                continue
-            self.context.begin_batch(ids, headers)
-            results, took_ms = self._handle(rows, "rows")
-            handler_time_ms += took_ms
-            for segment in group:
-                responses[segment.request.request_id] = self._wrap(
-                    envelope, segment, results[segment.start:segment.start + segment.count])
-        return self._result(batch, [
-            responses.get(segment.request.request_id) or _fail(
-                worker_pb2.Response(request_id=segment.request.request_id),
-                segment.error or InvalidInput("the envelope found no rows"),
-                self.entry_point.name)
-            for segment in segments], handler_time_ms)
-
-    def _wrap(self, envelope: Envelope, segment: _Segment, items: list[Any]
-              ) -> worker_pb2.Response:
-        response = self._row_response(segment)
-        content_type = _pop_content_type(dict(
-            self.context.request_processor[segment.start].get_response_headers()))
-        failure = next((item for item in items if isinstance(item, BaseException)), None)
-        if failure is not None:
-            return _fail(response, failure, self.entry_point.name)
-        assert segment.unwrapped is not None
-        try:
-            answer = envelope.wrap(items, segment.unwrapped, is_explanation(segment.request))
-            if segment.tensors is not None:
-                response.body = grpc_answer(answer, segment.tensors)
-                response.content_type = "application/x-protobuf"
-                return response
-            body, default_type = encode_result(answer)
-        except (InvalidInput, InvalidHandlerOutput, TypeError, ValueError, RecursionError
-                ) as exc:
-            return _fail(response, exc, self.entry_point.name)
-        response.body = body
-        response.content_type = content_type or default_type
-        return response
-
-    def _row_response(self, segment: _Segment) -> worker_pb2.Response:
-        """The status and headers the handler set on the first row of a request."""
-        processor = self.context.request_processor[segment.start]
-        headers = dict(processor.get_response_headers())
-        _pop_content_type(headers)
-        return worker_pb2.Response(
-            request_id=segment.request.request_id,
-            status=processor.get_response_status_code(),
-            reason=processor.get_response_status_phrase(),
-            headers=headers,
-        )
-
-    def _encode_instances(self, segment: _Segment, items: list[Any]) -> worker_pb2.Response:
-        """KServe v1: the JSON array of the request's predictions, in order."""
-        response = self._row_response(segment)
-        failure = next((item for item in items if isinstance(item, BaseException)), None)
-        if failure is not None:
-            return _fail(response, failure, self.entry_point.name)
-        try:
-            response.body = json.dumps(items, default=_json_default).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            return _fail(response, exc, self.entry_point.name)
-        response.content_type = APPLICATION_JSON
-        return response
-
-    def _encode_tensors(self, segment: _Segment, items: list[Any],
-                        output_parameters: dict[str, dict[str, Any]]) -> worker_pb2.Response:
-        """Open Inference Protocol: the request's rows stacked back into output tensors."""
-        response = self._row_response(segment)
-        failure = next((item for item in items if isinstance(item, BaseException)), None)
-        if failure is not None:
-            return _fail(response, failure, self.entry_point.name)
-        assert segment.tensors is not None
-        try:
-            outputs = open_inference.build_outputs(items, self.declared_outputs)
-            for tensor in outputs:
-                tensor.parameters = output_parameters.get(tensor.name, {})
-            body, headers, content_type = open_inference.encode(
-                segment.tensors, outputs, self.context.model_name, self.model_version)
-        except (InvalidInput, InvalidHandlerOutput) as exc:
-            return _fail(response, exc, self.entry_point.name)
-        response.body = body
-        response.headers.update(headers)
-        response.content_type = content_type
-        return response
-
-    def _apart(self, batch: worker_pb2.PredictBatch, explaining: list[bool]
-               ) -> worker_pb2.PredictResult:
-        """Explanations and predictions that met in one batch run as two batches: a handler
-        explains or predicts a whole batch (TorchServe's look at the first request's header)."""
-        responses: dict[str, worker_pb2.Response] = {}
-        handler_time_ms = 0.0
-        metrics: list[worker_pb2.Metric] = []
-        for wanted in (False, True):
-            part = worker_pb2.PredictBatch(batch_id=batch.batch_id, requests=[
-                r for r, explain in zip(batch.requests, explaining, strict=True)
-                if explain is wanted])
-            result = self.predict(part)
-            handler_time_ms += result.handler_time_ms
-            metrics.extend(result.metrics)
-            responses.update((response.request_id, response) for response in result.responses)
-        return worker_pb2.PredictResult(
-            batch_id=batch.batch_id, handler_time_ms=handler_time_ms, metrics=metrics,
-            responses=[responses[request.request_id] for request in batch.requests])
-
-    def _describe(self, batch: worker_pb2.PredictBatch) -> worker_pb2.PredictResult:
-        """Answer describe requests with the handler's ``describe_handle()`` (TorchServe's
-        ``?customized=true``); predictions that share the batch run as a batch of their own."""
-        handler = getattr(self.entry_point.handle, "__self__", None)
-        describe_handle = getattr(handler, "describe_handle", None)
-        metadata = describe_handle() if callable(describe_handle) else {}
+    def _describe(self, requests: Iterable[worker_pb2.Request]) -> _Merged:
+        """Describe requests, answered with the handler's ``describe_handle()`` (TorchServe's
+        ``?customized=true``)."""
+        metadata = self._describe_handle() if self._describe_handle is not None else {}
         body, content_type = encode_result(metadata)
-        rest = worker_pb2.PredictBatch(batch_id=batch.batch_id,
-                                       requests=[r for r in batch.requests if not r.describe])
-        predicted = iter(self.predict(rest).responses if rest.requests else [])
-        return worker_pb2.PredictResult(batch_id=batch.batch_id, responses=[
-            worker_pb2.Response(request_id=r.request_id, status=200, body=body,
-                                content_type=content_type)
-            if r.describe else next(predicted)
-            for r in batch.requests])
-
-    def _encode(self, idx: int, request: worker_pb2.Request, item: Any) -> worker_pb2.Response:
-        processor = self.context.request_processor[idx]
-        headers = dict(processor.get_response_headers())
-        content_type = _pop_content_type(headers)
-        response = worker_pb2.Response(
-            request_id=request.request_id,
-            status=processor.get_response_status_code(),
-            reason=processor.get_response_status_phrase(),
-            headers=headers,
-        )
-        if isinstance(item, BaseException):
-            return _fail(response, item, self.entry_point.name)
-        if isinstance(item, Iterator):
-            # A generator streams its items as intermediate responses; the final response
-            # then carries no body of its own.
-            try:
-                for part in item:
-                    self.context.send_intermediate(idx, part)
-            except Exception as exc:
-                return _fail(response, exc, self.entry_point.name)
-            response.content_type = content_type
-            return response
-        try:
-            body, default_type = encode_result(item)
-        except (TypeError, ValueError, RecursionError) as exc:
-            return _fail(response, exc, self.entry_point.name)
-        response.body = body
-        response.content_type = content_type or default_type
-        return response
+        merged = _Merged()
+        for request in requests:
+            merged.answers[id(request)] = worker_pb2.Response(
+                request_id=request.request_id, status=200, body=body, content_type=content_type)
+        return merged
 
 
 def load_service(message: worker_pb2.LoadModel) -> ModelService:
@@ -507,130 +336,52 @@ class Prepared:
     staged: Any
 
 
-def is_explanation(request: worker_pb2.Request) -> bool:
-    """Whether the request asks for an explanation (TorchServe's ``explain`` header)."""
-    return request.headers.get(EXPLAIN_HEADER) == "True"
+@dataclass(slots=True)
+class _Isolation:
+    """What is left of a batch's budget for re-running requests (``ModelService._isolate``)."""
+
+    work_left: int
+    deadline: float
+    #: False: no request of this batch may run twice (one request, a describe, a sequence).
+    allowed: bool
+
+
+@dataclass(slots=True)
+class _Merged:
+    """Answers of some of a batch's requests, with the handler time and metrics they took.
+
+    Keyed by the request objects of the batch's one list (``predict``'s): request ids may
+    repeat."""
+
+    answers: dict[int, worker_pb2.Response] = field(default_factory=dict)
+    handler_time_ms: float = 0.0
+    metrics: list[worker_pb2.Metric] = field(default_factory=list)
+
+    def add(self, other: _Merged) -> None:
+        self.answers.update(other.answers)
+        self.handler_time_ms += other.handler_time_ms
+        self.metrics.extend(other.metrics)
+
+    def fail(self, requests: Iterable[worker_pb2.Request], error: BaseException,
+             handler: str) -> None:
+        for request in requests:
+            self.answers[id(request)] = failed(
+                worker_pb2.Response(request_id=request.request_id), error, handler)
+
+    def result(self, batch_id: int, requests: list[worker_pb2.Request]
+               ) -> worker_pb2.PredictResult:
+        """The batch's result: one response per request, in the batch's order."""
+        return worker_pb2.PredictResult(
+            batch_id=batch_id, handler_time_ms=self.handler_time_ms, metrics=self.metrics,
+            responses=[self.answers[id(request)] for request in requests])
+
+
+def _method(owner: object, name: str) -> Callable[..., Any] | None:
+    """``owner``'s method ``name``, if it has one."""
+    method = getattr(owner, name, None)
+    return method if callable(method) else None
 
 
 def _halves(requests: list[worker_pb2.Request]) -> list[list[worker_pb2.Request]]:
     middle = len(requests) // 2
     return [requests[:middle], requests[middle:]]
-
-
-@dataclass(slots=True)
-class _Segment:
-    """One request of a row batch: where its rows lie among the handler's data."""
-
-    request: worker_pb2.Request
-    start: int
-    count: int = 0
-    #: The decoded v2 request (Open Inference Protocol requests only).
-    tensors: open_inference.InferRequest | None = None
-    #: Its rows as the service envelope unwrapped them (with an envelope only).
-    unwrapped: Unwrapped | None = None
-    #: Why the request could not be turned into rows (it is answered with this error).
-    error: BaseException | None = None
-
-
-def instance_rows(request: worker_pb2.Request) -> list[Any]:
-    """KServe v1: one row per instance, the instance itself when it is an object, else
-    ``{"data": instance}``."""
-    try:
-        instances = json.loads(request.inputs.get(BODY, b""))
-    except ValueError as exc:
-        raise InvalidInput(f"instances are not valid JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidInput("instances are nested too deeply") from None
-    if not isinstance(instances, list):
-        raise InvalidInput("instances must be a JSON array")
-    return [item if isinstance(item, dict) else {"data": item} for item in instances]
-
-
-def _json_default(value: Any) -> Any:
-    """JSON for what handlers commonly return: tensors and arrays as lists, bytes as text."""
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):
-        return tolist()
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8")
-    raise TypeError(f"a {type(value).__name__} cannot be a KServe prediction (not JSON)")
-
-
-def decode_request(request: worker_pb2.Request, *, decode: bool) -> dict[str, Any]:
-    """One request as a handler sees it: input name -> bytes, str or decoded JSON."""
-    data: dict[str, Any] = {}
-    for name, value in request.inputs.items():
-        if not decode:
-            data[name] = value
-            continue
-        content_type = request.content_types.get(name)
-        if not content_type and name == BODY:
-            content_type = _header(request.headers, CONTENT_TYPE)
-        data[name] = decode_value(value, content_type or "")
-    return data
-
-
-def decode_value(value: bytes, content_type: str) -> Any:
-    """JSON to objects and text/* to str (TorchServe's decode_input_request); else bytes.
-
-    A value that fails to decode is passed on as bytes for the handler to judge.
-    """
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    if media_type == APPLICATION_JSON:
-        try:
-            return json.loads(value)
-        except (ValueError, RecursionError):
-            logger.warning("input declared %s is not valid JSON; passing bytes", content_type)
-            return value
-    if media_type.startswith("text/"):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            logger.warning("input declared %s is not UTF-8; passing bytes", content_type)
-            return value
-    return value
-
-
-def encode_result(item: Any) -> tuple[bytes, str]:
-    """One handler result as bytes and the content type to use if the handler set none.
-
-    Raises TypeError or ValueError when the item cannot be serialised.
-    """
-    if isinstance(item, (bytes, bytearray, memoryview)):
-        return bytes(item), OCTET_STREAM
-    if isinstance(item, str):
-        return item.encode("utf-8"), TEXT_PLAIN
-    torch = sys.modules.get("torch")  # never import torch for a handler that did not
-    if torch is not None and isinstance(item, torch.Tensor):
-        buffer = io.BytesIO()
-        torch.save(item, buffer)
-        return buffer.getvalue(), OCTET_STREAM
-    # TorchServe pretty-prints; clients comparing bodies byte for byte rely on it.
-    return json.dumps(item, indent=2).encode("utf-8"), APPLICATION_JSON
-
-
-def _fail(response: worker_pb2.Response, exc: BaseException, handler: str) -> worker_pb2.Response:
-    logger.warning("%s: request %s failed: %s", handler, response.request_id or "?", describe(exc))
-    response.status = request_status(exc)
-    response.error = request_message(exc)
-    response.error_type = type(exc).__name__
-    response.body = b""
-    response.content_type = ""
-    return response
-
-
-def _pop_content_type(headers: dict[str, str]) -> str:
-    content_type = ""
-    for name in [n for n in headers if n.lower() == CONTENT_TYPE]:
-        content_type = headers.pop(name)
-    return content_type
-
-
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    value = headers.get(name)
-    if value is not None:
-        return value
-    for key, candidate in headers.items():
-        if key.lower() == name:
-            return candidate
-    return None

@@ -1,6 +1,7 @@
 """Echo throughput measured with `wrk`, a C load generator, against TorchServe 0.12 in one run.
 
     .venv/bin/python -m benchmarks.wrk_echo --rounds 3 --duration 10
+    .venv/bin/python -m benchmarks.wrk_echo --no-torchserve --baseline REV   # before/after
 
 One echo handler (examples/echo/echo_handler.py: each request answered with its 100-byte
 body), batch_size 8, max_batch_delay 5 ms, one worker, served by: batchserve with its
@@ -19,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import re
 import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -101,11 +104,25 @@ def loadgen(url: str, duration_s: float) -> float:
     return float(found.group(1))
 
 
+def _source_at(revision: str, work: Path) -> Path:
+    """The project's source as of ``revision`` (git archive), unpacked under ``work``."""
+    tree = work / "baseline"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision],
+                             capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk round")
     parser.add_argument("--no-torchserve", action="store_true")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also serve batchserve as of git revision REV (its source, this "
+                             "venv's packages), for a before/after ratio in the same run")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("needs wrk: apt-get install -y wrk")
@@ -117,14 +134,19 @@ def main() -> int:
     build_echo(store)
     started = time.time()
     with contextlib.ExitStack() as stack:
-        ours = stack.enter_context(Batchserve(store))
+        servers = [("batchserve", stack.enter_context(Batchserve(store)))]
+        if args.baseline:
+            servers.append((f"batchserve@{args.baseline}", stack.enter_context(
+                Batchserve(store, env={"PYTHONPATH": str(_source_at(args.baseline, work))}))))
         targets = []
-        for policy in ("adaptive", "fixed"):
-            name = f"echo_{policy}"
-            ours.register("echo.mar", model_name=name, batch_size=BATCH_SIZE,
-                          max_batch_delay=MAX_BATCH_DELAY_MS, initial_workers=1,
-                          batch_policy=policy)
-            targets.append(Target(f"batchserve {policy}", f"{ours.inference}/predictions/{name}"))
+        for label, server in servers:
+            for policy in ("adaptive", "fixed"):
+                name = f"echo_{policy}"
+                server.register("echo.mar", model_name=name, batch_size=BATCH_SIZE,
+                                max_batch_delay=MAX_BATCH_DELAY_MS, initial_workers=1,
+                                batch_policy=policy)
+                targets.append(Target(f"{label} {policy}",
+                                      f"{server.inference}/predictions/{name}"))
         if not args.no_torchserve:
             bin_dir = torchserve.ensure_venv()
             ts_store = work / "ts-store"
@@ -158,6 +180,14 @@ def main() -> int:
         print(f"| {target.name} | {target.median('rate'):,.0f} | {ratio} | "
               f"{target.median('p50_ms'):.2f} | {target.median('p99_ms'):.2f} | "
               f"{target.lone.p50_ms:.2f} | {target.loadgen_rate:,.0f} |")
+    if args.baseline:
+        for policy in ("adaptive", "fixed"):
+            now, before = (next(t for t in targets if t.name == f"{label} {policy}")
+                           for label in ("batchserve", f"batchserve@{args.baseline}"))
+            print(f"\n{policy}: this tree / {args.baseline} = "
+                  f"{now.median('rate') / before.median('rate'):.2f}x (wrk req/s), lone p50 "
+                  f"{now.lone.p50_ms if now.lone else 0:.2f} vs "
+                  f"{before.lone.p50_ms if before.lone else 0:.2f} ms")
     print("\nrounds (req/s): " + "; ".join(
         f"{t.name}: {', '.join(f'{r.rate:,.0f}' for r in t.runs)}" for t in targets))
     shutil.rmtree(work, ignore_errors=True)
