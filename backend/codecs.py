@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from backend import open_inference
+from backend import open_inference, v2_outputs
 from backend.context import CONTENT_TYPE, EXPLAIN_HEADER, Context
 from backend.envelopes import Envelope, Unwrapped, grpc_answer, v2_document
 from backend.errors import (
@@ -169,10 +169,10 @@ class TensorsCodec(_RowsCodec):
     def _fill(self, response: worker_pb2.Response, content_type: str, segment: Segment,
               items: list[Any], context: Context) -> None:
         assert segment.tensors is not None
-        outputs = open_inference.build_outputs(items, self.declared_outputs)
+        outputs = v2_outputs.build_outputs(items, self.declared_outputs)
         for tensor in outputs:
             tensor.parameters = segment.output_parameters.get(tensor.name, {})
-        response.body, headers, response.content_type = open_inference.encode(
+        response.body, headers, response.content_type = v2_outputs.encode(
             segment.tensors, outputs, context.model_name, self.model_version)
         response.headers.update(headers)
 

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from backend import open_inference
+from backend import open_inference, v2_outputs
 from backend.context import Context
 from backend.errors import HandlerLoadError, InvalidHandlerOutput, InvalidInput
 
@@ -272,9 +272,9 @@ def grpc_answer(answer: Any, request: open_inference.InferRequest) -> bytes:
                     (item if isinstance(item, str) else json.dumps(item)).encode("utf-8")
                     for item in data]
         tensors.append(open_inference.Tensor(output["name"], datatype, list(output["shape"]),
-                                             open_inference.coerce(datatype, data,
+                                             v2_outputs.coerce(datatype, data,
                                                                    output["name"])))
     request.id = str(answer.get("id") or "")
-    body, _, _ = open_inference.encode(request, tensors, str(answer.get("model_name") or ""),
+    body, _, _ = v2_outputs.encode(request, tensors, str(answer.get("model_name") or ""),
                                        str(answer.get("model_version") or ""))
     return body

@@ -5,7 +5,8 @@ binary tensor data (the binary tensor extension), or a serialized ``inference.Mo
 (gRPC). Both decode to one ``InferRequest``. Its tensors are split into rows along their first
 dimension (the handler sees one ``{input_name: row value}`` dict per row, and the rows of every
 request of a batch together), and the handler's per-row results are stacked back into output
-tensors of shape ``[rows, ...]`` per request, encoded the way that request came.
+tensors of shape ``[rows, ...]`` per request, encoded the way that request came
+(backend/v2_outputs.py).
 
 Pure Python (struct) on purpose: the worker needs no numpy or torch for this.
 """
@@ -19,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.errors import InvalidHandlerOutput, InvalidInput
+from backend.errors import InvalidInput
 from protos import open_inference_pb2, worker_pb2
 
 #: Datatype -> struct format of one element (little-endian); BYTES is length-prefixed.
@@ -204,7 +205,7 @@ def decode_grpc(payload: bytes) -> InferRequest:
             raise InvalidInput(f"input {name!r}: FP16 data must be sent as raw_input_contents")
         else:
             data = list(getattr(tensor.contents, CONTENTS_FIELDS[datatype]))
-            _check_elements(name, datatype, data)
+            check_elements(name, datatype, data)
         _check_count(name, shape, len(data))
         inputs.append(Tensor(name, datatype, shape, data, _grpc_parameters(tensor.parameters)))
     outputs = [RequestedOutput(output.name, _grpc_parameters(output.parameters).get(
@@ -309,7 +310,7 @@ def _json_elements(datatype: str, data: Any, name: str) -> list[Any]:
     _flatten_into(data, flat)
     if datatype == "BYTES":
         flat = [item.encode("utf-8") if isinstance(item, str) else item for item in flat]
-    _check_elements(name, datatype, flat)
+    check_elements(name, datatype, flat)
     if datatype in FLOATS:
         flat = [float(item) for item in flat]
     return flat
@@ -329,7 +330,7 @@ def _flatten_into(value: Any, out: list[Any]) -> None:
             stack.pop()
 
 
-def _check_elements(name: str, datatype: str, data: Sequence[Any]) -> None:
+def check_elements(name: str, datatype: str, data: Sequence[Any]) -> None:
     if datatype == "BOOL":
         bad = next((x for x in data if not isinstance(x, bool)), None)
         expected = "true or false"
@@ -403,111 +404,6 @@ def _nest(flat: list[Any], shape: list[int]) -> Any:
     return [_nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
 
 
-def build_outputs(items: Sequence[Any], declared: Mapping[str, str]) -> list[Tensor]:
-    """Stack one request's per-row results into tensors of shape ``[rows, ...]``.
-
-    A row's result is ``{output_name: value}`` or a bare value (output ``DEFAULT_OUTPUT``);
-    values may be scalars, nested lists, or anything with ``tolist()`` (numpy, torch). The
-    datatype is the model-config.yaml's for that output, else inferred: BOOL, INT64, FP32 (for
-    floats) or BYTES. Raises InvalidHandlerOutput.
-    """
-    columns: dict[str, list[Any]] = {}
-    for index, item in enumerate(items):
-        row = item if isinstance(item, Mapping) else {DEFAULT_OUTPUT: item}
-        if index and row.keys() != columns.keys():
-            raise InvalidHandlerOutput(f"row {index} has outputs {sorted(row)}, row 0 has "
-                                       f"{sorted(columns)}")
-        for name, value in row.items():
-            columns.setdefault(str(name), []).append(_plain(value))
-    outputs = []
-    for name, values in columns.items():
-        inner = _shape_of(values[0])
-        flat: list[Any] = []
-        for value in values:
-            _flatten_checked(value, inner, flat, name)
-        datatype = declared.get(name) or _infer_datatype(flat, name)
-        outputs.append(Tensor(name, datatype, [len(values), *inner], coerce(datatype, flat,
-                                                                             name)))
-    return outputs
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):
-        return tolist()
-    return value
-
-
-def _shape_of(value: Any) -> list[int]:
-    if not isinstance(value, list):
-        return []
-    return [len(value), *(_shape_of(value[0]) if value else [])]
-
-
-def _flatten_checked(value: Any, shape: list[int], out: list[Any], name: str) -> None:
-    if not shape:
-        if isinstance(value, list):
-            raise InvalidHandlerOutput(f"output {name!r}: rows differ in shape")
-        out.append(value)
-        return
-    if not isinstance(value, list) or len(value) != shape[0]:
-        raise InvalidHandlerOutput(f"output {name!r}: rows differ in shape (not a rectangular "
-                                   "array)")
-    for item in value:
-        _flatten_checked(item, shape[1:], out, name)
-
-
-def _infer_datatype(flat: Sequence[Any], name: str) -> str:
-    kinds = set()
-    for item in flat:
-        if isinstance(item, bool):
-            kinds.add("BOOL")
-        elif isinstance(item, int):
-            kinds.add("INT64")
-        elif isinstance(item, float):
-            kinds.add("FP32")
-        elif isinstance(item, (str, bytes, bytearray)):
-            kinds.add("BYTES")
-        else:
-            raise InvalidHandlerOutput(f"output {name!r}: cannot encode a "
-                                       f"{type(item).__name__} as a tensor element")
-    if not kinds or (kinds <= {"INT64", "FP32"} and "FP32" in kinds):
-        return "FP32"
-    if len(kinds) == 1:
-        return kinds.pop()
-    raise InvalidHandlerOutput(f"output {name!r} mixes {sorted(kinds)} elements")
-
-
-def coerce(datatype: str, flat: list[Any], name: str) -> list[Any]:
-    """A flat list of output elements as ``datatype`` needs them. Raises InvalidHandlerOutput."""
-    try:
-        if datatype == "BYTES":
-            return [item.encode("utf-8") if isinstance(item, str) else bytes(item)
-                    for item in flat]
-        if datatype in FLOATS:
-            return [float(item) for item in flat]
-        if datatype == "BOOL":
-            _check_elements(name, datatype, flat)
-            return flat
-        converted = [int(item) if isinstance(item, float) and item.is_integer() else item
-                     for item in flat]
-        _check_elements(name, datatype, converted)
-        return converted
-    except (InvalidInput, TypeError, ValueError) as exc:
-        raise InvalidHandlerOutput(f"output {name!r} does not fit {datatype}: {exc}") from None
-
-
-def declared_datatypes(model_config: Mapping[str, Any]) -> dict[str, str]:
-    """Output name -> datatype from the model-config.yaml ``outputs`` list."""
-    declared = {}
-    for entry in model_config.get("outputs") or ():
-        if isinstance(entry, Mapping) and entry.get("datatype") in DATATYPES:
-            declared[str(entry.get("name"))] = str(entry["datatype"])
-    return declared
-
-
 # ---- MLServer's parameter merge and split ----------------------------------------------------
 
 
@@ -536,113 +432,3 @@ def split_parameters(parameters: Mapping[str, Any], count: int) -> list[dict[str
             for part in parts:
                 part[key] = value
     return parts
-
-
-# ---- encoding ---------------------------------------------------------------------------------
-
-
-def _selected(request: InferRequest, outputs: list[Tensor]) -> list[tuple[Tensor, bool]]:
-    if not request.outputs:
-        return [(tensor, request.is_binary_output) for tensor in outputs]
-    by_name = {tensor.name: tensor for tensor in outputs}
-    selected = []
-    for wanted in request.outputs:
-        tensor = by_name.get(wanted.name)
-        if tensor is None:
-            raise InvalidInput(f"unknown output {wanted.name!r}; the model produces "
-                               f"{sorted(by_name)}")
-        is_binary = request.is_binary_output if wanted.is_binary is None else wanted.is_binary
-        selected.append((tensor, is_binary))
-    return selected
-
-
-def encode(request: InferRequest, outputs: list[Tensor], model_name: str,
-           model_version: str, parameters: Mapping[str, Any] | None = None
-           ) -> tuple[bytes, dict[str, str], str]:
-    """The response to ``request``, in its own format: (body, headers, content type).
-
-    Raises InvalidInput for an unknown requested output, InvalidHandlerOutput when an output
-    cannot be encoded.
-    """
-    selected = _selected(request, outputs)
-    if request.tensor_format == worker_pb2.TENSOR_FORMAT_GRPC:
-        return _encode_grpc(request, selected, model_name, model_version, parameters or {}), \
-            {}, "application/x-protobuf"
-    document: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
-    if request.id:
-        document["id"] = request.id
-    if parameters:
-        document["parameters"] = dict(parameters)
-    entries = []
-    blobs = []
-    for tensor, is_binary in selected:
-        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype,
-                                 "shape": tensor.shape}
-        tensor_parameters = dict(tensor.parameters)
-        if is_binary:
-            blob = _pack_output(tensor)
-            tensor_parameters[BINARY_DATA_SIZE] = len(blob)
-            blobs.append(blob)
-        else:
-            entry["data"] = _json_data(tensor)
-        if tensor_parameters:
-            entry["parameters"] = tensor_parameters
-        entries.append(entry)
-    document["outputs"] = entries
-    header = json.dumps(document).encode("utf-8")
-    if not blobs:
-        return header, {}, "application/json"
-    return header + b"".join(blobs), {HEADER_LENGTH: str(len(header))}, \
-        "application/octet-stream"
-
-
-def _pack_output(tensor: Tensor) -> bytes:
-    try:
-        return pack(tensor.datatype, tensor.data)
-    except (struct.error, OverflowError) as exc:
-        raise InvalidHandlerOutput(f"output {tensor.name!r} does not fit {tensor.datatype}: "
-                                   f"{exc}") from None
-
-
-def _json_data(tensor: Tensor) -> list[Any]:
-    if tensor.datatype != "BYTES":
-        return tensor.data
-    try:
-        return [item.decode("utf-8") for item in tensor.data]
-    except UnicodeDecodeError:
-        raise InvalidHandlerOutput(f"output {tensor.name!r} holds bytes that are not UTF-8 "
-                                   "text: request it with binary_data") from None
-
-
-def _encode_grpc(request: InferRequest, selected: list[tuple[Tensor, bool]], model_name: str,
-                 model_version: str, parameters: Mapping[str, Any]) -> bytes:
-    response = open_inference_pb2.ModelInferResponse(
-        model_name=model_name, model_version=model_version, id=request.id)
-    _set_grpc_parameters(response.parameters, parameters)
-    # Raw contents are all or nothing; FP16 has no typed field.
-    is_raw = request.is_binary_output or any(t.datatype == "FP16" for t, _ in selected)
-    for tensor, _ in selected:
-        output = response.outputs.add(name=tensor.name, datatype=tensor.datatype,
-                                      shape=tensor.shape)
-        _set_grpc_parameters(output.parameters, tensor.parameters)
-        if is_raw:
-            response.raw_output_contents.append(_pack_output(tensor))
-        else:
-            try:
-                getattr(output.contents, CONTENTS_FIELDS[tensor.datatype]).extend(tensor.data)
-            except (TypeError, ValueError) as exc:
-                raise InvalidHandlerOutput(f"output {tensor.name!r} does not fit "
-                                           f"{tensor.datatype}: {exc}") from None
-    return bytes(response.SerializeToString())
-
-
-def _set_grpc_parameters(target: Any, parameters: Mapping[str, Any]) -> None:
-    for key, value in parameters.items():
-        if isinstance(value, bool):
-            target[key].bool_param = value
-        elif isinstance(value, int):
-            target[key].int64_param = value
-        elif isinstance(value, str):
-            target[key].string_param = value
-        else:  # lists and floats have no InferParameter field: JSON text
-            target[key].string_param = json.dumps(value)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend import open_inference
+from backend import open_inference, v2_outputs
 from backend.codecs import (
     Codec,
     EnvelopeCodec,
@@ -77,7 +77,7 @@ class ModelService:
         self.model_version = model_version
         self.response_timeout_s = response_timeout_s
         #: v2 output datatypes declared in model-config.yaml (``outputs``).
-        self.declared_outputs = open_inference.declared_datatypes(context.model_yaml_config)
+        self.declared_outputs = v2_outputs.declared_datatypes(context.model_yaml_config)
         # The handler's optional steps, looked up once: a step ahead of the batch (both
         # halves, or neither) and TorchServe's describe_handle().
         handler = getattr(entry_point.handle, "__self__", None)

@@ -233,8 +233,7 @@ def simulate(
     try:
         for index, worker in enumerate(simulated):
             Dispatcher(f"W-sim-{index}", batcher, worker, timeout_s=math.inf,
-                       max_in_flight=batches_in_flight, exchange=worker,
-                       on_done=ended.append,
+                       max_in_flight=batches_in_flight, exchange=worker, on_done=ended.append,
                        call_later=time.call_later, clock=time).start()
         if rate_per_s is not None:
             time.call_at(rng.expovariate(rate_per_s), arrive)
@@ -247,14 +246,18 @@ def simulate(
         loop.close()
     if ended:
         raise RuntimeError(f"a simulated worker stopped: {ended[0]!r}")
+    return _summary(latencies, sum(worker.batches for worker in simulated), last_answer)
+
+
+def _summary(latencies: list[float], batches: int, last_answer_s: float) -> SimulationResult:
     if not latencies:
         return SimulationResult(0, 0, 0.0, 0.0, 0.0, 0.0)
     ordered = sorted(latencies)
     return SimulationResult(
         jobs=len(ordered),
-        batches=sum(worker.batches for worker in simulated),
+        batches=batches,
         mean_latency_s=statistics.fmean(ordered),
         p50_latency_s=ordered[len(ordered) // 2],
         p99_latency_s=ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
-        throughput_per_s=len(ordered) / last_answer,
+        throughput_per_s=len(ordered) / last_answer_s,
     )
