@@ -12,7 +12,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -221,155 +221,139 @@ def _parse_regex_list(text: str) -> tuple[str, ...]:
     return patterns
 
 
+def option(*keys: str, parse: Callable[[str], object], default: Any = MISSING,
+           default_factory: Callable[[], Any] | Any = MISSING) -> Any:
+    """A ServerConfig field read from config.properties ``keys`` (a later alias is the same
+    setting) with ``parse``."""
+    return field(default=default, default_factory=default_factory,
+                 metadata={"keys": keys, "parse": parse})
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    inference_address: Address = Address("127.0.0.1", 8080)
-    management_address: Address = Address("127.0.0.1", 8081)
-    metrics_address: Address = Address("127.0.0.1", 8082)
-    grpc_inference_address: str = "127.0.0.1"
-    grpc_management_address: str = "127.0.0.1"
-    grpc_inference_port: int = 7070
-    grpc_management_port: int = 7071
-    enable_grpc: bool = True
-    model_store: Path | None = None
+    """The server's settings: each field names its config.properties key(s) and parser
+    (``option``), from which ``build_config`` reads them; a field without is not a key."""
+
+    inference_address: Address = option(
+        "inference_address", parse=Address.parse, default=Address("127.0.0.1", 8080))
+    management_address: Address = option(
+        "management_address", parse=Address.parse, default=Address("127.0.0.1", 8081))
+    metrics_address: Address = option(
+        "metrics_address", parse=Address.parse, default=Address("127.0.0.1", 8082))
+    grpc_inference_address: str = option("grpc_inference_address", parse=str, default="127.0.0.1")
+    grpc_management_address: str = option("grpc_management_address", parse=str, default="127.0.0.1")
+    grpc_inference_port: int = option("grpc_inference_port", parse=_parse_port, default=7070)
+    grpc_management_port: int = option("grpc_management_port", parse=_parse_port, default=7071)
+    enable_grpc: bool = option("enable_grpc", parse=parse_bool, default=True)
+    model_store: Path | None = option("model_store", parse=Path, default=None)
     #: ``load_models``: "all", "a.mar", "name=a.mar"; empty means none.
-    load_models: tuple[str, ...] = ()
-    models: Mapping[str, Mapping[str, ConfiguredVersion]] = field(default_factory=dict)
+    load_models: tuple[str, ...] = option("load_models", parse=_parse_load_models, default=())
+    models: Mapping[str, Mapping[str, ConfiguredVersion]] = option(
+        "models", parse=parse_models_json, default_factory=dict)
     #: 0 means one per GPU, or per CPU core when there is no GPU (TorchServe's rule).
-    default_workers_per_model: int = 0
-    job_queue_size: int = 100
-    default_response_timeout_s: int = 120
-    default_startup_timeout_s: int = 120
-    unregister_model_timeout_s: int = 120
-    max_request_size_bytes: int = 6553500
-    max_response_size_bytes: int = 6553500
+    default_workers_per_model: int = option(
+        "default_workers_per_model", parse=_parse_non_negative_int, default=0)
+    job_queue_size: int = option("job_queue_size", parse=_parse_positive_int, default=100)
+    default_response_timeout_s: int = option(
+        "default_response_timeout", parse=_parse_positive_int, default=120)
+    default_startup_timeout_s: int = option(
+        "default_startup_timeout", parse=_parse_positive_int, default=120)
+    unregister_model_timeout_s: int = option(
+        "unregister_model_timeout", parse=_parse_non_negative_int, default=120)
+    max_request_size_bytes: int = option(
+        "max_request_size", parse=_parse_positive_int, default=6553500)
+    max_response_size_bytes: int = option(
+        "max_response_size", parse=_parse_positive_int, default=6553500)
     #: Batches a worker may hold at once: while one computes, the next (full) one is already
     #: there to be prepared. 1 is TorchServe's one batch per worker.
-    batches_in_flight: int = 2
+    batches_in_flight: int = option("batches_in_flight", parse=_parse_positive_int, default=2)
     #: The most inputs one request may carry: form fields, gRPC ``input`` entries, KServe v2
     #: input tensors (400 past it).
-    max_request_inputs: int = 1000
+    max_request_inputs: int = option("max_request_inputs", parse=_parse_positive_int, default=1000)
     #: The most KServe v1 instances (v2 rows: first dimension) one request may carry.
-    max_request_instances: int = 10000
+    max_request_instances: int = option(
+        "max_request_instances", parse=_parse_positive_int, default=10000)
     #: How long a request's head (request line and headers) may take to arrive, from its
     #: first byte (a new connection: from connecting); then 408 and the connection closes.
-    request_header_timeout_s: float = 30.0
+    request_header_timeout_s: float = option(
+        "request_header_timeout", parse=_parse_positive_float, default=30.0)
     #: How long an HTTP connection may wait idle for its next request before it is closed
     #: (raise it above a load balancer's idle timeout, or the balancer may reuse a
     #: connection the server is closing).
-    keep_alive_timeout_s: float = 5.0
+    keep_alive_timeout_s: float = option(
+        "keep_alive_timeout", parse=_parse_positive_float, default=5.0)
     #: None means every visible GPU.
-    number_of_gpu: int | None = None
+    number_of_gpu: int | None = option("number_of_gpu", parse=_parse_non_negative_int, default=None)
     #: How many GPUs the host has; None: count them at start (nvidia-ml-py or /dev). Set, it
     #: places workers on GPUs that are not there (tests of placement on a CPU-only host).
     visible_gpus: int | None = None
     #: Pin each worker to its own CPU cores (CPU inference), cpu_cores_per_worker each.
-    cpu_affinity: bool = False
-    cpu_cores_per_worker: int = 1
-    default_batch_size: int = 1
-    default_max_batch_delay_ms: int = 100
+    cpu_affinity: bool = option("cpu_affinity", parse=parse_bool, default=False)
+    cpu_cores_per_worker: int = option("cpu_cores_per_worker", parse=_parse_positive_int, default=1)
+    default_batch_size: int = option("batch_size", parse=_parse_positive_int, default=1)
+    default_max_batch_delay_ms: int = option(
+        "max_batch_delay", parse=_parse_non_negative_int, default=100)
     #: Server-wide default for models that name none.
-    default_batch_policy: PolicyName = PolicyName.ADAPTIVE
-    enable_model_api: bool = False
-    disable_token_authorization: bool = False
+    default_batch_policy: PolicyName = option(
+        "batch_policy", parse=_parse_policy, default=PolicyName.ADAPTIVE)
+    enable_model_api: bool = option("enable_model_api", parse=parse_bool, default=False)
+    disable_token_authorization: bool = option(
+        "disable_token_authorization", parse=parse_bool, default=False)
     #: What turned token authorization off, as the user wrote it (the flag, the key and its
     #: file, the variable, KServe's mode), for the start banner and the log; "" when on.
     token_authorization_off_by: str = ""
-    token_expiration_min: int = 60
+    token_expiration_min: int = option(
+        "token_expiration_min", parse=_parse_positive_int, default=60)
     #: Where the token key file is written (TorchServe: key_file.json in the working folder).
-    key_file: Path = Path("key_file.json")
+    key_file: Path = option("key_file", parse=Path, default=Path("key_file.json"))
     #: Regexes an archive URL must match in full. Default: nothing outside the model store.
-    allowed_urls: tuple[str, ...] = ()
+    allowed_urls: tuple[str, ...] = option("allowed_urls", parse=_parse_regex_list, default=())
     #: Largest archive an http(s) registration may download.
-    max_archive_size_bytes: int = 4 * 1024**3
+    max_archive_size_bytes: int = option(
+        "max_archive_size", parse=_parse_positive_int, default=4 * 1024**3)
     #: pip-install an archive's requirements file for its model at registration. Off by
     #: default: installing runs code from the archive (frontend/models/dependencies.py).
-    install_py_dep_per_model: bool = False
+    install_py_dep_per_model: bool = option(
+        "install_py_dep_per_model", parse=parse_bool, default=False)
     #: How long creating a model's venv or installing its requirements may take.
-    install_py_dep_timeout_s: float = 600.0
-    limit_max_image_pixels: bool = True
-    decode_input_request: bool = True
+    install_py_dep_timeout_s: float = option(
+        "install_py_dep_timeout", parse=_parse_positive_float, default=600.0)
+    limit_max_image_pixels: bool = option("limit_max_image_pixels", parse=parse_bool, default=True)
+    decode_input_request: bool = option("decode_input_request", parse=parse_bool, default=True)
     #: TorchServe's request envelope for every model (kserve, kservev2, json, body).
-    service_envelope: str = ""
-    default_service_handler: str = ""
-    enable_metrics_api: bool = True
-    metrics_mode: str = "prometheus"
-    log_location: Path = Path("logs")
+    service_envelope: str = option(
+        "service_envelope", parse=_parse_choice(SERVICE_ENVELOPES), default="")
+    default_service_handler: str = option("default_service_handler", parse=str, default="")
+    enable_metrics_api: bool = option("enable_metrics_api", parse=parse_bool, default=True)
+    #: KServe's documented config.properties for TorchServe says metrics_format (TorchServe
+    #: itself reads only metrics_mode): the same setting.
+    metrics_mode: str = option("metrics_mode", "metrics_format", parse=str, default="prometheus")
+    log_location: Path = option("log_location", parse=Path, default=Path("logs"))
     #: One line per request in {log_location}/access_log.log, written off the hot path.
-    enable_access_log: bool = True
+    enable_access_log: bool = option("enable_access_log", parse=parse_bool, default=True)
     #: Private directory for worker sockets and extracted archives; None: a fresh temp dir.
-    run_dir: Path | None = None
-    snapshot_disabled: bool = False
+    run_dir: Path | None = option("run_dir", parse=Path, default=None)
+    snapshot_disabled: bool = option("snapshot_disabled", parse=parse_bool, default=False)
     #: TorchServe's ``model_snapshot`` JSON (KServe's config uses it): models to restore.
-    model_snapshot: Mapping[str, Any] | None = None
+    model_snapshot: Mapping[str, Any] | None = option(
+        "model_snapshot", parse=parse_model_snapshot, default=None)
     #: KServe's ``PROTOCOL_VERSION`` (v1, v2, grpc-v2); set, the server also answers KServe's
     #: REST on ``kserve_rest_port`` and the Open Inference gRPC service on
     #: ``kserve_grpc_port``, where KServe sends them, as TorchServe's wrapper did.
-    kserve_protocol: str = ""
-    kserve_rest_port: int = 8080
-    kserve_grpc_port: int = 8081
+    kserve_protocol: str = option(
+        "kserve_protocol", parse=_parse_choice(KSERVE_PROTOCOLS), default="")
+    kserve_rest_port: int = option("kserve_rest_port", parse=_parse_port, default=8080)
+    kserve_grpc_port: int = option("kserve_grpc_port", parse=_parse_port, default=8081)
     #: Once asked to stop (SIGTERM), how long open requests may take to finish before the
     #: workers are stopped.
-    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    drain_timeout_s: float = option(
+        "drain_timeout", parse=_parse_non_negative_float, default=DEFAULT_DRAIN_TIMEOUT_S)
 
 
-# config.properties key -> (ServerConfig field, parser)
+#: config.properties key -> (ServerConfig field, parser), from the fields' own declarations.
 _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
-    "inference_address": ("inference_address", Address.parse),
-    "management_address": ("management_address", Address.parse),
-    "metrics_address": ("metrics_address", Address.parse),
-    "grpc_inference_address": ("grpc_inference_address", str),
-    "grpc_management_address": ("grpc_management_address", str),
-    "grpc_inference_port": ("grpc_inference_port", _parse_port),
-    "grpc_management_port": ("grpc_management_port", _parse_port),
-    "enable_grpc": ("enable_grpc", parse_bool),
-    "model_store": ("model_store", Path),
-    "load_models": ("load_models", _parse_load_models),
-    "models": ("models", parse_models_json),
-    "default_workers_per_model": ("default_workers_per_model", _parse_non_negative_int),
-    "job_queue_size": ("job_queue_size", _parse_positive_int),
-    "default_response_timeout": ("default_response_timeout_s", _parse_positive_int),
-    "default_startup_timeout": ("default_startup_timeout_s", _parse_positive_int),
-    "unregister_model_timeout": ("unregister_model_timeout_s", _parse_non_negative_int),
-    "max_request_size": ("max_request_size_bytes", _parse_positive_int),
-    "max_response_size": ("max_response_size_bytes", _parse_positive_int),
-    "batches_in_flight": ("batches_in_flight", _parse_positive_int),
-    "max_request_inputs": ("max_request_inputs", _parse_positive_int),
-    "max_request_instances": ("max_request_instances", _parse_positive_int),
-    "request_header_timeout": ("request_header_timeout_s", _parse_positive_float),
-    "keep_alive_timeout": ("keep_alive_timeout_s", _parse_positive_float),
-    "number_of_gpu": ("number_of_gpu", _parse_non_negative_int),
-    "cpu_affinity": ("cpu_affinity", parse_bool),
-    "cpu_cores_per_worker": ("cpu_cores_per_worker", _parse_positive_int),
-    "batch_size": ("default_batch_size", _parse_positive_int),
-    "max_batch_delay": ("default_max_batch_delay_ms", _parse_non_negative_int),
-    "batch_policy": ("default_batch_policy", _parse_policy),
-    "enable_model_api": ("enable_model_api", parse_bool),
-    "disable_token_authorization": ("disable_token_authorization", parse_bool),
-    "token_expiration_min": ("token_expiration_min", _parse_positive_int),
-    "key_file": ("key_file", Path),
-    "allowed_urls": ("allowed_urls", _parse_regex_list),
-    "max_archive_size": ("max_archive_size_bytes", _parse_positive_int),
-    "install_py_dep_per_model": ("install_py_dep_per_model", parse_bool),
-    "install_py_dep_timeout": ("install_py_dep_timeout_s", _parse_positive_float),
-    "limit_max_image_pixels": ("limit_max_image_pixels", parse_bool),
-    "decode_input_request": ("decode_input_request", parse_bool),
-    "service_envelope": ("service_envelope", _parse_choice(SERVICE_ENVELOPES)),
-    "default_service_handler": ("default_service_handler", str),
-    "enable_metrics_api": ("enable_metrics_api", parse_bool),
-    "metrics_mode": ("metrics_mode", str),
-    # KServe's documented config.properties for TorchServe says metrics_format (TorchServe
-    # itself reads only metrics_mode): the same setting.
-    "metrics_format": ("metrics_mode", str),
-    "log_location": ("log_location", Path),
-    "enable_access_log": ("enable_access_log", parse_bool),
-    "run_dir": ("run_dir", Path),
-    "snapshot_disabled": ("snapshot_disabled", parse_bool),
-    "model_snapshot": ("model_snapshot", parse_model_snapshot),
-    "kserve_protocol": ("kserve_protocol", _parse_choice(KSERVE_PROTOCOLS)),
-    "kserve_rest_port": ("kserve_rest_port", _parse_port),
-    "kserve_grpc_port": ("kserve_grpc_port", _parse_port),
-    "drain_timeout": ("drain_timeout_s", _parse_non_negative_float),
+    key: (item.name, item.metadata["parse"])
+    for item in fields(ServerConfig) for key in item.metadata.get("keys", ())
 }
 
 #: TorchServe keys we read elsewhere or accept without effect (no "unknown key" warning).

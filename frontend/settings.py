@@ -1,5 +1,6 @@
-"""A model version's settings: one frozen ``ModelSettings``, the names every source uses for
-each field, and how the sources layer.
+"""A model version's settings: one frozen ``ModelSettings`` whose fields each declare, once,
+the names every source uses for them, their parser and where their default comes from
+(``setting``; ``FIELDS`` is derived from them), and how the sources layer.
 
 Sources, lowest priority first: the server's defaults, ``models=`` in config.properties,
 the archive's model-config.yaml, then the register API (or a snapshot, which replays one).
@@ -18,8 +19,8 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any, TypedDict, cast
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Any, TypeAlias
 
 
 class PolicyName(str, enum.Enum):
@@ -40,89 +41,6 @@ class Source(enum.Enum):
     YAML = "yaml"
     #: the register API's query parameters: TorchServe's parameter names and the aliases.
     API = "api"
-
-
-class SettingsLayer(TypedDict, total=False):
-    """The settings one source sets (field name -> checked value)."""
-
-    batch_size: int
-    max_batch_delay_ms: int
-    min_workers: int
-    max_workers: int
-    response_timeout_s: int
-    startup_timeout_s: int
-    job_queue_size: int
-    device_ids: tuple[int, ...]
-    batch_policy: PolicyName
-    client_timeout_ms: int
-    max_retry_timeout_s: int
-    use_venv: bool
-    sequence_batching: bool
-    sequence_max_idle_ms: int
-    sequence_timeout_ms: int
-    max_num_sequence: int
-    max_sequence_job_queue_size: int
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSettings:
-    """The batching and worker settings in force for one model version."""
-
-    batch_size: int
-    max_batch_delay_ms: int
-    min_workers: int
-    max_workers: int
-    response_timeout_s: int
-    startup_timeout_s: int
-    job_queue_size: int
-    #: GPUs this model's workers may use (model-config.yaml ``deviceIds``); empty: any.
-    device_ids: tuple[int, ...] = ()
-    #: ADAPTIVE (default) or FIXED (TorchServe's behaviour).
-    batch_policy: PolicyName = PolicyName.ADAPTIVE
-    #: A request's deadline when its client sets none (model-config.yaml
-    #: ``clientTimeoutInMills``); 0: ``response_timeout`` alone.
-    client_timeout_ms: int = 0
-    #: model-config.yaml ``maxRetryTimeoutInSec``, shown by describe (TorchServe's default);
-    #: batchserve restarts a failing worker with capped backoff for as long as it fails.
-    max_retry_timeout_s: int = 300
-    #: model-config.yaml ``useVenv``: the workers run in a venv of the model's own
-    #: (frontend/models/dependencies.py).
-    use_venv: bool = False
-    #: A stateful model (TorchServe's ``sequenceBatching``): each sequence's requests run in
-    #: order on one worker (frontend/serving/sequences.py). The limits below are TorchServe's
-    #: model-config.yaml keys and defaults.
-    sequence_batching: bool = False
-    #: A sequence with no request for this long is forgotten (0: not stateful, TorchServe's
-    #: reading: a stateful model must set it).
-    sequence_max_idle_ms: int = 0
-    #: A sequence ends this long after it opened, once idle (0: never).
-    sequence_timeout_ms: int = 0
-    #: Sequences open at once; a new one beyond is refused (503).
-    max_num_sequence: int = 1
-    #: Requests one sequence may have waiting behind the one it is running.
-    max_sequence_job_queue_size: int = 1
-
-    def torchserve_fields(self) -> dict[str, int]:
-        """The settings TorchServe shows under its JSON names (describe bodies, snapshots)."""
-        return {field.json: getattr(self, field.name) for field in FIELDS if field.shown}
-
-    def sequence_fields(self) -> dict[str, object]:
-        """TorchServe's describe fields of a stateful model. As in TorchServe, the limits are
-        in force (and shown) only with a positive sequenceMaxIdleMSec, else they read 0."""
-        active = self.sequence_max_idle_ms > 0
-        return {
-            "stateful": self.sequence_batching,
-            "sequenceMaxIdleMSec": self.sequence_max_idle_ms if active else 0,
-            "sequenceTimeoutMSec": self.sequence_timeout_ms if active else 0,
-            "maxNumSequence": self.max_num_sequence if active else 0,
-            "maxSequenceJobQueueSize": self.max_sequence_job_queue_size if active else 0,
-        }
-
-    def with_workers(self, min_workers: int, max_workers: int) -> ModelSettings:
-        if not 0 <= min_workers <= max_workers:
-            raise ValueError(f"need 0 <= min_workers <= max_workers, got {min_workers} and "
-                             f"{max_workers}")
-        return replace(self, min_workers=min_workers, max_workers=max_workers)
 
 
 # ---- parsing one value ----------------------------------------------------------------------
@@ -209,12 +127,12 @@ def _device_ids(key: str, value: object) -> tuple[int, ...]:
     return tuple(value)
 
 
-# ---- the fields -----------------------------------------------------------------------------
+# ---- the fields ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Field:
-    """One setting and its names."""
+    """One setting and its names (derived from ModelSettings' declarations: ``FIELDS``)."""
 
     name: str
     #: TorchServe's JSON name (properties ``models=``, model-config.yaml, describe, snapshot).
@@ -226,35 +144,105 @@ class Field:
     aliases: tuple[tuple[str, Parse], ...] = ()
     #: in TorchServe's describe body and snapshot.
     shown: bool = True
+    #: The ServerConfig field that holds the server's default (None: the field's default).
+    server_default: str | None = None
 
 
-FIELDS: tuple[Field, ...] = (
-    Field("min_workers", "minWorkers", "initial_workers", integer(0)),
-    Field("max_workers", "maxWorkers", None, integer(0)),
-    Field("batch_size", "batchSize", "batch_size", integer(1),
-          aliases=(("max_batch_size", _mlserver_batch_size),
-                   ("maxBatchSize", _alias_integer(1)))),
-    Field("max_batch_delay_ms", "maxBatchDelay", "max_batch_delay", integer(0),
-          aliases=(("max_batch_time", _duration_ms(1000.0)),
-                   ("maxLatency", _duration_ms(1.0)))),
-    Field("response_timeout_s", "responseTimeout", "response_timeout", integer(1)),
-    Field("startup_timeout_s", "startupTimeout", "startup_timeout", integer(1)),
-    Field("job_queue_size", "jobQueueSize", None, integer(1), shown=False),
-    Field("device_ids", "deviceIds", None, _device_ids, shown=False),
-    Field("batch_policy", "batchPolicy", "batch_policy", policy, shown=False),
-    Field("client_timeout_ms", "clientTimeoutInMills", None, integer(0), shown=False),
-    Field("max_retry_timeout_s", "maxRetryTimeoutInSec", None, integer(0), shown=False),
-    # TorchServe reads it from model-config.yaml only and shows it in describe, not snapshots.
-    Field("use_venv", "useVenv", None, _boolean, shown=False),
-    # Stateful models: model-config.yaml only, as in TorchServe; describe shows them through
-    # ModelSettings.sequence_fields.
-    Field("sequence_batching", "sequenceBatching", None, _boolean, shown=False),
-    Field("sequence_max_idle_ms", "sequenceMaxIdleMSec", None, integer(0), shown=False),
-    Field("sequence_timeout_ms", "sequenceTimeoutMSec", None, integer(0), shown=False),
-    Field("max_num_sequence", "maxNumSequence", None, integer(1), shown=False),
-    Field("max_sequence_job_queue_size", "maxSequenceJobQueueSize", None, integer(1),
-          shown=False),
-)
+def setting(json: str, parse: Parse, *, param: str | None = None,
+            aliases: tuple[tuple[str, Parse], ...] = (), shown: bool = True,
+            server_default: str | None = None, default: Any = MISSING) -> Any:
+    """A ModelSettings field with its names, parser and where its default comes from (see
+    ``Field``): each setting is declared once, and the tables are derived."""
+    return field(default=default, metadata={"names": (json, param, parse, aliases, shown,
+                                                      server_default)})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    """The batching and worker settings in force for one model version, in TorchServe's
+    describe order."""
+
+    min_workers: int = setting("minWorkers", integer(0), param="initial_workers")
+    max_workers: int = setting("maxWorkers", integer(0))
+    batch_size: int = setting(
+        "batchSize", integer(1), param="batch_size", server_default="default_batch_size",
+        aliases=(("max_batch_size", _mlserver_batch_size), ("maxBatchSize", _alias_integer(1))))
+    max_batch_delay_ms: int = setting(
+        "maxBatchDelay", integer(0), param="max_batch_delay",
+        server_default="default_max_batch_delay_ms",
+        aliases=(("max_batch_time", _duration_ms(1000.0)), ("maxLatency", _duration_ms(1.0))))
+    response_timeout_s: int = setting("responseTimeout", integer(1), param="response_timeout",
+                                      server_default="default_response_timeout_s")
+    startup_timeout_s: int = setting("startupTimeout", integer(1), param="startup_timeout",
+                                     server_default="default_startup_timeout_s")
+    job_queue_size: int = setting("jobQueueSize", integer(1), shown=False,
+                                  server_default="job_queue_size")
+    #: GPUs this model's workers may use (model-config.yaml ``deviceIds``); empty: any.
+    device_ids: tuple[int, ...] = setting("deviceIds", _device_ids, shown=False, default=())
+    #: ADAPTIVE (default) or FIXED (TorchServe's behaviour).
+    batch_policy: PolicyName = setting("batchPolicy", policy, param="batch_policy",
+                                       shown=False, server_default="default_batch_policy",
+                                       default=PolicyName.ADAPTIVE)
+    #: A request's deadline when its client sets none (model-config.yaml
+    #: ``clientTimeoutInMills``); 0: ``response_timeout`` alone.
+    client_timeout_ms: int = setting("clientTimeoutInMills", integer(0), shown=False, default=0)
+    #: model-config.yaml ``maxRetryTimeoutInSec``, shown by describe (TorchServe's default);
+    #: batchserve restarts a failing worker with capped backoff for as long as it fails.
+    max_retry_timeout_s: int = setting("maxRetryTimeoutInSec", integer(0), shown=False,
+                                       default=300)
+    #: model-config.yaml ``useVenv``: the workers run in a venv of the model's own
+    #: (frontend/models/dependencies.py). TorchServe reads it from model-config.yaml only and
+    #: shows it in describe, not snapshots.
+    use_venv: bool = setting("useVenv", _boolean, shown=False, default=False)
+    #: A stateful model (TorchServe's ``sequenceBatching``): each sequence's requests run in
+    #: order on one worker (frontend/serving/sequences.py). The limits below are TorchServe's
+    #: model-config.yaml keys and defaults (model-config.yaml only, as in TorchServe; describe
+    #: shows them through ``sequence_fields``).
+    sequence_batching: bool = setting("sequenceBatching", _boolean, shown=False, default=False)
+    #: A sequence with no request for this long is forgotten (0: not stateful, TorchServe's
+    #: reading: a stateful model must set it).
+    sequence_max_idle_ms: int = setting("sequenceMaxIdleMSec", integer(0), shown=False,
+                                        default=0)
+    #: A sequence ends this long after it opened, once idle (0: never).
+    sequence_timeout_ms: int = setting("sequenceTimeoutMSec", integer(0), shown=False,
+                                       default=0)
+    #: Sequences open at once; a new one beyond is refused (503).
+    max_num_sequence: int = setting("maxNumSequence", integer(1), shown=False, default=1)
+    #: Requests one sequence may have waiting behind the one it is running.
+    max_sequence_job_queue_size: int = setting("maxSequenceJobQueueSize", integer(1),
+                                               shown=False, default=1)
+
+    def torchserve_fields(self) -> dict[str, int]:
+        """The settings TorchServe shows under its JSON names (describe bodies, snapshots)."""
+        return {item.json: getattr(self, item.name) for item in FIELDS if item.shown}
+
+    def sequence_fields(self) -> dict[str, object]:
+        """TorchServe's describe fields of a stateful model. As in TorchServe, the limits are
+        in force (and shown) only with a positive sequenceMaxIdleMSec, else they read 0."""
+        active = self.sequence_max_idle_ms > 0
+        return {
+            "stateful": self.sequence_batching,
+            "sequenceMaxIdleMSec": self.sequence_max_idle_ms if active else 0,
+            "sequenceTimeoutMSec": self.sequence_timeout_ms if active else 0,
+            "maxNumSequence": self.max_num_sequence if active else 0,
+            "maxSequenceJobQueueSize": self.max_sequence_job_queue_size if active else 0,
+        }
+
+    def with_workers(self, min_workers: int, max_workers: int) -> ModelSettings:
+        if not 0 <= min_workers <= max_workers:
+            raise ValueError(f"need 0 <= min_workers <= max_workers, got {min_workers} and "
+                             f"{max_workers}")
+        return replace(self, min_workers=min_workers, max_workers=max_workers)
+
+
+
+
+#: Every setting and its names, in ModelSettings' order.
+FIELDS: tuple[Field, ...] = tuple(Field(item.name, *item.metadata["names"])
+                                  for item in fields(ModelSettings))
+
+#: The settings one source sets (field name -> checked value): a partial ModelSettings.
+SettingsLayer: TypeAlias = dict[str, Any]
 
 
 def read_layer(mapping: Mapping[str, object], source: Source) -> SettingsLayer:
@@ -266,26 +254,28 @@ def read_layer(mapping: Mapping[str, object], source: Source) -> SettingsLayer:
     if source is Source.API:  # an empty query parameter is an absent one
         mapping = {key: value for key, value in mapping.items() if value != ""}
     layer: dict[str, object] = {}
-    for field in FIELDS:
-        name = field.param if source is Source.API else field.json
+    for declared in FIELDS:
+        name = declared.param if source is Source.API else declared.json
         if name is not None and mapping.get(name) is not None:
-            layer[field.name] = field.parse(name, mapping[name])
+            layer[declared.name] = declared.parse(name, mapping[name])
             continue
         if source is Source.JSON:
             continue
-        given = [(key, parse(key, mapping[key])) for key, parse in field.aliases
+        given = [(key, parse(key, mapping[key])) for key, parse in declared.aliases
                  if key in mapping]
         if len({value for _, value in given}) > 1:
             listed = ", ".join(f"{key}={value}" for key, value in given)
-            raise ValueError(f"conflicting batch settings: {listed} (both set {field.name})")
+            raise ValueError(f"conflicting batch settings: {listed} (both set {declared.name})")
         if given:
-            layer[field.name] = given[0][1]
-    return cast(SettingsLayer, layer)
+            layer[declared.name] = given[0][1]
+    return layer
 
 
 def resolve(*layers: SettingsLayer) -> ModelSettings:
-    """Stack ``layers`` (later ones win) into complete settings. The first must set every
-    field but ``max_workers``, which defaults to ``min_workers`` and is never below it."""
+    """Stack ``layers`` (later ones win) into complete settings: a field no layer sets takes
+    its declared default (the server's defaults layer, ``ModelLoader.server_defaults``, sets
+    those declared with ``server_default`` and ``min_workers``); ``max_workers`` defaults to
+    ``min_workers`` and is never below it."""
     merged: dict[str, Any] = {}
     for layer in layers:
         merged.update(layer)

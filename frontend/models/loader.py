@@ -28,7 +28,7 @@ from frontend.models.model import BatchRecorder, Model, TensorMetadata
 from frontend.models.registry import ModelRegistry
 from frontend.serving.placement import Placement
 from frontend.serving.workers import WorkerLaunch, start_failures
-from frontend.settings import ModelSettings, SettingsLayer, Source, read_layer, resolve
+from frontend.settings import FIELDS, ModelSettings, SettingsLayer, Source, read_layer, resolve
 from model_archiver import names
 from protos import worker_pb2
 
@@ -120,17 +120,11 @@ class ModelLoader:
         workers = config.default_workers_per_model
         if at_startup and not workers:
             workers = self._placement.gpus.count or self._placement.cores
-        return SettingsLayer(
-            batch_size=config.default_batch_size,
-            max_batch_delay_ms=config.default_max_batch_delay_ms,
-            min_workers=workers,
-            response_timeout_s=config.default_response_timeout_s,
-            startup_timeout_s=config.default_startup_timeout_s,
-            job_queue_size=config.job_queue_size,
-            device_ids=(),
-            batch_policy=config.default_batch_policy,
-            use_venv=False,
-        )
+        # Each setting names the ServerConfig field of its default (frontend/settings.py).
+        layer = {declared.name: getattr(config, declared.server_default)
+                 for declared in FIELDS if declared.server_default is not None}
+        layer["min_workers"] = workers
+        return layer
 
     def _configured(self, name: str, version: str) -> ConfiguredVersion:
         """What config.properties ``models=`` says of this version (nothing: the defaults)."""
