@@ -27,7 +27,7 @@ MODEL_LOG = "model_log.log"
 #: one process write their workers' output to their own model_log.log).
 MODEL_LOGGER = "batchserve.model"
 FLUSH_INTERVAL_S = 0.2
-_LINE = '%s %s "%s %s %s" %d %.1fms model=%s version=%s queue_ms=%.2f batch=%d\n'
+_LINE = '%s %s "%s %s %s" %d %.1fms model=%s version=%s queue_ms=%.2f batch=%d'
 
 
 def escape(text: str) -> str:
@@ -109,10 +109,16 @@ class AccessLog:
         if self._file is None or not self._pending:
             return
         entries, self._pending = self._pending, []
-        self._file.write("".join(
-            _LINE % (self._timestamp(cast(float, entry[0])),
-                     *(escape(field) if type(field) is str else field for field in entry[1:]))
-            for entry in entries))
+        lines = []
+        for entry in entries:
+            stamp = self._timestamp(cast(float, entry[0]))
+            line = _LINE % (stamp, *entry[1:])
+            if not line.isprintable():  # rare: a field holds what must be escaped
+                line = _LINE % (stamp, *(escape(field) if type(field) is str else field
+                                         for field in entry[1:]))
+            lines.append(line)
+        lines.append("")
+        self._file.write("\n".join(lines))
         self._file.flush()
 
     def close(self) -> None:
