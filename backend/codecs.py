@@ -22,7 +22,6 @@ import json
 import logging
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from backend import open_inference, v2_outputs
@@ -45,22 +44,26 @@ TEXT_PLAIN = "text/plain; charset=utf-8"
 APPLICATION_JSON = "application/json"
 
 
-@dataclass(slots=True, eq=False)
 class Segment:
-    """One request of a run: its codec, its rows and where they start among the run's rows."""
+    """One request of a run: its codec, its rows and where they start among the run's rows.
+    (A plain class: one is made per request.)"""
 
-    request: worker_pb2.Request
-    codec: Codec
-    rows: list[Any] = field(default_factory=list)
-    start: int = 0
-    #: The decoded v2 request (Open Inference requests, and gRPC ones through an envelope).
-    tensors: open_inference.InferRequest | None = None
-    #: Its rows as the service envelope unwrapped them (with an envelope only).
-    unwrapped: Unwrapped | None = None
-    #: The v2 output parameters the handler set for this request (``TensorsCodec``).
-    output_parameters: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: Why the request could not be decoded (it is answered with this error).
-    error: BaseException | None = None
+    __slots__ = ("codec", "error", "output_parameters", "request", "rows", "start", "tensors",
+                 "unwrapped")
+
+    def __init__(self, request: worker_pb2.Request, codec: Codec) -> None:
+        self.request = request
+        self.codec = codec
+        self.rows: list[Any] = []
+        self.start = 0
+        #: The decoded v2 request (Open Inference requests, and gRPC ones through an envelope).
+        self.tensors: open_inference.InferRequest | None = None
+        #: Its rows as the service envelope unwrapped them (with an envelope only).
+        self.unwrapped: Unwrapped | None = None
+        #: The v2 output parameters the handler set for this request (``TensorsCodec``).
+        self.output_parameters: dict[str, dict[str, Any]] = {}
+        #: Why the request could not be decoded (it is answered with this error).
+        self.error: BaseException | None = None
 
 
 class Codec(Protocol):

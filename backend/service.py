@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,13 @@ from backend.codecs import (
     failed,
     is_explanation,
 )
-from backend.context import SEQUENCE_ID_HEADER, Context, read_manifest, read_model_yaml_config
+from backend.context import (
+    EXPLAIN_HEADER,
+    SEQUENCE_ID_HEADER,
+    Context,
+    read_manifest,
+    read_model_yaml_config,
+)
 from backend.envelopes import Envelope, make_envelope
 from backend.errors import (
     BatchSizeMismatch,
@@ -113,34 +119,38 @@ class ModelService:
         whole and the failure could not be pinned on some of its requests (see
         ``errors.classify``)."""
         requests = list(batch.requests)
+        described, predicted, explained = [], [], []
+        stateful = False
+        for request in requests:  # one pass: protobuf fields are slow to read
+            if request.describe:
+                described.append(request)
+            elif request.headers.get(EXPLAIN_HEADER) == "True":
+                explained.append(request)
+            else:
+                predicted.append(request)
+            stateful = stateful or SEQUENCE_ID_HEADER in request.headers
         isolation = _Isolation(
             work_left=ISOLATION_WORK * len(requests),
             deadline=time.monotonic() + ISOLATION_TIME_SHARE * self.response_timeout_s,
             # A stateful handler's request must not run twice (its state would count it
             # twice): a sequence's batch fails as a whole, as in TorchServe.
-            allowed=len(requests) >= 2 and not any(
-                r.describe or SEQUENCE_ID_HEADER in r.headers for r in requests))
-        merged = _Merged()
-        described = [r for r in requests if r.describe]
-        if described:
-            merged.add(self._describe(described))
-        runs = self._plan([r for r in requests if not r.describe])
+            allowed=len(requests) >= 2 and not described and not stateful)
+        runs = self._plan(predicted, explained)
+        if not described and len(runs) == 1:  # the common batch: one run, nothing to merge
+            return self._run_isolated(runs[0], prepared, isolation).result(
+                batch.batch_id, requests)
+        merged = self._describe(described)
         for run in runs:
-            ahead = prepared if len(runs) == 1 and len(run) == len(requests) else None
-            merged.add(self._run_isolated(run, ahead, isolation))
+            merged.add(self._run_isolated(run, None, isolation))
         return merged.result(batch.batch_id, requests)
 
-    def _plan(self, requests: list[worker_pb2.Request]) -> list[list[worker_pb2.Request]]:
-        """The runs of a batch: predictions, then explanations; one per request with an
-        envelope that does not join requests."""
-        runs: list[list[worker_pb2.Request]] = []
-        for explaining in (False, True):
-            part = [r for r in requests if is_explanation(r) is explaining]
-            if self._enveloped is not None and not self._enveloped.envelope.joins_requests:
-                runs.extend([request] for request in part)
-            elif part:
-                runs.append(part)
-        return runs
+    def _plan(self, predicted: list[worker_pb2.Request], explained: list[worker_pb2.Request]
+              ) -> list[list[worker_pb2.Request]]:
+        """The runs of a batch: its predictions, then its explanations; one per request with
+        an envelope that does not join requests."""
+        if self._enveloped is not None and not self._enveloped.envelope.joins_requests:
+            return [[request] for request in (*predicted, *explained)]
+        return [part for part in (predicted, explained) if part]
 
     def _run_isolated(self, run: list[worker_pb2.Request], prepared: Prepared | None,
                       isolation: _Isolation) -> _Merged:
@@ -188,9 +198,17 @@ class ModelService:
 
     def _run(self, run: list[worker_pb2.Request], prepared: Prepared | None) -> _Merged:
         """Call the handler once on the rows of ``run``'s requests; their answers."""
-        segments = [Segment(request, self._codec_for(request)) for request in run]
+        enveloped, plain_codec = self._enveloped, self._plain
+        segments = [Segment(request, enveloped or (
+            plain_codec if not (request.instances or request.tensor_format)
+            else self._codec_for(request))) for request in run]
         rows: list[Any] = []
+        ids: list[str] = []
+        headers: list[Mapping[str, str]] = []
+        plain = True  # TorchServe's requests only: the common run, with no v2 parameters
         for index, segment in enumerate(segments):
+            request = segment.request
+            plain = plain and segment.codec is self._plain
             try:
                 if prepared is not None:
                     segment.rows = [prepared.data[index]]
@@ -200,6 +218,9 @@ class ModelService:
                 segment.error, segment.rows = exc, []
             segment.start = len(rows)
             rows.extend(segment.rows)
+            count = len(segment.rows)
+            ids.extend([request.request_id] * count)
+            headers.extend([dict(request.headers)] * count)
         merged = _Merged()
         if not rows:  # nothing could be decoded: the handler is not called
             for segment in segments:
@@ -207,27 +228,22 @@ class ModelService:
                             self.entry_point.name)
             return merged
         context = self.context
-        context.begin_batch(
-            [s.request.request_id for s in segments for _ in s.rows],
-            [dict(s.request.headers) for s in segments for _ in s.rows])
-        tensors = [s for s in segments if s.tensors is not None and s.codec is self._tensors
-                   and s.error is None]
-        self._merge_parameters(tensors)
-        plain = all(segment.codec is self._plain for segment in segments)
+        context.begin_batch(ids, headers)
+        tensors = [] if plain else [s for s in segments if s.codec is self._tensors
+                                    and s.tensors is not None and s.error is None]
+        if tensors:
+            self._merge_parameters(tensors)
         results, merged.handler_time_ms = self._handle(rows, "requests" if plain else "rows",
                                                        prepared)
-        outputs = {name: open_inference.split_parameters(values, len(tensors))
-                   for name, values in context.output_parameters.items()}
-        for position, segment in enumerate(tensors):
-            segment.output_parameters = {name: parts[position]
-                                         for name, parts in outputs.items()}
+        if tensors:
+            self._split_parameters(tensors)
+        answers = merged.answers
         for segment in segments:
             if segment.error is not None:
                 merged.fail([segment.request], segment.error, self.entry_point.name)
             else:
                 items = results[segment.start:segment.start + len(segment.rows)]
-                merged.answers[id(segment.request)] = segment.codec.encode(
-                    segment, items, context)
+                answers[id(segment.request)] = segment.codec.encode(segment, items, context)
         merged.metrics = [
             worker_pb2.Metric(name=record.name, unit=record.unit, type=record.metric_type,
                               value=record.value, dimensions=dict(record.dimensions))
@@ -255,6 +271,14 @@ class ModelService:
                 by_input.setdefault(tensor.name, []).append(tensor.parameters)
         self.context.input_parameters = {
             name: open_inference.merge_parameters(values) for name, values in by_input.items()}
+
+    def _split_parameters(self, tensors: list[Segment]) -> None:
+        """The output parameters the handler set, split back per v2 request."""
+        outputs = {name: open_inference.split_parameters(values, len(tensors))
+                   for name, values in self.context.output_parameters.items()}
+        for position, segment in enumerate(tensors):
+            segment.output_parameters = {name: parts[position]
+                                         for name, parts in outputs.items()}
 
     def _handle(self, data: list[Any], unit: str, prepared: Prepared | None
                 ) -> tuple[list[Any], float]:
@@ -288,12 +312,14 @@ class ModelService:
             )
         return list(results), handler_time_ms
 
-    def _describe(self, requests: Iterable[worker_pb2.Request]) -> _Merged:
+    def _describe(self, requests: list[worker_pb2.Request]) -> _Merged:
         """Describe requests, answered with the handler's ``describe_handle()`` (TorchServe's
         ``?customized=true``)."""
+        merged = _Merged()
+        if not requests:
+            return merged
         metadata = self._describe_handle() if self._describe_handle is not None else {}
         body, content_type = encode_result(metadata)
-        merged = _Merged()
         for request in requests:
             merged.answers[id(request)] = worker_pb2.Response(
                 request_id=request.request_id, status=200, body=body, content_type=content_type)
