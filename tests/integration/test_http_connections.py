@@ -332,3 +332,20 @@ def test_a_malformed_body_behind_a_pipelined_request_is_answered_in_its_turn(
     _assert_refused_and_closed(connection, "pipelined")
     # The server is still up, and the refusals were counted.
     assert echo.predict("echo", b"after").content == b"after"
+
+
+@pytest.mark.parametrize("path", [b"/predictions/echo", b"/v1/models/echo:predict"])
+@pytest.mark.parametrize("after", [b"GARBAGE\x01\r\n\r\n", b"\x01", b"zz\r\n"])
+def test_a_complete_request_before_bad_bytes_is_answered_before_the_400(
+        echo: RunningServer, path: bytes, after: bytes) -> None:
+    """The bad bytes belong to the next request's head, not to the body before them: the
+    request whose body was whole gets its own answer first."""
+    connection = Connection(echo)
+    try:
+        connection.sock.sendall(_chunked_head(b"POST", path, b"Content-Type: application/json")
+                                + b'e\r\n{"instances":[\r\n3\r\n1]}\r\n0\r\n\r\n' + after)
+        status, _, body = connection.response()
+        assert status == 200, body
+        _assert_refused_and_closed(connection, repr(after))
+    finally:
+        connection.close()

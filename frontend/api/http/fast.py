@@ -153,6 +153,7 @@ class PredictionsProtocol(ServerProtocol):
         if type(prediction) is not _Prediction:
             super().on_message_complete()
             return
+        self._in_body = False
         prediction.body_done = True
         if prediction.response_complete:
             return

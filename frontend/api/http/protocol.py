@@ -135,7 +135,7 @@ class ServerProtocol(HttpToolsProtocol):
                 if isinstance(exc, httptools.HttpParserCallbackError):
                     logger.error("parsing an HTTP request failed", exc_info=exc)
                 error = BadRequest(f"Invalid HTTP request: {exc}")
-                if self._in_body:
+                if self._in_body and not self._in_head:
                     self._refuse_body(error)
                 else:
                     self._refuse_head(error)
@@ -171,6 +171,7 @@ class ServerProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._in_body = False
         self._in_head = self._began_in_chunk = self._spoken = True
         self._idle_since = None
         self._head_bytes = 0
