@@ -147,7 +147,7 @@ class KServeV2Envelope(Envelope):
             array = self.numpy.array(values).reshape(tuple(shape))
         except (ValueError, TypeError) as exc:
             raise InvalidInput(f"input {name!r}: its data does not fit its shape "
-                               f"{str(shape)[:80]}: {exc}") from None
+                               f"{open_inference.shown_shape(shape)}: {exc}") from None
         # An empty array of a huge shape ([[]] as [1, 3000000, 0]) holds nothing, yet its
         # lists would be millions.
         open_inference.ShapeBudget(array.size, "elements").spend(name, list(array.shape))

@@ -196,7 +196,7 @@ def decode_grpc(payload: bytes) -> InferRequest:
         shape = list(tensor.shape)
         if not shape or any(dim < 0 for dim in shape):
             raise InvalidInput(f"input {name!r}: the shape must be a list of sizes, first the "
-                               f"batch dimension; got {_shown(shape)}")
+                               f"batch dimension; got {shown_shape(shape)}")
         budget.spend(name, shape)
         count = math.prod(shape)
         if raw:
@@ -238,7 +238,7 @@ def _tensor_header(raw: Mapping[str, Any], where: str) -> tuple[str, str, list[i
     if (not isinstance(shape, list) or not shape
             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
         raise InvalidInput(f"input {name!r}: 'shape' must be a list of sizes, first the batch "
-                           f"dimension; got {_shown(shape)}")
+                           f"dimension; got {shown_shape(shape)}")
     return name, datatype, shape
 
 
@@ -264,12 +264,12 @@ class ShapeBudget:
             self.left -= product
             if self.left < 0:
                 raise InvalidInput(
-                    f"input {name!r}: its shape {_shown(shape)} describes more rows and nested "
-                    f"lists than a request of {self.size} can hold (an empty "
-                    "tensor's dimensions count too)")
+                    f"input {name!r}: its shape {shown_shape(shape)} describes more rows and "
+                    f"nested lists than a request of {self.size} can hold (an empty tensor's "
+                    "dimensions count too)")
 
 
-def _shown(shape: object) -> str:
+def shown_shape(shape: object) -> str:
     """A shape for an error message, cut short."""
     text = repr(shape)
     return text if len(text) <= 80 else text[:80] + "...]"
@@ -285,7 +285,7 @@ def _check_count(name: str, shape: list[int], count: int) -> None:
     expected = math.prod(shape)
     if count != expected:
         raise InvalidInput(f"input {name!r} has {count} elements, but its shape "
-                           f"{_shown(shape)} holds {expected}")
+                           f"{shown_shape(shape)} holds {expected}")
 
 
 def _parameters(raw: object, where: str) -> dict[str, Any]:

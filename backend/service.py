@@ -37,7 +37,6 @@ from backend.codecs import (
     is_explanation,
 )
 from backend.context import (
-    EXPLAIN_HEADER,
     SEQUENCE_ID_HEADER,
     Context,
     read_manifest,
@@ -124,7 +123,7 @@ class ModelService:
         for request in requests:  # one pass: protobuf fields are slow to read
             if request.describe:
                 described.append(request)
-            elif request.headers.get(EXPLAIN_HEADER) == "True":
+            elif is_explanation(request):
                 explained.append(request)
             else:
                 predicted.append(request)
@@ -198,10 +197,7 @@ class ModelService:
 
     def _run(self, run: list[worker_pb2.Request], prepared: Prepared | None) -> _Merged:
         """Call the handler once on the rows of ``run``'s requests; their answers."""
-        enveloped, plain_codec = self._enveloped, self._plain
-        segments = [Segment(request, enveloped or (
-            plain_codec if not (request.instances or request.tensor_format)
-            else self._codec_for(request))) for request in run]
+        segments = [Segment(request, self._codec_for(request)) for request in run]
         rows: list[Any] = []
         ids: list[str] = []
         headers: list[Mapping[str, str]] = []

@@ -40,9 +40,9 @@ def _problem(what: str, value: str, max_chars: int) -> str | None:
         return f"invalid {what} {shown}: at most {max_chars} characters ({len(value)} given)"
     if not NAME_PATTERN.fullmatch(value):
         return f"invalid {what} {shown}: use {_CHARACTERS}"
-    if value.split(".", 1)[0].upper() in RESERVED_NAMES:
-        return (f"invalid {what} {shown}: {value.split('.', 1)[0]} is a device name that "
-                "Windows reserves")
+    stem = value.split(".", 1)[0]
+    if stem.upper() in RESERVED_NAMES:
+        return f"invalid {what} {shown}: {stem} is a device name that Windows reserves"
     if value.endswith("."):
         return f"invalid {what} {shown}: it may not end with '.'"
     return None

@@ -93,7 +93,7 @@ class Snapshots:
         for path in sorted(self.folder.glob(f"*{SUFFIX}"), reverse=True):
             try:
                 return read_snapshot(path)
-            except (OSError, ValueError, LookupError) as exc:
+            except (OSError, ValueError) as exc:
                 logger.error("skipping unreadable snapshot %s: %s", path, exc)
         return None
 

@@ -73,6 +73,8 @@ class Job(Protocol):
 
     @property
     def queue_wait_s(self) -> float: ...
+
+
 #: The only metrics exported in ``metrics_mode=legacy`` (TorchServe's rule).
 LEGACY = ("ts_inference_requests_total", "ts_inference_latency_microseconds",
           "ts_queue_latency_microseconds")

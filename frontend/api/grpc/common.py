@@ -1,5 +1,5 @@
 """What every gRPC servicer shares: the RPC snapshot, the token check and the error mapping
-(one decorator, ``rpc``), a worker's answer as a body."""
+(one decorator, ``unary``), a worker's answer as a body."""
 
 from __future__ import annotations
 

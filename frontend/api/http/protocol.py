@@ -135,7 +135,7 @@ class ServerProtocol(HttpToolsProtocol):
                 if isinstance(exc, httptools.HttpParserCallbackError):
                     logger.error("parsing an HTTP request failed", exc_info=exc)
                 error = BadRequest(f"Invalid HTTP request: {exc}")
-                if self._in_body and not self._in_head:
+                if self._in_body:
                     self._refuse_body(error)
                 else:
                     self._refuse_head(error)
@@ -252,9 +252,7 @@ class ServerProtocol(HttpToolsProtocol):
     def _refuse_head(self, error: ServeError) -> None:
         """Answer ``error`` and close, once the requests before this one are answered."""
         self._stop_reading(error)
-        self._refusal = error_response(error)
-        self.count_status(error.http_status)
-        self._write_refusal()
+        self._answer_refusal(error)
 
     def _refuse_body(self, error: ServeError) -> None:
         """The body of the request being read is malformed (a bad chunk size, chunk data
@@ -276,6 +274,10 @@ class ServerProtocol(HttpToolsProtocol):
             return
         cycle.disconnected = True
         cycle.message_event.set()
+        self._answer_refusal(error)
+
+    def _answer_refusal(self, error: ServeError) -> None:
+        """Answer ``error`` and close, once the requests before it are answered."""
         self._refusal = error_response(error)
         self.count_status(error.http_status)
         self._write_refusal()
