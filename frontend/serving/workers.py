@@ -183,20 +183,25 @@ class Worker:
             self._lane.came_up()
         if not self.first_start.done():
             self.first_start.set_result(None)
-        up_since = time.monotonic()
         try:
-            await self._serve(connection)
+            await self._serve(connection, up_since=time.monotonic())
         except WorkerDied as exc:
-            self.last_error = str(exc)
             logger.error("%s", exc)
         finally:
             self.state = WorkerState.STOPPING
             await connection.close()
             self.pid = None
         if not self.is_stopping:
-            stable = time.monotonic() - up_since > STABLE_AFTER_S
-            self.failures = 1 if stable else self.failures + 1
             self._on_down()
+
+    def _died(self, error: BaseException, up_since: float) -> None:
+        """This life ended in ``error``: counted the moment it is seen, in the same call as
+        its batches' answers, so a client told "Worker died" then finds it counted (and the
+        model Unhealthy once it keeps dying)."""
+        self.state = WorkerState.STOPPING
+        self.last_error = str(error)
+        stable = time.monotonic() - up_since > STABLE_AFTER_S
+        self.failures = 1 if stable else self.failures + 1
 
     def _note_failure(self, exc: Exception) -> None:
         """A start (or a life) of the worker failed: log it, count it, report it."""
@@ -369,7 +374,7 @@ class Worker:
                                    f"{error.message}")
         raise WorkerStartError(f"{self.name} sent {reply.kind.name} instead of LOADED")
 
-    async def _serve(self, connection: WorkerConnection) -> None:
+    async def _serve(self, connection: WorkerConnection, up_since: float) -> None:
         """Run batches on the worker until it is to stop (returns) or is gone (WorkerDied).
 
         A ``Dispatcher`` does the work, in callbacks: it parks in the batcher, sends up to
@@ -382,6 +387,8 @@ class Worker:
             if finished.done():
                 return
             self._lane_down(error)
+            if error is not None and not self.is_stopping:
+                self._died(error, up_since)
             if error is None:
                 finished.set_result(None)
             else:
