@@ -21,6 +21,7 @@ import javaproperties
 
 from frontend.errors import ConfigError
 from frontend.settings import FIELDS, PolicyName, SettingsLayer, Source, policy, read_layer
+from frontend.torchserve_keys import NO_EFFECT
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +222,14 @@ def _parse_regex_list(text: str) -> tuple[str, ...]:
     return patterns
 
 
+def _parse_regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except (re.error, OverflowError, RecursionError) as exc:
+        raise ValueError(f"bad regular expression {text!r}: {exc}") from None
+    return text
+
+
 def option(*keys: str, parse: Callable[[str], object], default: Any = MISSING,
            default_factory: Callable[[], Any] | Any = MISSING) -> Any:
     """A ServerConfig field read from config.properties ``keys`` (a later alias is the same
@@ -245,6 +254,19 @@ class ServerConfig:
     grpc_inference_port: int = option("grpc_inference_port", parse=_parse_port, default=7070)
     grpc_management_port: int = option("grpc_management_port", parse=_parse_port, default=7071)
     enable_grpc: bool = option("enable_grpc", parse=parse_bool, default=True)
+    #: How long a gRPC connection may live before the server asks it to go away (GOAWAY),
+    #: and how long its open calls then have (gRPC's max_connection_age options); None: for
+    #: ever, TorchServe's default.
+    grpc_inference_max_connection_age_ms: int | None = option(
+        "grpc_inference_max_connection_age_ms", parse=_parse_positive_int, default=None)
+    grpc_management_max_connection_age_ms: int | None = option(
+        "grpc_management_max_connection_age_ms", parse=_parse_positive_int, default=None)
+    grpc_inference_max_connection_age_grace_ms: int | None = option(
+        "grpc_inference_max_connection_age_grace_ms", parse=_parse_non_negative_int,
+        default=None)
+    grpc_management_max_connection_age_grace_ms: int | None = option(
+        "grpc_management_max_connection_age_grace_ms", parse=_parse_non_negative_int,
+        default=None)
     model_store: Path | None = option("model_store", parse=Path, default=None)
     #: ``load_models``: "all", "a.mar", "name=a.mar"; empty means none.
     load_models: tuple[str, ...] = option("load_models", parse=_parse_load_models, default=())
@@ -282,6 +304,12 @@ class ServerConfig:
     #: connection the server is closing).
     keep_alive_timeout_s: float = option(
         "keep_alive_timeout", parse=_parse_positive_float, default=5.0)
+    #: CORS on every HTTP port (frontend/api/http/cors.py), TorchServe's keys: the allowed
+    #: origin (``*``, one origin, or a comma-separated list), and the methods and headers a
+    #: preflight allows. All empty: no CORS headers.
+    cors_allowed_origin: str = option("cors_allowed_origin", parse=str, default="")
+    cors_allowed_methods: str = option("cors_allowed_methods", parse=str, default="")
+    cors_allowed_headers: str = option("cors_allowed_headers", parse=str, default="")
     #: None means every visible GPU.
     number_of_gpu: int | None = option("number_of_gpu", parse=_parse_non_negative_int, default=None)
     #: How many GPUs the host has; None: count them at start (nvidia-ml-py or /dev). Set, it
@@ -308,6 +336,8 @@ class ServerConfig:
     key_file: Path = option("key_file", parse=Path, default=Path("key_file.json"))
     #: Regexes an archive URL must match in full. Default: nothing outside the model store.
     allowed_urls: tuple[str, ...] = option("allowed_urls", parse=_parse_regex_list, default=())
+    #: ``TS_ALLOWED_URLS`` is read from the environment only when this is true (TorchServe).
+    use_env_allowed_urls: bool = option("use_env_allowed_urls", parse=parse_bool, default=False)
     #: Largest archive an http(s) registration may download.
     max_archive_size_bytes: int = option(
         "max_archive_size", parse=_parse_positive_int, default=4 * 1024**3)
@@ -318,6 +348,9 @@ class ServerConfig:
     #: How long creating a model's venv or installing its requirements may take.
     install_py_dep_timeout_s: float = option(
         "install_py_dep_timeout", parse=_parse_positive_float, default=600.0)
+    #: A regular expression: environment variables whose names match it in full are not
+    #: passed to the workers (TorchServe's ``blacklist_env_vars``); empty: all are.
+    blacklist_env_vars: str = option("blacklist_env_vars", parse=_parse_regex, default="")
     limit_max_image_pixels: bool = option("limit_max_image_pixels", parse=parse_bool, default=True)
     decode_input_request: bool = option("decode_input_request", parse=parse_bool, default=True)
     #: TorchServe's request envelope for every model (kserve, kservev2, json, body).
@@ -356,16 +389,15 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
     for item in fields(ServerConfig) for key in item.metadata.get("keys", ())
 }
 
-#: TorchServe keys we read elsewhere or accept without effect (no "unknown key" warning).
+#: Keys read outside build_config: enable_envvars_config (load_config), and those other parts
+#: read. TorchServe's keys that mean nothing here are in frontend/torchserve_keys.py.
 _ACCEPTED_WITHOUT_EFFECT = frozenset({
-    "enable_envvars_config", "number_of_netty_threads", "netty_client_threads", "vmargs",
-    "async_logging", "prefer_direct_buffer", "use_native_io", "io_ratio",
-    "initial_worker_port", "model_server_home", "metric_time_interval",
-    "default_startup_timeout_ms", "workflow_store", "tsConfigFile",
-    "cpu_launcher_enable", "ipex_enable",
-    # In TorchServe's own KServe config.properties samples; TorchServe ignores it.
-    "NUM_WORKERS",
+    "enable_envvars_config", "metric_time_interval",
 })
+
+#: TorchServe's variable names that are not ``TS_`` and the key in capitals (its
+#: ConfigManager reads the variable named as the constant that holds the key).
+_ENV_NAMES = {"TS_TOKEN_EXPIRATION_TIME_MIN": "token_expiration_min"}
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -377,15 +409,25 @@ def read_properties(path: Path) -> dict[str, str]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
 
 
-def env_overrides(environ: Mapping[str, str], enabled: bool) -> dict[str, str]:
-    """``TS_<KEY>`` variables, honoured only when ``enable_envvars_config=true``."""
+def env_overrides(environ: Mapping[str, str], enabled: bool,
+                  allowed_urls_from_env: bool = False) -> dict[str, str]:
+    """``TS_<KEY>`` variables, honoured only when ``enable_envvars_config=true``; as
+    TorchServe, ``TS_ALLOWED_URLS`` only with ``use_env_allowed_urls=true`` in the file too."""
     if not enabled:
         return {}
-    return {
-        key[3:].lower(): value
-        for key, value in environ.items()
-        if key.startswith("TS_") and key[3:].lower() in _PARSERS
-    }
+    values: dict[str, str] = {}
+    for name, value in environ.items():
+        if not name.startswith("TS_"):
+            continue
+        key = _ENV_NAMES.get(name, name[3:].lower())
+        if key not in _PARSERS:
+            continue
+        if key == "allowed_urls" and not allowed_urls_from_env:
+            logger.warning("config: TS_ALLOWED_URLS ignored: use_env_allowed_urls=true is not "
+                           "in the config file (as TorchServe)")
+            continue
+        values[key] = value
+    return values
 
 
 def build_config(*sources: Mapping[str, str]) -> tuple[ServerConfig, list[str]]:
@@ -399,7 +441,7 @@ def build_config(*sources: Mapping[str, str]) -> tuple[ServerConfig, list[str]]:
     for source in sources:
         for key, raw in source.items():
             if key not in _PARSERS:
-                if key not in _ACCEPTED_WITHOUT_EFFECT:
+                if key not in _ACCEPTED_WITHOUT_EFFECT and key not in NO_EFFECT:
                     unknown.append(key)
                 continue
             field_name, parse = _PARSERS[key]
@@ -454,12 +496,15 @@ def load_config(
     file_values = read_properties(config_file) if config_file is not None else {}
     environ = os.environ if environ is None else environ
     envvars_on = parse_bool(file_values.get("enable_envvars_config", "false"))
-    sources = [file_values, env_overrides(environ, envvars_on),
+    urls_from_env = parse_bool(file_values.get("use_env_allowed_urls", "false"))
+    sources = [file_values, env_overrides(environ, envvars_on, urls_from_env),
                kserve_env(environ, envvars_on), cli_overrides]
     config, unknown = build_config(*sources)
     for key in unknown:
         logger.warning("config: unknown key %r ignored (check the spelling)", key)
     given = {key for source in sources for key in source}
+    for key in sorted(given & NO_EFFECT.keys()):
+        logger.info("config: %s has no effect here: %s", key, NO_EFFECT[key])
     if config.model_snapshot is not None and config.load_models and "load_models" not in \
             cli_overrides:
         # TorchServe's rule: a model_snapshot in the config is what starts, load_models is not

@@ -263,6 +263,7 @@ class ModelLoader:
             max_response_bytes=config.max_response_size_bytes,
             batches_in_flight=config.batches_in_flight,
             python=environment.python,
+            env_blocklist=config.blacklist_env_vars,
         )
 
     async def unregister(self, name: str, version: str | None = None) -> Model:

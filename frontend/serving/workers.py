@@ -14,6 +14,7 @@ import contextlib
 import enum
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -72,6 +73,9 @@ class WorkerLaunch:
     #: Batches outstanding on a worker at once (the second only when full): see dispatch.py.
     batches_in_flight: int = 2
     python: str = sys.executable
+    #: A regular expression (``blacklist_env_vars``): the server's environment variables whose
+    #: names match it in full are not passed to the worker; "" passes them all.
+    env_blocklist: str = ""
 
 
 def backoff_s(failures: int) -> float:
@@ -339,7 +343,11 @@ class Worker:
             f"{self.name} did not connect within {self._launch.startup_timeout_s:g} s")
 
     def _environment(self) -> dict[str, str]:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = dict(os.environ)
+        if self._launch.env_blocklist:
+            blocked = re.compile(self._launch.env_blocklist)
+            env = {name: value for name, value in env.items() if not blocked.fullmatch(name)}
+        env["PYTHONUNBUFFERED"] = "1"
         if self.threads:
             # The worker's math libraries (torch's intra-op pool among them) size their thread
             # pools to its share of the cores: workers that each took every core would fight

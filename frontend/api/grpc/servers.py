@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from frontend.api.grpc.inference import InferenceServicer
 from frontend.api.grpc.management import ManagementServicer
 from frontend.api.grpc.open_inference import OpenInferenceServicer
+from frontend.config import ServerConfig
 from frontend.ops.services import Services
 from protos import inference_pb2, management_pb2, management_pb2_grpc, open_inference_pb2
 
@@ -61,6 +62,28 @@ MANAGEMENT_SERVICE = (
     management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"].full_name)
 
 
+_FOREVER_MS = 2**31 - 1
+
+
+def connection_age_options(config: ServerConfig, management: bool
+                           ) -> list[tuple[str, int]]:
+    """TorchServe's ``grpc_{inference,management}_max_connection_age[_grace]_ms`` as gRPC's
+    channel options (none set: connections live for ever, TorchServe's default)."""
+    if management:
+        age = config.grpc_management_max_connection_age_ms
+        grace = config.grpc_management_max_connection_age_grace_ms
+    else:
+        age = config.grpc_inference_max_connection_age_ms
+        grace = config.grpc_inference_max_connection_age_grace_ms
+    # gRPC's options are C ints: its largest means "for ever", as TorchServe's Long.MAX_VALUE.
+    options = []
+    if age is not None:
+        options.append(("grpc.max_connection_age_ms", min(age, _FOREVER_MS)))
+    if grace is not None:
+        options.append(("grpc.max_connection_age_grace_ms", min(grace, _FOREVER_MS)))
+    return options
+
+
 class GrpcServers:
     """The gRPC listeners (inference, management; KServe's too under KServe): bound at
     start, stopped with a grace period."""
@@ -102,6 +125,7 @@ class GrpcServers:
                 ("grpc.max_receive_message_length", config.max_request_size_bytes),
                 ("grpc.max_send_message_length", config.max_response_size_bytes),
                 ("grpc.so_reuseport", 0),
+                *connection_age_options(config, management=name == "management"),
             ])
             add(server)
             health_servicer = health.aio.HealthServicer()

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 import uvicorn
 
 from frontend.api.http import common
+from frontend.api.http.cors import CorsApp, CorsPolicy
 from frontend.api.http.fast import protocol_for
 from frontend.api.http.inference import InferenceApp
 from frontend.api.http.management import ManagementApp
@@ -159,6 +160,8 @@ class HttpListeners:
         self._keep_alive_s = config.keep_alive_timeout_s
         self._drain_timeout_s = config.drain_timeout_s
         self._metrics = services.metrics
+        #: CORS on every listener; None (no cors_allowed_* key set): none, at no cost.
+        self._cors = CorsPolicy.from_config(config)
 
     def bind(self) -> None:
         try:
@@ -182,9 +185,11 @@ class HttpListeners:
         for _names, sock, app in self._sockets:
             apps = app.apps if isinstance(app, CombinedApp) else [app]
             inference = next((a for a in apps if isinstance(a, InferenceApp)), None)
+            served: common.AsgiApp = app if self._cors is None else CorsApp(app, self._cors)
             config = uvicorn_config(
-                CountedResponses(app, self._metrics.count_response),
-                protocol_for(inference, self._header_timeout_s, self._metrics.count_response),
+                CountedResponses(served, self._metrics.count_response),
+                protocol_for(inference, self._header_timeout_s, self._metrics.count_response,
+                             self._cors),
                 self._keep_alive_s, self._drain_timeout_s)
             server = uvicorn.Server(config)
             server.lifespan = config.lifespan_class(config)  # as Server._serve does

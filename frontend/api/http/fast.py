@@ -36,6 +36,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from frontend.api.http import common
+from frontend.api.http.cors import CorsPolicy, with_cors
 from frontend.api.http.inference import InferenceApp
 from frontend.api.http.protocol import ServerProtocol
 from frontend.errors import (
@@ -104,8 +105,8 @@ class PredictionsProtocol(ServerProtocol):
     def handle_request(self) -> None:
         parser = self.parser
         cycle = self.cycle
-        if (not self.url.startswith(_PREFIX) or parser.get_method() not in _FAST_METHODS
-                or parser.should_upgrade()
+        if ((not self.url.startswith(_PREFIX) and not is_legacy_predict(self.url))
+                or parser.get_method() not in _FAST_METHODS or parser.should_upgrade()
                 or (cycle is not None and not cycle.response_complete)):
             # Anything else, and a request pipelined behind an unanswered one, goes the ASGI
             # way (uvicorn queues pipelined requests in order).
@@ -320,8 +321,9 @@ class PredictionsProtocol(ServerProtocol):
 
         status = 500
         try:
-            status = await self.inference.respond_in_parts(stream, request_id, send,
-                                                           prediction.call.sequence_id)
+            status = await self.inference.respond_in_parts(
+                stream, request_id, self._part_sender(prediction, send),
+                prediction.call.sequence_id)
         except ServeError as error:
             status = error.http_status
             self._refuse(prediction, error)
@@ -332,13 +334,58 @@ class PredictionsProtocol(ServerProtocol):
         if not prediction.response_complete:
             self._complete(prediction, status)
 
+    def _part_sender(self, prediction: _Prediction, send: common.Send) -> common.Send:
+        """How a streamed answer's messages are sent (``CorsPredictionsProtocol`` adds its
+        headers)."""
+        return send
+
+
+class CorsPredictionsProtocol(PredictionsProtocol):
+    """The fast path with CORS (``cors_allowed_*`` set): every answer carries the
+    Access-Control-* headers for its request's origin (frontend/api/http/cors.py). A
+    subclass, so that a server without CORS pays nothing for it."""
+
+    cors: ClassVar[CorsPolicy]
+
+    def _respond(self, prediction: _Prediction, status: int, content_type: bytes, body: bytes,
+                 headers: common.Headers) -> None:
+        added = self.cors.for_request(prediction.scope["headers"])
+        if added:
+            headers = with_cors(headers, added)
+        super()._respond(prediction, status, content_type, body, headers)
+
+    def _part_sender(self, prediction: _Prediction, send: common.Send) -> common.Send:
+        added = self.cors.for_request(prediction.scope["headers"])
+        if not added:
+            return send
+
+        async def send_with_cors(message: common.Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = with_cors(list(message["headers"]), added)
+            await send(message)
+
+        return send_with_cors
+
+
+def is_legacy_predict(url: bytes) -> bool:
+    """TorchServe's legacy routes, ``/{model}/predict`` and ``/{model}/{version}/predict``
+    (checked only for a URL that is not /predictions: that path pays nothing for it)."""
+    path = url.partition(b"?")[0]
+    return path.endswith(b"/predict") and InferenceApp.legacy_target(
+        [part for part in path.decode("latin-1").split("/") if part]) is not None
+
 
 def protocol_for(inference: InferenceApp | None, header_timeout_s: float,
-                 count_status: Callable[[int], None]) -> type[ServerProtocol]:
-    """The connection protocol of a listener: the fast path where it serves inference."""
+                 count_status: Callable[[int], None], cors: CorsPolicy | None = None
+                 ) -> type[ServerProtocol]:
+    """The connection protocol of a listener: the fast path where it serves inference (with
+    CORS when ``cors`` is given; the ASGI apps get theirs from ``CorsApp``)."""
     settings: dict[str, object] = {"header_timeout_s": header_timeout_s,
                                    "count_status": staticmethod(count_status)}
     if inference is None:
         return type("ServerProtocol", (ServerProtocol,), settings)
-    return type("PredictionsProtocol", (PredictionsProtocol,),
-                {**settings, "inference": inference, "plane": inference.plane})
+    settings.update(inference=inference, plane=inference.plane)
+    if cors is not None:
+        return type("CorsPredictionsProtocol", (CorsPredictionsProtocol,),
+                    {**settings, "cors": cors})
+    return type("PredictionsProtocol", (PredictionsProtocol,), settings)

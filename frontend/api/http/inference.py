@@ -1,6 +1,8 @@
 """The inference API (port 8080): /ping, /predictions/{model}[/{version}],
-/explanations/{model}[/{version}] (a prediction with TorchServe's ``explain`` header), and
-KServe's v1/v2 protocols (frontend/api/http/kserve.py).
+/explanations/{model}[/{version}] (a prediction with TorchServe's ``explain`` header),
+TorchServe's legacy /{model}/predict and /{model}/{version}/predict (a prediction whose query
+parameters are inputs too, as TorchServe passes them), and KServe's v1/v2 protocols
+(frontend/api/http/kserve.py).
 
 This is the hot path: a request is read, turned into one worker_pb2.Request, queued on its
 model's batcher, and answered with the worker's bytes. No payload is decoded here.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from urllib.parse import parse_qsl
 
 from frontend.api.http import common
 from frontend.api.http.calls import answer_unless_gone, http_origin, response_headers
@@ -17,6 +20,7 @@ from frontend.api.http.forms import is_form, parse_form
 from frontend.api.http.kserve import KServeRoutes
 from frontend.api.http.openapi import inference_description
 from frontend.errors import (
+    BadRequest,
     MethodNotAllowed,
     RouteNotFound,
     ServeError,
@@ -32,6 +36,10 @@ from protos import worker_pb2
 logger = logging.getLogger(__name__)
 
 _INFERENCE_METHODS = ("POST", "PUT")
+#: Paths of TorchServe's own routes: theirs, never a legacy /{model}/predict.
+_TORCHSERVE_PREFIXES = ("/predictions/", "/explanations/")
+#: First path segments TorchServe routes elsewhere, so never a model's legacy route.
+_NOT_LEGACY = frozenset({"predictions", "explanations", "ping", "models", "invocations"})
 
 
 class InferenceApp(common.Routes):
@@ -59,6 +67,9 @@ class InferenceApp(common.Routes):
             return True
         if await self.kserve.route(scope, receive, send):
             return True
+        if path.endswith("/predict") and self.legacy_target(common.path_parts(scope)):
+            await self.predict(scope, receive, send)
+            return True
         if common.is_api_description(scope):
             await common.send_json(send, 200, inference_description())
             return True
@@ -81,9 +92,16 @@ class InferenceApp(common.Routes):
         if self.auth is not None:
             self.auth.check(KeyKind.INFERENCE, scope["headers"])
         parts = common.path_parts(scope)
-        if len(parts) not in (2, 3):
-            raise RouteNotFound()
-        model = self.plane.open(call, parts[1], parts[2] if len(parts) == 3 else None)
+        if parts[0] in ("predictions", "explanations"):
+            if len(parts) not in (2, 3):
+                raise RouteNotFound()
+            name, version = parts[1], parts[2] if len(parts) == 3 else None
+        else:
+            target = self.legacy_target(parts)
+            if target is None:
+                raise RouteNotFound()
+            name, version = target
+        model = self.plane.open(call, name, version)
         common.check_content_length(scope, self.config.max_request_size_bytes)
         return model
 
@@ -95,11 +113,41 @@ class InferenceApp(common.Routes):
         for name, value in scope["headers"]:
             if name == b"content-type":
                 content_type = value.decode("latin-1")
+        inputs: list[tuple[str, bytes, str | None]]
         if content_type and is_form(content_type):
-            inputs = parse_form(content_type, body, self.config.max_request_inputs)
+            inputs = list(parse_form(content_type, body, self.config.max_request_inputs))
         else:
             inputs = [("body", body, content_type)]
+        if scope["query_string"] and not scope["path"].startswith(_TORCHSERVE_PREFIXES):
+            inputs = [*self._query_inputs(scope["query_string"]), *inputs]
         self.plane.send(call, scope["headers"], inputs, explain=explain, loop=loop)
+
+    @staticmethod
+    def legacy_target(parts: list[str]) -> tuple[str, str | None] | None:
+        """The model and version of TorchServe's legacy ``/{model}/predict`` or
+        ``/{model}/{version}/predict`` (``parts``: the path's segments); None for another
+        path. Paths TorchServe routes elsewhere (``/models/...``, KServe's ``/v1/models/...``
+        and ``/v2/models/...``) are not legacy routes."""
+        if len(parts) not in (2, 3) or parts[-1] != "predict" or parts[0] in _NOT_LEGACY:
+            return None
+        if len(parts) == 3:
+            if parts[0] in ("v1", "v2") and parts[1] == "models":
+                return None
+            return parts[0], parts[1]
+        return parts[0], None
+
+    def _query_inputs(self, query: bytes) -> list[tuple[str, bytes, str | None]]:
+        """A legacy route's query parameters as inputs (TorchServe passes each as an input
+        of that name, without a content type: the handler gets bytes); a later input of the
+        same name (the body) wins."""
+        limit = self.config.max_request_inputs
+        try:
+            pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True,
+                              max_num_fields=limit)
+        except ValueError:
+            raise BadRequest(f"a request may carry at most {limit} query parameters "
+                             "(max_request_inputs)") from None
+        return [(name, value.encode(), None) for name, value in pairs]
 
     def answer(self, response: worker_pb2.Response, request_id: str,
                sequence_id: str | None = None) -> tuple[int, bytes, bytes, common.Headers]:
