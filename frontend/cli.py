@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("batchserve")
 
+_WORKER_FLAG = ("a flag of TorchServe's backend worker, not of torchserve: batchserve starts "
+                "its workers itself, each on a private Unix socket")
+
 STATE_FILE = "server.json"
 STOP_TIMEOUT_S = 180.0
 LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s - %(message)s"
@@ -61,13 +64,31 @@ def state_dir() -> Path:
     return path
 
 
+#: TorchServe 0.12's flags that mean nothing here: flag -> why (logged once at start).
+IGNORED_FLAGS: dict[str, str] = {
+    "--workflow-store": "TorchServe's workflows (.war archives) are not served by batchserve",
+    "--cpp-log-config": "TorchServe's C++ backend is not part of batchserve",
+    "--plugins-path": "TorchServe's Java plugin jars (custom endpoints) cannot load in "
+                      "batchserve",
+    # TorchServe's backend worker's flags (ts/model_service_worker.py), which its Java
+    # frontend passes to each worker it starts.
+    "--sock-type": _WORKER_FLAG,
+    "--sock-name": _WORKER_FLAG,
+    "--host": _WORKER_FLAG,
+    "--port": _WORKER_FLAG,
+    "--async": _WORKER_FLAG,
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchserve", description="batchserve: a TorchServe-compatible model server")
-    action = parser.add_mutually_exclusive_group(required=True)
+    # As TorchServe's: neither --start nor --stop (nor --version) starts the server.
+    action = parser.add_mutually_exclusive_group()
     action.add_argument("--start", action="store_true", help="start the model server")
     action.add_argument("--stop", action="store_true", help="stop the running model server")
-    action.add_argument("--version", action="store_true", help="print the version and exit")
+    action.add_argument("-v", "--version", action="store_true",
+                        help="print the version and exit")
     parser.add_argument("--ts-config", dest="ts_config", type=Path,
                         help="configuration file (config.properties)")
     parser.add_argument("--model-store", dest="model_store", type=Path,
@@ -80,11 +101,30 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stay in the foreground and log to the terminal")
     parser.add_argument("--ncs", "--no-config-snapshots", dest="ncs", action="store_true",
                         help="do not write model snapshots")
-    parser.add_argument("--disable-token-auth", dest="disable_token_auth", action="store_true",
-                        help="serve without token authorization")
+    parser.add_argument("--disable-token-auth", "--dt", dest="disable_token_auth",
+                        action="store_true", help="serve without token authorization")
     parser.add_argument("--enable-model-api", dest="enable_model_api", action="store_true",
                         help="allow registering and unregistering models at runtime")
+    ignored = parser.add_argument_group(
+        "TorchServe's flags that have no effect here (accepted, and logged with the reason)")
+    ignored.add_argument("--workflow-store", dest="workflow_store", metavar="DIR")
+    ignored.add_argument("--cpp-log-config", dest="cpp_log_config", metavar="FILE")
+    ignored.add_argument("--plugins-path", "--ppath", dest="plugins_path", metavar="DIR")
+    ignored.add_argument("--sock-type", dest="sock_type", metavar="{unix,tcp}")
+    ignored.add_argument("--sock-name", dest="sock_name", metavar="NAME")
+    ignored.add_argument("--host", dest="host", metavar="HOST")
+    ignored.add_argument("--port", dest="port", metavar="PORT")
+    ignored.add_argument("--async", dest="async_comm", action="store_true")
     return parser
+
+
+def ignored_flags(args: argparse.Namespace) -> dict[str, str]:
+    """The flags given that have no effect here, each with why."""
+    given = {"--workflow-store": args.workflow_store, "--cpp-log-config": args.cpp_log_config,
+             "--plugins-path": args.plugins_path, "--sock-type": args.sock_type,
+             "--sock-name": args.sock_name, "--host": args.host, "--port": args.port,
+             "--async": args.async_comm or None}
+    return {flag: IGNORED_FLAGS[flag] for flag, value in given.items() if value is not None}
 
 
 def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
@@ -145,8 +185,9 @@ def _is_our_server(pid: int) -> bool:
         cmdline = psutil.Process(pid).cmdline()
     except psutil.Error:
         return False
-    # `python -m frontend --foreground` (background start) or the `torchserve` script itself.
-    return "--start" in cmdline and any(
+    # `python -m frontend --foreground` (background start) or the `torchserve` script itself,
+    # started with --start or, as TorchServe allows, with no action at all.
+    return not {"--stop", "--version", "-v"} & set(cmdline) and any(
         part == "frontend" or Path(part).name == "torchserve" for part in cmdline)
 
 
@@ -189,10 +230,22 @@ def setup_logging(log_config: Path | None, stream: TextIO) -> None:
     # Every message escaped, whatever writes it (a user's log config too): a client's bytes
     # in a logged value cannot forge a line.
     logging.setLogRecordFactory(EscapingLogRecord)
-    if log_config is not None:
+    if log_config is not None and not _is_log4j_config(log_config):
         logging.config.fileConfig(log_config, disable_existing_loggers=False)
         return
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=stream)
+    if log_config is not None:
+        logger.info("--log-config %s is a log4j2 file (TorchServe's Java logging): it has no "
+                    "effect here; give a Python logging file (ini format) instead", log_config)
+
+
+def _is_log4j_config(path: Path) -> bool:
+    """TorchServe's --log-config is a log4j2 XML file; ours is Python's ini format."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            return fh.read(4096).lstrip().startswith("<")
+    except OSError:
+        return False  # fileConfig says what is wrong with it
 
 
 def run_foreground(config: ServerConfig) -> int:
@@ -379,8 +432,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"torchserve: error: {exc}", file=sys.stderr)
         return 2
     if foreground:
+        for flag, reason in ignored_flags(args).items():
+            logger.info("%s has no effect here: %s", flag, reason)
         return run_foreground(config)
-    return start_background([a for a in argv if a != "--foreground"], config)
+    child_argv = [a for a in argv if a != "--foreground"]
+    if "--start" not in child_argv:  # started without --start, as TorchServe allows
+        child_argv.insert(0, "--start")
+    return start_background(child_argv, config)
 
 
 if __name__ == "__main__":

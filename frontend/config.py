@@ -68,8 +68,9 @@ class ConfiguredVersion:
     is_default_version: bool = False
 
 
-#: Keys of an entry that are not settings: ``marName`` is TorchServe's bookkeeping.
-_ENTRY_KEYS = frozenset({"marName", "defaultVersion"})
+#: Keys of an entry that are not settings: ``marName`` is TorchServe's bookkeeping, and so is
+#: ``runtimeType`` (its snapshots write it; Python is the one runtime here).
+_ENTRY_KEYS = frozenset({"marName", "defaultVersion", "runtimeType"})
 _SETTING_KEYS = frozenset(setting.json for setting in FIELDS)
 
 

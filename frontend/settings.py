@@ -127,6 +127,27 @@ def _device_ids(key: str, value: object) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _choice(*choices: str) -> Parse:
+    """One of ``choices``, in any case (TorchServe's enum names), as its lower-case name; ""
+    is TorchServe's "none"."""
+    def parse(key: str, value: object) -> str:
+        if not isinstance(value, str) or value.strip().lower() not in ("", *choices):
+            raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+        return value.strip().lower()
+    return parse
+
+
+def _torchrun_processes(key: str, value: object) -> int:
+    """model-config.yaml's ``torchrun`` section: its ``nproc-per-node`` (TorchServe's default
+    1), which TorchServe takes for the model's ``parallelLevel``."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key} must be a mapping of torchrun's options, got {value!r}")
+    processes = value.get("nproc-per-node", 1)
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"{key}.nproc-per-node must be an integer >= 1, got {processes!r}")
+    return processes
+
+
 # ---- the fields ---------------------------------------------------------------------------
 
 
@@ -212,6 +233,24 @@ class ModelSettings:
     max_sequence_job_queue_size: int = setting("maxSequenceJobQueueSize", integer(1),
                                                shown=False, default=1)
 
+    #: model-config.yaml ``deviceType`` (cpu, gpu; "": not set): cpu keeps the model's workers
+    #: off the GPUs.
+    device_type: str = setting("deviceType", _choice("cpu", "gpu"), shown=False, default="")
+    #: TorchServe's model parallelism (``parallelType``: pp, tp, pptp, custom;
+    #: ``parallelLevel``; ``torchrun``'s nproc-per-node): shown in describe as TorchServe
+    #: shows them; batchserve runs one process per worker, so they change nothing else.
+    parallel_type: str = setting("parallelType", _choice("pp", "tp", "pptp", "custom"),
+                                 shown=False, default="")
+    parallel_level: int = setting("parallelLevel", integer(0), shown=False, default=0)
+    torchrun_processes: int = setting("torchrun", _torchrun_processes, shown=False, default=0)
+    #: Shown in describe; what each does here is logged at registration
+    #: (frontend/models/loader.py, ``MODEL_CONFIG_KEYS``).
+    continuous_batching: bool = setting("continuousBatching", _boolean, shown=False,
+                                        default=False)
+    async_communication: bool = setting("asyncCommunication", _boolean, shown=False,
+                                        default=False)
+    use_job_ticket: bool = setting("useJobTicket", _boolean, shown=False, default=False)
+
     def torchserve_fields(self) -> dict[str, int]:
         """The settings TorchServe shows under its JSON names (describe bodies, snapshots)."""
         return {item.json: getattr(self, item.name) for item in FIELDS if item.shown}
@@ -227,6 +266,15 @@ class ModelSettings:
             "maxNumSequence": self.max_num_sequence if active else 0,
             "maxSequenceJobQueueSize": self.max_sequence_job_queue_size if active else 0,
         }
+
+    def parallel_fields(self) -> dict[str, object]:
+        """TorchServe's describe fields of model parallelism: as its Model, the type and level
+        only when both are set (torchrun's nproc-per-node is the level when parallelLevel is
+        not given), else "" and 0."""
+        level = self.parallel_level or self.torchrun_processes
+        if not (self.parallel_type and level):
+            return {"parallelType": "", "parallelLevel": 0}
+        return {"parallelType": self.parallel_type, "parallelLevel": level}
 
     def with_workers(self, min_workers: int, max_workers: int) -> ModelSettings:
         if not 0 <= min_workers <= max_workers:

@@ -182,9 +182,11 @@ def terminate(process: subprocess.Popen[bytes], timeout_s: float = 60) -> int:
 
 
 def spawn_server(work_dir: Path, model_store: Path, *models: str,
-                 config: dict[str, object] | None = None) -> ServerProcess:
+                 config: dict[str, object] | None = None,
+                 flags: tuple[str, ...] = ("--disable-token-auth",)) -> ServerProcess:
     """Start ``torchserve --start --foreground`` on free loopback ports and wait until it
-    answers; ``config`` adds config.properties keys."""
+    answers; ``config`` adds config.properties keys, ``flags`` are more command-line flags
+    (by default ``--disable-token-auth``)."""
     settings: dict[str, object] = {
         "inference_address": "http://127.0.0.1:0", "management_address": "http://127.0.0.1:0",
         "metrics_address": "http://127.0.0.1:0", "grpc_inference_port": 0,
@@ -195,8 +197,7 @@ def spawn_server(work_dir: Path, model_store: Path, *models: str,
     state_dir = work_dir / "state"
     log = work_dir / "server.log"
     command = [str(Path(sys.executable).parent / "torchserve"), "--start", "--foreground",
-               "--model-store", str(model_store), "--ts-config", str(properties),
-               "--disable-token-auth"]
+               "--model-store", str(model_store), "--ts-config", str(properties), *flags]
     if models:
         command += ["--models", *models]
     with log.open("wb") as out:

@@ -12,6 +12,7 @@ half-registered model. ``unregister`` and ``close`` undo it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,48 @@ logger = logging.getLogger(__name__)
 #: Open Inference Protocol datatypes model-config.yaml may name.
 DATATYPES = frozenset({"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
                        "UINT64", "FP16", "FP32", "FP64", "BYTES"})
+
+
+_PARALLEL = ("not applied: each worker is one process on at most one GPU (no torchrun, no "
+             "LOCAL_RANK/WORLD_SIZE); describe shows it as TorchServe does")
+_SEQUENCE = "honoured: the limits of a stateful model's sequences"
+
+#: What TorchServe's model-config.yaml keys beyond the batch and worker settings (which the
+#: registration's own log line shows) do here: one log line each, at registration.
+MODEL_CONFIG_KEYS: dict[str, str] = {
+    "deviceType": "honoured: cpu keeps this model's workers off the GPUs; gpu uses them when "
+                  "the server has some",
+    "deviceIds": "honoured: this model's workers take these GPUs round robin",
+    "parallelType": _PARALLEL,
+    "parallelLevel": _PARALLEL,
+    "torchrun": _PARALLEL,
+    "jobQueueSize": "honoured: this model's queue bound (503 when full)",
+    "clientTimeoutInMills": "honoured: the deadline of a request whose client sets none "
+                            "(504 when it is still queued then)",
+    "maxRetryTimeoutInSec": "shown by describe; a failing worker is restarted with capped "
+                            "backoff for as long as it fails",
+    "useJobTicket": "not applied: requests wait in the bounded queue (jobQueueSize) while "
+                    "every worker is busy instead of being refused",
+    "sequenceBatching": "honoured: each sequence's requests run in order on one worker",
+    "sequenceMaxIdleMSec": _SEQUENCE,
+    "sequenceTimeoutMSec": _SEQUENCE,
+    "maxNumSequence": _SEQUENCE,
+    "maxSequenceJobQueueSize": _SEQUENCE,
+    "continuousBatching": "not applied as such: a stateful model's requests run as sequence "
+                          "batching, each request one batch item; a sequence closes on its "
+                          "end header or the handler's",
+    "asyncCommunication": "not applied: a worker gets whole batches (up to batches_in_flight) "
+                          "and answers each request once, or in parts it streams",
+    "useVenv": "honoured: the workers run in a venv of the model's own",
+}
+
+
+def log_model_config(name: str, version: str, model_config: Mapping[str, Any]) -> None:
+    """Say, for each of TorchServe's model-config.yaml keys the archive sets, what it does."""
+    for key, meaning in MODEL_CONFIG_KEYS.items():
+        if key in model_config:
+            logger.info("model %s version %s: model-config.yaml %s=%s: %s", name, version, key,
+                        json.dumps(model_config[key], default=str), meaning)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +276,7 @@ class ModelLoader:
                       request.loaded_at_startup, plan.tensors, environment)
         self.registry.add(model,
                           make_default=self._configured(name, version).is_default_version)
+        log_model_config(name, version, unpacked.model_config)
         logger.info("registered model %s version %s (batch_size=%d, max_batch_delay=%d ms, "
                     "workers=%d)", name, version, settings.batch_size,
                     settings.max_batch_delay_ms, settings.min_workers)

@@ -141,7 +141,8 @@ class Model:
             batcher = lane.batcher if lane is not None else self.batcher
             assert isinstance(batcher, Batcher)
             worker = Worker(self.launch, batcher, self._placement.worker_id(),
-                            self._placement.gpu(self.settings.device_ids),
+                            self._placement.gpu(self.settings.device_ids)
+                            if self.uses_gpus else None,
                             self._placement.cpus(), threads, self._record_batch,
                             self._worker_down, self._model_log, lane)
             self.workers.append(worker)
@@ -172,8 +173,18 @@ class Model:
 
     @property
     def uses_gpus(self) -> bool:
-        """Its workers run on GPUs (the server has some for it)."""
-        return self._placement.gpus.count > 0
+        """Its workers run on GPUs: the server has some, and its model-config.yaml does not
+        say ``deviceType: cpu``."""
+        return self._placement.gpus.count > 0 and self.settings.device_type != "cpu"
+
+    @property
+    def device_ids(self) -> list[int] | None:
+        """Its ``deviceIds`` as TorchServe's describe shows them: None when not set, or when
+        one names no GPU of the server's (TorchServe then ignores the list)."""
+        ids = self.settings.device_ids
+        if not ids or any(i >= self._placement.gpus.count for i in ids):
+            return None
+        return list(ids)
 
     def health(self) -> str:
         """TorchServe's words: Healthy, Partial Healthy (some workers keep dying) or Unhealthy

@@ -179,13 +179,13 @@ def describe_model(model: Model, gpu_usage: Mapping[int, str] | None = None
         **s.torchserve_fields(),
         "maxRetryTimeoutInSec": s.max_retry_timeout_s,
         "clientTimeoutInMills": s.client_timeout_ms,
-        # No tensor or pipeline parallelism: TorchServe's values for a model without it.
-        "parallelType": "",
-        "parallelLevel": 0,
+        # model-config.yaml's keys as TorchServe shows them (what each does here is logged
+        # at registration: frontend/models/loader.py).
+        **s.parallel_fields(),
         "deviceType": "gpu" if model.uses_gpus else "cpu",
-        **({"deviceIds": list(s.device_ids)} if s.device_ids else {}),
-        "continuousBatching": False,
-        "useJobTicket": False,
+        **({"deviceIds": ids} if (ids := model.device_ids) is not None else {}),
+        "continuousBatching": s.continuous_batching,
+        "useJobTicket": s.use_job_ticket,
         "useVenv": s.use_venv,
         **s.sequence_fields(),
         "loadedAtStartup": model.loaded_at_startup,

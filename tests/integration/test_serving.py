@@ -39,6 +39,18 @@ def test_echo_answers_raw_json_and_multipart_bodies(build_mar, start_server) -> 
     versioned = requests.put(f"{server.inference}/predictions/echo/1.0", data=b"v", timeout=30)
     assert versioned.status_code == 200 and versioned.content == b"v"
 
+    # No cors_allowed_* key set: no CORS header on any port, and a preflight is no request
+    # of its own (tests/integration/test_cors_and_legacy.py has them set).
+    origin = {"Origin": "http://elsewhere.example"}
+    answers = [server.predict("echo", b"x", headers=origin),
+               requests.get(f"{server.management}/models", headers=origin, timeout=30),
+               requests.get(f"{server.metrics}/metrics", headers=origin, timeout=30),
+               requests.options(f"{server.inference}/predictions/echo", timeout=30,
+                                headers={**origin, "Access-Control-Request-Method": "POST"})]
+    assert [a.status_code for a in answers] == [200, 200, 200, 405]
+    assert not [name for a in answers for name in a.headers
+                if name.lower().startswith("access-control-")]
+
 
 def test_batches_are_formed_and_never_exceed_batch_size(build_mar, start_server) -> None:
     build_mar("batch_len", "batch_len")
