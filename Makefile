@@ -10,7 +10,7 @@ TS_STAMP := $(TS_VENV)/.install-stamp
 DEMO_MODEL := model_store/resnet-152-batch_v2.mar
 EXAMPLE := examples/image_classifier/resnet_152_batch
 
-.PHONY: demo test lint install clean image
+.PHONY: demo test lint install clean image browser
 
 install: $(STAMP)
 
@@ -27,9 +27,20 @@ $(TS_STAMP):
 		torch-model-archiver==0.12.0
 	@touch $(TS_STAMP)
 
+# A real browser for the CORS test (tests/integration/test_cors_and_legacy.py): Debian's
+# chromium, installed with apt-get when missing and this runs as root; otherwise that one
+# test skips, saying why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			--no-install-recommends chromium) || \
+		echo "chromium could not be installed: the browser CORS test will skip"; \
+	else echo "no chromium (not root, or no apt-get): the browser CORS test will skip"; fi
+
 # The checks first (seconds), then the suite: ruff, mypy --strict (its files and settings are
 # in pyproject.toml: frontend/, backend/, model_archiver/, protos/framing.py), pytest.
-test: lint $(TS_STAMP)
+test: lint $(TS_STAMP) browser
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

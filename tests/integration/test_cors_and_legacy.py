@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -110,8 +111,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     # TorchServe's flags: --dt is not given (tokens stay on); these are accepted and logged.
     flags = ("--ppath", str(root), "--workflow-store", str(root), "--async",
              "--sock-type", "unix")
-    server = spawn_server(work, store, "probe=probe.mar", "streamer=streamer.mar",
-                          config=config, flags=flags)
+    # blacklist_env_vars: the workers do not inherit the server's variables it matches.
+    config["blacklist_env_vars"] = "BS_TEST_SECRET_.*"
+    secrets = {"BS_TEST_SECRET_TOKEN": "hidden", "BS_TEST_VISIBLE": "shown"}
+    os.environ.update(secrets)
+    try:
+        server = spawn_server(work, store, "probe=probe.mar", "streamer=streamer.mar",
+                              config=config, flags=flags)
+    finally:
+        for name in secrets:
+            del os.environ[name]
     try:
         keys = json.loads((work / "key_file.json").read_text())
         yield Served(server, f"http://127.0.0.1:{port}", f"http://localhost:{port}", pages,
@@ -327,6 +336,13 @@ def test_legacy_routes_predict_as_predictions_do(served: Served, tmp_path: Path)
     # Paths TorchServe routes elsewhere are not legacy routes.
     assert requests.post(f"{base}/models/probe/predict", headers=auth,
                          timeout=30).status_code == 404
+
+
+def test_workers_do_not_inherit_variables_blacklist_env_vars_matches(served: Served) -> None:
+    answer = requests.post(f"{served.server.inference}/predictions/probe", data=b"x",
+                           timeout=30, headers={**served.auth(),
+                                                "X-Env": "BS_TEST_SECRET_TOKEN,BS_TEST_VISIBLE"})
+    assert answer.json()["env"] == {"BS_TEST_SECRET_TOKEN": None, "BS_TEST_VISIBLE": "shown"}
 
 
 # ---- model-config.yaml keys in describe, and the log --------------------------------------

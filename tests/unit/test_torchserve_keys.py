@@ -159,6 +159,19 @@ def test_bad_values_of_new_keys_are_refused_by_name() -> None:
             build_config({key: value})
 
 
+def test_grpc_connection_age_keys_become_grpc_options() -> None:
+    from frontend.api.grpc.servers import connection_age_options
+
+    config, _ = build_config({"grpc_inference_max_connection_age_ms": "60000",
+                              "grpc_management_max_connection_age_grace_ms": "99999999999"})
+    assert connection_age_options(config, management=False) == [
+        ("grpc.max_connection_age_ms", 60000)]
+    # gRPC's options are C ints: a longer time is its "for ever", as TorchServe's Long.MAX.
+    assert connection_age_options(config, management=True) == [
+        ("grpc.max_connection_age_grace_ms", 2**31 - 1)]
+    assert connection_age_options(ServerConfig(), management=False) == []
+
+
 # ---- the command line -----------------------------------------------------------------------
 
 
