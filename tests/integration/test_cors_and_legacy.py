@@ -11,7 +11,8 @@ and 6 where they need a running server:
   queue, batching, errors and tokens as /predictions, and query parameters as inputs;
 - model-config.yaml's parallelism and device keys in describe (REST and gRPC) as TorchServe
   shows them, and the log lines that say what they, TorchServe's no-effect config keys and
-  its no-effect flags do here.
+  its no-effect flags do here; ``deviceType: cpu`` (on a server of its own, with simulated
+  GPUs) keeping a model's workers off the GPUs.
 """
 
 from __future__ import annotations
@@ -381,3 +382,24 @@ def test_the_log_says_what_torchserve_keys_and_flags_do_here(served: Served) -> 
         assert re.search(rf"model probe version 1\.0: model-config\.yaml {key}=.*: "
                          r"(honoured|not applied)", log), key
     assert "unknown key" not in log
+
+
+def test_device_type_cpu_keeps_a_model_off_the_gpus(build_mar, start_server, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """model-config.yaml ``deviceType: cpu`` on a server with GPUs (simulated): its workers
+    get no GPU, and describe says cpu; ``deviceType: gpu`` and no key take the GPUs."""
+    monkeypatch.setenv("BATCHSERVE_TEST_PROBE_DIR", str(tmp_path))
+    for device in ("cpu", "gpu"):
+        config_file = tmp_path / f"{device}.yaml"
+        config_file.write_text(f"deviceType: {device}\n")
+        build_mar(f"on_{device}", "gpu_probe", config_file=config_file)
+    build_mar("unsaid", "gpu_probe")
+    server = start_server("on_cpu.mar", "on_gpu.mar", "unsaid.mar", visible_gpus=2)
+    seen = {}
+    for name in ("on_cpu", "on_gpu", "unsaid"):
+        described = server.describe(name)
+        worker = described["workers"][0]  # type: ignore[index]
+        seen[name] = (described["deviceType"], worker["gpu"], server.predict(name, b"x").text)
+    assert seen["on_cpu"] == ("cpu", False, "None")
+    assert seen["on_gpu"][:2] == seen["unsaid"][:2] == ("gpu", True)
+    assert {seen["on_gpu"][2], seen["unsaid"][2]} == {"0", "1"}

@@ -222,3 +222,42 @@ def test_a_log4j_log_config_is_not_read_as_python_logging(
         root.handlers[:] = handlers
         root.setLevel(level)
         logging.setLogRecordFactory(factory)
+
+
+# ---- model-config.yaml ------------------------------------------------------------------------
+
+
+def test_model_config_parallel_and_device_keys_read_as_torchserve() -> None:
+    from frontend.settings import PolicyName, Source, read_layer, resolve
+
+    defaults = {"batch_size": 1, "max_batch_delay_ms": 100, "min_workers": 1,
+                "response_timeout_s": 120, "startup_timeout_s": 120, "job_queue_size": 100,
+                "batch_policy": PolicyName.ADAPTIVE}
+
+    def settings(yaml: dict[str, object]) -> dict[str, object]:
+        resolved = resolve(defaults, read_layer(yaml, Source.YAML))
+        return {**resolved.parallel_fields(), "device": resolved.device_type,
+                "continuous": resolved.continuous_batching, "ticket": resolved.use_job_ticket,
+                "async": resolved.async_communication}
+
+    assert settings({}) == {"parallelType": "", "parallelLevel": 0, "device": "",
+                            "continuous": False, "ticket": False, "async": False}
+    both = settings({"parallelType": "TP", "parallelLevel": 4, "deviceType": "GPU",
+                     "continuousBatching": True, "useJobTicket": True,
+                     "asyncCommunication": True})
+    assert both == {"parallelType": "tp", "parallelLevel": 4, "device": "gpu",
+                    "continuous": True, "ticket": True, "async": True}
+    # torchrun's nproc-per-node is the level; a type without a level (or the reverse) is
+    # none at all, as TorchServe's Model reads them.
+    assert settings({"parallelType": "pp", "torchrun": {"nproc-per-node": 2}})[
+        "parallelLevel"] == 2
+    assert settings({"parallelType": "pp", "torchrun": {}})["parallelLevel"] == 1
+    assert settings({"parallelType": "custom"})["parallelType"] == ""
+    assert settings({"parallelLevel": 2})["parallelLevel"] == 0
+    for yaml, message in (({"parallelType": "zz"}, "parallelType must be one of pp, tp"),
+                          ({"deviceType": "tpu"}, "deviceType must be one of cpu, gpu"),
+                          ({"torchrun": 4}, "torchrun must be a mapping"),
+                          ({"torchrun": {"nproc-per-node": 0}}, "nproc-per-node must be"),
+                          ({"continuousBatching": "maybe"}, "must be true or false")):
+        with pytest.raises(ValueError, match=message):
+            read_layer(yaml, Source.YAML)
