@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from urllib.parse import parse_qsl
 
 from frontend.api.http import common
@@ -113,9 +114,9 @@ class InferenceApp(common.Routes):
         for name, value in scope["headers"]:
             if name == b"content-type":
                 content_type = value.decode("latin-1")
-        inputs: list[tuple[str, bytes, str | None]]
+        inputs: Sequence[tuple[str, bytes, str | None]]
         if content_type and is_form(content_type):
-            inputs = list(parse_form(content_type, body, self.config.max_request_inputs))
+            inputs = parse_form(content_type, body, self.config.max_request_inputs)
         else:
             inputs = [("body", body, content_type)]
         if scope["query_string"] and not scope["path"].startswith(_TORCHSERVE_PREFIXES):
