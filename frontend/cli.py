@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve without token authorization")
     parser.add_argument("--enable-model-api", dest="enable_model_api", action="store_true",
                         help="allow registering and unregistering models at runtime")
+    # TorchServe's worker takes it (ts/arg_parser.py); here it is the metrics_config key.
+    parser.add_argument("--metrics-config", dest="metrics_config", type=Path,
+                        help="metrics configuration (TorchServe's metrics.yaml)")
     return parser
 
 
@@ -99,6 +102,8 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
         overrides["disable_token_authorization"] = "true"
     if args.ncs:
         overrides["snapshot_disabled"] = "true"
+    if args.metrics_config is not None:
+        overrides["metrics_config"] = str(args.metrics_config)
     return overrides
 
 
