@@ -95,6 +95,9 @@ class ModelService:
         self._ahead = ((prepare_batch, handle_prepared)
                        if prepare_batch and handle_prepared and envelope is None else None)
         self._describe_handle = _method(handler, "describe_handle")
+        #: One of our built-in handlers: it does not time itself, and TorchServe's built-in
+        #: handlers report HandlerTime, so the service reports it for them.
+        self._builtin = type(handler).__module__.startswith("backend.handlers.")
         name = entry_point.name
         self._plain = PlainCodec(decode_input_request, name)
         self._instances = InstancesCodec(name)
@@ -305,7 +308,10 @@ class ModelService:
             logger.warning("%s raised %s", self.entry_point.name, describe(exc))
             results = [exc] * len(data)
         handler_time_ms = (time.perf_counter() - start) * 1000.0
-        self.context.metrics.add_time("PredictionTime", round(handler_time_ms, 2))
+        metrics = self.context.metrics
+        if self._builtin:
+            metrics.add_time("HandlerTime", round(handler_time_ms, 2), None, "ms")
+        metrics.add_time("PredictionTime", round(handler_time_ms, 2))
         if not isinstance(results, (list, tuple)):
             raise InvalidHandlerOutput(
                 f"{self.entry_point.name} returned {type(results).__name__}, expected a list "

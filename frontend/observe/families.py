@@ -172,7 +172,8 @@ class LogMetric(TsMetric):
         if request_ids is None:
             self._frontend.write(f"{line},{stamp}")
         else:
-            self._model.write(f"{line},requestID:{request_ids},{stamp}")
+            # A value reported for no request: Java writes the missing id as "null".
+            self._model.write(f"{line},requestID:{request_ids or 'null'},{stamp}")
 
 
 def build(spec: MetricSpec, mode: str, logs: Sequence[MetricLog]) -> TsMetric:
