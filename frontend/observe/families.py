@@ -176,6 +176,24 @@ class LogMetric(TsMetric):
             self._model.write(f"{line},requestID:{request_ids or 'null'},{stamp}")
 
 
+def counter_total(metric: TsMetric | None, values: tuple[str, ...]) -> list[float] | None:
+    """The running total of one label set of a Prometheus counter, for a hot path to add to
+    without a call (``total[0] += value``; the value must not be negative). None when
+    ``metric`` is not such a counter, or cannot keep that label set: update it with ``add``.
+    Asking creates the label set's sample."""
+    if type(metric) is not PrometheusCounter:
+        return None
+    return metric.children.get(values) or metric._child(values)
+
+
+def gauge_value(metric: TsMetric | None, values: tuple[str, ...]) -> list[float] | None:
+    """The value of one label set of a Prometheus gauge that has it, for a hot path to set
+    without a call (``value[0] = new``); None otherwise."""
+    if type(metric) is not PrometheusGauge:
+        return None
+    return metric.children.get(values)
+
+
 def build(spec: MetricSpec, mode: str, logs: Sequence[MetricLog]) -> TsMetric:
     """The metric ``spec`` declares, kept as ``mode`` keeps it (``logs``: the frontend's and
     the model metrics' log)."""

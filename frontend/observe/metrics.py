@@ -186,6 +186,19 @@ class _Histogram:
         return family
 
 
+class _RequestSeries:
+    """What a request of one model and named version updates: its labels, and with
+    TorchServe's default metrics the running totals of its three counters (``fast``)."""
+
+    __slots__ = ("count", "fast", "labels", "latency", "queue")
+
+    def __init__(self, labels: tuple[str, ...], count: list[float] | None,
+                 latency: list[float] | None, queue: list[float] | None) -> None:
+        self.labels = labels
+        self.count, self.latency, self.queue = count, latency, queue
+        self.fast = count is not None and latency is not None and queue is not None
+
+
 class ServerMetrics:
     """One server's metrics (several servers in one process stay apart)."""
 
@@ -210,8 +223,14 @@ class ServerMetrics:
                               for name, spec in self.config.model_metrics.items()}
         self._undeclared: set[str] = set()
         get = self.frontend.get
-        self._by_status = {bucket: get(bucket) for bucket in
-                           ("Requests2XX", "Requests4XX", "Requests5XX")}
+        self._by_status = [get(bucket) for bucket in ("Requests2XX", "Requests4XX",
+                                                      "Requests5XX")]
+        #: Their totals, once counted (TorchServe shows a status's sample once it counts).
+        self._status_totals: list[list[float] | None] = [None, None, None]
+        #: QueueTime's value, once set (a Prometheus gauge's, set in place).
+        self._queue_time_value: list[float] | None = None
+        #: (model, version named) -> what its requests update.
+        self._request_series: dict[tuple[str, str | None], _RequestSeries] = {}
         self._requests = get("ts_inference_requests_total")
         self._latency_us = get("ts_inference_latency_microseconds")
         self._queue_us = get("ts_queue_latency_microseconds")
@@ -245,11 +264,18 @@ class ServerMetrics:
         """One response sent: an HTTP response on any port, or a gRPC prediction's answer
         (TorchServe's Requests2XX/4XX/5XX; as TorchServe, what is neither 2xx nor 4xx is 5XX).
         """
-        bucket = "Requests2XX" if 200 <= status < 300 else "Requests4XX" \
-            if 400 <= status < 500 else "Requests5XX"
+        bucket = 0 if 200 <= status < 300 else 1 if 400 <= status < 500 else 2
+        total = self._status_totals[bucket]
+        if total is not None:
+            total[0] += 1.0
+            return
         metric = self._by_status[bucket]
         if metric is not None:
-            metric.add(_HOST_LABELS, 1.0)
+            self._status_totals[bucket] = ts_families.counter_total(metric, _HOST_LABELS)
+            if self._status_totals[bucket] is None:  # not a Prometheus counter: its own way
+                metric.add(_HOST_LABELS, 1.0)
+            else:
+                self.count_response(status)
 
     def record_request(self, model: Model | None, latency_s: float, refused: str | None = None,
                        *, version: str | None = None, answered: Job | None = None) -> None:
@@ -264,7 +290,28 @@ class ServerMetrics:
         if refused is not None:
             refusal = (*key, refused)
             self.refused[refusal] = self.refused.get(refusal, 0) + 1
-        labels = (model.name, version or "default", HOSTNAME)
+        series = self._request_series.get((model.name, version))
+        if series is None:
+            series = self._new_request_series(model.name, version)
+        if series.fast:  # TorchServe's default: three Prometheus counters, added to in place
+            series.count[0] += 1.0  # type: ignore[index]
+            if answered is not None:
+                queue_s = answered.queue_wait_s
+                series.latency[0] += latency_s * 1e6  # type: ignore[index]
+                series.queue[0] += queue_s * 1e6  # type: ignore[index]
+                queue_time = self._queue_time_value
+                if queue_time is not None:
+                    queue_time[0] = queue_s * 1000 // 1  # whole ms, as TorchServe's
+                elif self._queue_time is not None:
+                    self._queue_time.add(_HOST_LABELS, queue_s * 1000 // 1)
+                    self._queue_time_value = ts_families.gauge_value(self._queue_time,
+                                                                     _HOST_LABELS)
+            return
+        self._record_request_slowly(series.labels, latency_s, answered)
+
+    def _record_request_slowly(self, labels: tuple[str, ...], latency_s: float,
+                               answered: Job | None) -> None:
+        """``record_request``'s TorchServe metrics, each through its ``add``."""
         if self._requests is not None:
             self._requests.add(labels, 1.0)
         if answered is None:
@@ -275,6 +322,13 @@ class ServerMetrics:
             self._queue_us.add(labels, answered.queue_wait_s * 1e6)
         if self._queue_time is not None:
             self._queue_time.add(_HOST_LABELS, float(int(answered.queue_wait_s * 1000)))
+
+    def _new_request_series(self, name: str, version: str | None) -> _RequestSeries:
+        labels = (name, version or "default", HOSTNAME)
+        totals = [ts_families.counter_total(metric, labels)
+                  for metric in (self._requests, self._latency_us, self._queue_us)]
+        series = self._request_series[(name, version)] = _RequestSeries(labels, *totals)
+        return series
 
     def record_batch(self, model: Model, jobs: Sequence[Job],
                      result: worker_pb2.PredictResult | None) -> None:

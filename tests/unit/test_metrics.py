@@ -338,3 +338,29 @@ def test_gpu_readings_degrade_cleanly() -> None:
     names = [name for name, *_ in SystemSampler(gpu_count=2).read()]
     assert names[:7] == ["CPUUtilization", "MemoryUsed", "MemoryAvailable", "MemoryUtilization",
                          "DiskUsage", "DiskUtilization", "DiskAvailable"]
+
+
+def test_torchserve_request_metrics_follow_the_types_their_config_declares(
+        tmp_path: Path) -> None:
+    path = tmp_path / "metrics.yaml"
+    path.write_text("""
+ts_metrics:
+  histogram:
+    - {name: QueueTime, unit: Milliseconds, dimensions: [Level, Hostname]}
+    - {name: ts_inference_latency_microseconds, unit: Microseconds,
+       dimensions: [model_name, model_version, hostname]}
+  gauge:
+    - {name: ts_inference_requests_total, unit: Count,
+       dimensions: [model_name, model_version, hostname]}
+""")
+    metrics = ServerMetrics([], config=load_metrics_config(path), system_metrics=False)
+    for _ in range(2):
+        metrics.record_request(_Model(), 0.01, answered=_Job())
+        metrics.count_response(200)  # Requests2XX is not declared: not counted
+    text = metrics.exposition().decode()
+    parsed = {sample.name: sample.value for family in text_string_to_metric_families(text)
+              for sample in family.samples if "le" not in sample.labels}
+    assert parsed["QueueTime_count"] == 2 and parsed["QueueTime_sum"] == 8.0
+    assert parsed["ts_inference_latency_microseconds_count"] == 2
+    assert parsed["ts_inference_requests_total"] == 1.0  # a gauge keeps the last value
+    assert "Requests2XX" not in text and "ts_queue_latency_microseconds" not in text
