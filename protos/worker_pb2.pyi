@@ -158,7 +158,7 @@ class Response(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., status: _Optional[int] = ..., reason: _Optional[str] = ..., content_type: _Optional[str] = ..., body: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., error: _Optional[str] = ..., error_type: _Optional[str] = ...) -> None: ...
 
 class Metric(_message.Message):
-    __slots__ = ("name", "unit", "type", "value", "dimension_names", "dimension_values", "request_id")
+    __slots__ = ("name", "unit", "type", "value", "dimension_names", "dimension_values", "request_id", "hostname")
     NAME_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,7 @@ class Metric(_message.Message):
     DIMENSION_NAMES_FIELD_NUMBER: _ClassVar[int]
     DIMENSION_VALUES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     name: str
     unit: str
     type: str
@@ -173,7 +174,8 @@ class Metric(_message.Message):
     dimension_names: _containers.RepeatedScalarFieldContainer[str]
     dimension_values: _containers.RepeatedScalarFieldContainer[str]
     request_id: str
-    def __init__(self, name: _Optional[str] = ..., unit: _Optional[str] = ..., type: _Optional[str] = ..., value: _Optional[float] = ..., dimension_names: _Optional[_Iterable[str]] = ..., dimension_values: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    hostname: str
+    def __init__(self, name: _Optional[str] = ..., unit: _Optional[str] = ..., type: _Optional[str] = ..., value: _Optional[float] = ..., dimension_names: _Optional[_Iterable[str]] = ..., dimension_values: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class PredictResult(_message.Message):
     __slots__ = ("batch_id", "responses", "handler_time_ms", "metrics")

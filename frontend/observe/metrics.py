@@ -115,7 +115,7 @@ def parse_metric_line(text: str) -> worker_pb2.Metric | None:
     match = _METRIC_LINE.fullmatch(text.partition(METRICS_MARK)[2])
     if match is None:
         return None
-    name, unit, raw_value, dims, _, kind, _, _, _, request_ids = match.groups()
+    name, unit, raw_value, dims, _, kind, hostname, _, _, request_ids = match.groups()
     try:
         value = float(raw_value)
     except ValueError:
@@ -128,7 +128,7 @@ def parse_metric_line(text: str) -> worker_pb2.Metric | None:
             values.append(parts[1])
     return worker_pb2.Metric(name=name, unit=unit, type=(kind or "").lower(), value=value,
                              dimension_names=names, dimension_values=values,
-                             request_id=request_ids or "")
+                             request_id=request_ids or "", hostname=hostname)
 
 
 class _Series:
@@ -356,15 +356,16 @@ class ServerMetrics:
 
     def record_model_metrics(self, metrics: Iterable[worker_pb2.Metric]) -> None:
         """Values handlers reported: each goes to its metric, with the host name as its last
-        label; an undeclared one only with ``model_metrics_auto_detect``."""
+        label (a printed line's own, as TorchServe); an undeclared one only with
+        ``model_metrics_auto_detect``."""
         for reported in metrics:
             metric = self.model_metrics.get(reported.name)
             if metric is None:
                 metric = self._detected(reported)
                 if metric is None:
                     continue
-            metric.add((*reported.dimension_values, HOSTNAME), reported.value,
-                       reported.request_id)
+            metric.add((*reported.dimension_values, reported.hostname or HOSTNAME),
+                       reported.value, reported.request_id)
 
     def _detected(self, reported: worker_pb2.Metric) -> TsMetric | None:
         """A metric for a value of an undeclared metric, or None (logged once per name)."""

@@ -83,6 +83,8 @@ TORCHSERVE_PATTERNS = [
     r'ReporterRatio_count\{ModelName="reporter",Level="Model",Hostname=".+",\} \d+\.\d+',
     r'ReporterErrors\{Level="Error",Hostname=".+",\} \d+\.\d+',
     r'ReporterLookupsMissed\{ModelName="reporter",Level="Model",Hostname=".+",\} \d+\.\d+',
+    # A metric line the handler printed, with the host name it wrote.
+    r'ReporterPrinted\{Level="Model",Hostname="printer",\} 2\.0',
 ]
 
 

@@ -322,8 +322,8 @@ def test_torchserve_metric_lines_a_worker_prints_are_read() -> None:
             "1717105307,3f2e")
     metric = parse_metric_line(line)
     assert metric is not None
-    assert (metric.name, metric.unit, metric.type, metric.value, metric.request_id) == (
-        "HandlerMethodTime", "Milliseconds", "gauge", 9.39, "3f2e")
+    assert (metric.name, metric.unit, metric.type, metric.value, metric.request_id,
+            metric.hostname) == ("HandlerMethodTime", "Milliseconds", "gauge", 9.39, "3f2e", "h")
     assert list(metric.dimension_names) == ["MethodName", "ModelName", "Level"]
     assert parse_metric_line("[METRICS]not a metric") is None
 
