@@ -156,9 +156,10 @@ def _parse_metrics_mode(text: str) -> str:
 
 
 def _parse_path(text: str) -> Path:
+    """A path made absolute from the working directory (as TorchServe reads it)."""
     if not text:
         raise ValueError("expected a path")
-    return Path(text).expanduser().resolve()
+    return Path(os.path.abspath(text))
 
 
 def _parse_port(text: str) -> int:
