@@ -60,7 +60,7 @@ HOSTNAME = socket.gethostname()
 MODEL_LABELS = ("model_name", "model_version")
 METRICS_MODES = ("prometheus", "log", "legacy")
 #: Metrics a handler may add to the configuration's (``model_metrics_auto_detect``).
-MAX_AUTO_DETECTED = 500
+MAX_AUTO_DETECTED = 100
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                  5.0, 10.0, 30.0, 120.0)
