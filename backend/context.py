@@ -7,13 +7,12 @@ method names (and the positional constructor) follow TorchServe.
 
 from __future__ import annotations
 
-import collections
 import json
-import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from backend.metrics.cache import MetricCacheAbstract, MetricsCacheYamlImpl
 
 #: TorchServe's sequence headers (stateful models; frontend/serving/sequences.py sets them).
 SEQUENCE_ID_HEADER = "ts_request_sequence_id"
@@ -71,118 +70,6 @@ class RequestProcessor:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class MetricRecord:
-    """One value a handler reported through ``context.metrics``."""
-
-    name: str
-    value: float
-    unit: str
-    metric_type: str
-    dimensions: tuple[tuple[str, str], ...] = ()
-    request_id: str | None = None
-    timestamp_s: float = field(default_factory=time.time)
-
-
-def _dimension(value: Any) -> tuple[str, str]:
-    """A metric dimension as (name, value): TorchServe's Dimension objects, pairs, or text."""
-    if hasattr(value, "name") and hasattr(value, "value"):
-        return str(value.name), str(value.value)
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        return str(value[0]), str(value[1])
-    text = str(value)
-    name, sep, rest = text.partition(":")
-    return (name, rest) if sep else ("Dimension", text)
-
-
-class Metrics:
-    """Records the custom metrics a handler reports (TorchServe's ``context.metrics`` methods).
-
-    Values are kept in a bounded buffer until someone drains them; exporting them is not done
-    here.
-    """
-
-    # Bounded so a handler that reports per request never grows the worker's memory.
-    MAX_RECORDS = 10_000
-
-    def __init__(self) -> None:
-        self._records: collections.deque[MetricRecord] = collections.deque(maxlen=self.MAX_RECORDS)
-        self.request_ids: dict[int, str] = {}
-
-    def add_metric(
-        self,
-        name: str,
-        value: float,
-        unit: str = "count",
-        idx: int | None = None,
-        dimensions: Iterable[Any] | None = None,
-        metric_type: Any = "counter",
-    ) -> None:
-        request_id = self.request_ids.get(idx) if idx is not None else None
-        self._records.append(
-            MetricRecord(
-                name=name,
-                value=float(value),
-                unit=str(unit),
-                metric_type=str(getattr(metric_type, "value", metric_type)).lower(),
-                dimensions=tuple(_dimension(d) for d in dimensions or ()),
-                request_id=request_id,
-            )
-        )
-
-    def add_counter(
-        self,
-        name: str,
-        value: float,
-        idx: int | None = None,
-        dimensions: Iterable[Any] | None = None,
-        metric_type: Any = "counter",
-    ) -> None:
-        self.add_metric(name, value, "count", idx, dimensions, metric_type)
-
-    def add_time(
-        self,
-        name: str,
-        value: float,
-        idx: int | None = None,
-        unit: str = "ms",
-        dimensions: Iterable[Any] | None = None,
-        metric_type: Any = "gauge",
-    ) -> None:
-        self.add_metric(name, value, unit, idx, dimensions, metric_type)
-
-    def add_size(
-        self,
-        name: str,
-        value: float,
-        idx: int | None = None,
-        unit: str = "MB",
-        dimensions: Iterable[Any] | None = None,
-        metric_type: Any = "gauge",
-    ) -> None:
-        self.add_metric(name, value, unit, idx, dimensions, metric_type)
-
-    def add_percent(
-        self,
-        name: str,
-        value: float,
-        idx: int | None = None,
-        dimensions: Iterable[Any] | None = None,
-        metric_type: Any = "gauge",
-    ) -> None:
-        self.add_metric(name, value, "percent", idx, dimensions, metric_type)
-
-    @property
-    def records(self) -> list[MetricRecord]:
-        return list(self._records)
-
-    def drain(self) -> list[MetricRecord]:
-        """Return the recorded values and forget them."""
-        drained = list(self._records)
-        self._records.clear()
-        return drained
-
-
 class Context:
     """What a handler knows about its model and, during ``handle``, about the current batch."""
 
@@ -195,7 +82,7 @@ class Context:
         gpu: int | None,
         mms_version: str,
         limit_max_image_pixels: bool = True,
-        metrics: Metrics | None = None,
+        metrics: MetricCacheAbstract | None = None,
         model_yaml_config: dict[str, Any] | None = None,
         cpu_threads: int | None = None,
     ) -> None:
@@ -211,7 +98,12 @@ class Context:
             # batchserve: this worker's share of the machine's cores (None: every core).
             "cpu_threads": cpu_threads,
         }
-        self.metrics = metrics if metrics is not None else Metrics()
+        #: The handler's metrics API (TorchServe's ``MetricsCacheYamlImpl``): the worker
+        #: gives it the model_metrics of the server's metrics configuration.
+        self.metrics: MetricCacheAbstract = (
+            metrics if metrics is not None else MetricsCacheYamlImpl.without_config())
+        if self.metrics.model_name is None:
+            self.metrics.model_name = model_name
         self.model_yaml_config: dict[str, Any] = model_yaml_config or {}
         self.request_ids: dict[int, str] = {}
         self.request_processor: list[RequestProcessor] = []

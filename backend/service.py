@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ from backend.errors import (
     is_prediction_exception,
 )
 from backend.loader import EntryPoint, add_dependency_dirs, load_entry_point
+from backend.metrics.cache import MetricsCacheYamlImpl
+from backend.metrics.errors import MetricsCacheKeyError, MetricsCacheValueError
+from backend.metrics.sink import DEFAULT_SINK, MetricSink
 from protos import worker_pb2
 
 __all__ = ["ModelService", "Prepared", "encode_result", "load_service"]
@@ -91,6 +95,9 @@ class ModelService:
         self._ahead = ((prepare_batch, handle_prepared)
                        if prepare_batch and handle_prepared and envelope is None else None)
         self._describe_handle = _method(handler, "describe_handle")
+        #: One of our built-in handlers: it does not time itself, and TorchServe's built-in
+        #: handlers report HandlerTime, so the service reports it for them.
+        self._builtin = type(handler).__module__.startswith("backend.handlers.")
         name = entry_point.name
         self._plain = PlainCodec(decode_input_request, name)
         self._instances = InstancesCodec(name)
@@ -240,11 +247,17 @@ class ModelService:
             else:
                 items = results[segment.start:segment.start + len(segment.rows)]
                 answers[id(segment.request)] = segment.codec.encode(segment, items, context)
-        merged.metrics = [
-            worker_pb2.Metric(name=record.name, unit=record.unit, type=record.metric_type,
-                              value=record.value, dimensions=dict(record.dimensions))
-            for record in context.metrics.drain()]
+        merged.metrics = self.drain_metrics()
         return merged
+
+    def drain_metrics(self) -> list[worker_pb2.Metric]:
+        """The metric values reported since the last drain (through ``context.metrics`` and
+        through metric objects of the handler's own), to send to the frontend."""
+        sink = getattr(self.context.metrics, "sink", None)
+        drained = sink.drain() if isinstance(sink, MetricSink) else []
+        if DEFAULT_SINK:
+            drained.extend(DEFAULT_SINK.drain())
+        return drained
 
     def _codec_for(self, request: worker_pb2.Request) -> Codec:
         if self._enveloped is not None:
@@ -295,7 +308,10 @@ class ModelService:
             logger.warning("%s raised %s", self.entry_point.name, describe(exc))
             results = [exc] * len(data)
         handler_time_ms = (time.perf_counter() - start) * 1000.0
-        self.context.metrics.add_time("PredictionTime", handler_time_ms)
+        metrics = self.context.metrics
+        if self._builtin:
+            metrics.add_time("HandlerTime", round(handler_time_ms, 2), None, "ms")
+        metrics.add_time("PredictionTime", round(handler_time_ms, 2))
         if not isinstance(results, (list, tuple)):
             raise InvalidHandlerOutput(
                 f"{self.entry_point.name} returned {type(results).__name__}, expected a list "
@@ -328,6 +344,7 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
     if not model_dir.is_dir():
         raise HandlerLoadError(f"model directory {model_dir} does not exist")
     manifest = read_manifest(message.manifest_json)
+    metrics = model_metrics(message.metrics_config, message.model_name)
     # NOTE: read the YAML config before the model directory joins sys.path, so that the lazy
     # `import yaml` cannot pick up a yaml.py shipped in the archive.
     context = Context(
@@ -340,6 +357,7 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
         limit_max_image_pixels=message.limit_max_image_pixels,
         model_yaml_config=read_model_yaml_config(model_dir, manifest),
         cpu_threads=message.cpu_threads or None,
+        metrics=metrics,
     )
     add_dependency_dirs(message.dependency_dirs)
     entry_point = load_entry_point(message.handler, model_dir, context)
@@ -347,6 +365,26 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
                         model_version=message.model_version,
                         response_timeout_s=message.response_timeout_ms / 1000 or 120.0,
                         envelope=make_envelope(message.envelope, context))
+
+
+def model_metrics(metrics_config: str, model_name: str) -> MetricsCacheYamlImpl:
+    """The handler's ``context.metrics``, as TorchServe's worker makes it: the model metrics
+    of the server's metrics configuration (``metrics_config``; "" declares none), and a
+    request id of its own while the model loads, so that what ``initialize`` reports carries
+    ``ModelName`` and ``Level:Model``."""
+    if not metrics_config:
+        cache = MetricsCacheYamlImpl.without_config()
+    else:
+        cache = MetricsCacheYamlImpl(metrics_config)
+        try:
+            cache.initialize_cache()
+        except (MetricsCacheKeyError, MetricsCacheValueError) as exc:
+            # TorchServe's worker would not start; the frontend checked the file already, so
+            # this is a configuration without model metrics: none are declared.
+            logger.warning("%s declares no model metrics (%s)", metrics_config, exc)
+    cache.model_name = model_name
+    cache.set_request_ids(str(uuid.uuid4()))
+    return cache
 
 
 @dataclass(frozen=True, slots=True)

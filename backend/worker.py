@@ -190,7 +190,9 @@ class WorkerSession:
             return error_frame(worker_pb2.LOAD_FAILED, describe(exc))
         load_time_ms = (time.perf_counter() - start) * 1000.0
         logger.info("model %s loaded in %.1f ms", message.model_name, load_time_ms)
-        return Frame(Kind.LOADED, worker_pb2.Loaded(load_time_ms=load_time_ms).SerializeToString())
+        loaded = worker_pb2.Loaded(load_time_ms=load_time_ms,
+                                   metrics=self.service.drain_metrics())
+        return Frame(Kind.LOADED, loaded.SerializeToString())
 
     def _predict(self, batch: worker_pb2.PredictBatch, prepared: Any) -> Frame:
         if self.service is None:

@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     ignored.add_argument("--host", dest="host", metavar="HOST")
     ignored.add_argument("--port", dest="port", metavar="PORT")
     ignored.add_argument("--async", dest="async_comm", action="store_true")
+    # TorchServe's worker takes it (ts/arg_parser.py); here it is the metrics_config key.
+    parser.add_argument("--metrics-config", dest="metrics_config", type=Path,
+                        help="metrics configuration (TorchServe's metrics.yaml)")
     return parser
 
 
@@ -139,6 +142,8 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
         overrides["disable_token_authorization"] = "true"
     if args.ncs:
         overrides["snapshot_disabled"] = "true"
+    if args.metrics_config is not None:
+        overrides["metrics_config"] = str(args.metrics_config)
     return overrides
 
 

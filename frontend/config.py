@@ -149,6 +149,21 @@ def _parse_choice(choices: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
+def _parse_metrics_mode(text: str) -> str:
+    """prometheus, log or legacy, in any case and with any spaces (as TorchServe reads it)."""
+    mode = re.sub(r"\s", "", text).lower()
+    if mode not in ("prometheus", "log", "legacy"):
+        raise ValueError("metrics_mode is prometheus, log or legacy")
+    return mode
+
+
+def _parse_path(text: str) -> Path:
+    """A path made absolute from the working directory (as TorchServe reads it)."""
+    if not text:
+        raise ValueError("expected a path")
+    return Path(os.path.abspath(text))
+
+
 def _parse_port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -361,7 +376,20 @@ class ServerConfig:
     enable_metrics_api: bool = option("enable_metrics_api", parse=parse_bool, default=True)
     #: KServe's documented config.properties for TorchServe says metrics_format (TorchServe
     #: itself reads only metrics_mode): the same setting.
-    metrics_mode: str = option("metrics_mode", "metrics_format", parse=str, default="prometheus")
+    metrics_mode: str = option("metrics_mode", "metrics_format", parse=_parse_metrics_mode,
+                               default="prometheus")
+    #: TorchServe's metrics.yaml: which metrics exist, their types, units and dimensions
+    #: (None: TorchServe's own, frontend/observe/metrics.yaml). A relative path is the
+    #: working directory's, as TorchServe's.
+    metrics_config: Path | None = option("metrics_config", parse=_parse_path, default=None)
+    #: Keep handler metrics that metrics_config does not declare (TorchServe's default: drop).
+    model_metrics_auto_detect: bool = option(
+        "model_metrics_auto_detect", parse=parse_bool, default=False)
+    disable_system_metrics: bool = option("disable_system_metrics", parse=parse_bool,
+                                          default=False)
+    #: Seconds between two readings of the host's metrics (CPU, memory, disk, GPUs).
+    metric_time_interval_s: int = option("metric_time_interval", parse=_parse_positive_int,
+                                         default=60)
     log_location: Path = option("log_location", parse=Path, default=Path("logs"))
     #: One line per request in {log_location}/access_log.log, written off the hot path.
     enable_access_log: bool = option("enable_access_log", parse=parse_bool, default=True)
@@ -393,7 +421,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], object]]] = {
 #: Keys read outside build_config: enable_envvars_config (load_config), and those other parts
 #: read. TorchServe's keys that mean nothing here are in frontend/torchserve_keys.py.
 _ACCEPTED_WITHOUT_EFFECT = frozenset({
-    "enable_envvars_config", "metric_time_interval",
+    "enable_envvars_config",
 })
 
 #: TorchServe's variable names that are not ``TS_`` and the key in capitals (its
@@ -451,9 +479,6 @@ def build_config(*sources: Mapping[str, str]) -> tuple[ServerConfig, list[str]]:
             except (ValueError, TypeError, OverflowError, RecursionError) as exc:
                 raise ConfigError(f"config key {key}={_shown(repr(raw), 120)}: {exc}") from exc
     config = ServerConfig(**values)  # type: ignore[arg-type]  # types come from _PARSERS
-    if config.metrics_mode not in ("prometheus", "log", "legacy"):
-        raise ConfigError(f"config key metrics_mode={config.metrics_mode!r}: expected prometheus, "
-                          "log or legacy")
     if config.kserve_protocol:
         _check_kserve_ports(config)
     return config, unknown

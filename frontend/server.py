@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,7 +28,8 @@ from frontend.models.loader import ModelLoader, RegisterRequest
 from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots, restore_requests
 from frontend.observe.logs import ServerLogs
-from frontend.observe.metrics import ServerMetrics
+from frontend.observe.metric_specs import load_metrics_config
+from frontend.observe.metrics import Model, ServerMetrics
 from frontend.ops.auth import TokenAuthority
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
@@ -75,6 +77,20 @@ def startup_requests(config: ServerConfig, entries: tuple[str, ...]) -> list[Reg
     return requests
 
 
+def server_metrics(config: ServerConfig, models: Iterable[Model], gpu_count: int
+                   ) -> ServerMetrics:
+    """The server's metrics, as its configuration says. Their log files go where TorchServe
+    puts them: ``$METRICS_LOCATION`` when set (as TorchServe's log4j configuration), else the
+    log location."""
+    location = os.environ.get("METRICS_LOCATION", "").strip()
+    return ServerMetrics(
+        models, mode=config.metrics_mode, config=load_metrics_config(config.metrics_config),
+        auto_detect=config.model_metrics_auto_detect,
+        log_dir=Path(location) if location else config.log_location,
+        system_metrics=not config.disable_system_metrics, gpu_count=gpu_count,
+        interval_s=config.metric_time_interval_s)
+
+
 class Server:
     def __init__(self, config: ServerConfig,
                  on_started: Callable[[Server], None] | None = None) -> None:
@@ -107,13 +123,13 @@ class Server:
         run_dir, owns_run_dir = self._make_run_dir()
         run_dir.chmod(0o700)
         registry = ModelRegistry()
-        metrics = ServerMetrics(registry, str(config.model_store or "."))
         gpus = GpuAssigner.detect(config.number_of_gpu, config.visible_gpus)
+        metrics = server_metrics(config, registry, gpus.count)
         cpus = CpuAssigner.detect(config.cpu_cores_per_worker) if config.cpu_affinity else None
         logs = ServerLogs(config.log_location, config.enable_access_log)
         loader = ModelLoader(config, run_dir, registry,
                              Placement(gpus, cpus, registry.worker_count),
-                             metrics.record_batch, logs.model)
+                             metrics.record_batch, logs.model, events=metrics)
         auth = None
         if not config.disable_token_authorization:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)
@@ -122,6 +138,7 @@ class Server:
         self.services = Services(config, registry, loader, metrics, auth, snapshots, plane)
         grpc_servers = GrpcServers(self.services) if config.enable_grpc else None
         with logs:
+            await metrics.start()
             try:
                 await self._serve(http_services=self.services, loader=loader,
                                   snapshots=snapshots, auth=auth, grpc_servers=grpc_servers)
@@ -129,6 +146,7 @@ class Server:
                 if grpc_servers is not None:
                     await grpc_servers.stop(grace_s=0)
                 await loader.close(drain_timeout_s=self._drain_left())
+                await metrics.close()
                 if auth is not None:
                     auth.remove()
                 if owns_run_dir:

@@ -39,6 +39,8 @@ NO_EFFECT: dict[str, str] = {
                                  "batchserve runs one process per worker, without torchrun",
     "workflow_store": "TorchServe's workflows (.war archives) are not served by batchserve",
     "cpp_log_config": "TorchServe's C++ backend is not part of batchserve",
+    "system_metrics_cmd": "the server reads the host's CPU, memory, disk and GPU figures "
+                          "itself (psutil, nvidia-ml-py) instead of running a collector script",
     "cpu_launcher_enable": "Intel's CPU launcher is not used: cpu_affinity and "
                            "cpu_cores_per_worker give each worker its own cores",
     "cpu_launcher_args": "Intel's CPU launcher is not used: cpu_affinity and "

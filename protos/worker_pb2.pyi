@@ -40,7 +40,7 @@ class Hello(_message.Message):
     def __init__(self, pid: _Optional[int] = ...) -> None: ...
 
 class LoadModel(_message.Message):
-    __slots__ = ("model_name", "model_version", "model_dir", "handler", "batch_size", "gpu_id", "manifest_json", "limit_max_image_pixels", "worker_id", "envelope", "decode_input_request", "server_version", "response_timeout_ms", "cpu_threads", "dependency_dirs")
+    __slots__ = ("model_name", "model_version", "model_dir", "handler", "batch_size", "gpu_id", "manifest_json", "limit_max_image_pixels", "worker_id", "envelope", "decode_input_request", "server_version", "response_timeout_ms", "cpu_threads", "dependency_dirs", "metrics_config")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class LoadModel(_message.Message):
     RESPONSE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CPU_THREADS_FIELD_NUMBER: _ClassVar[int]
     DEPENDENCY_DIRS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_CONFIG_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_version: str
     model_dir: str
@@ -71,13 +72,16 @@ class LoadModel(_message.Message):
     response_timeout_ms: int
     cpu_threads: int
     dependency_dirs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., model_dir: _Optional[str] = ..., handler: _Optional[str] = ..., batch_size: _Optional[int] = ..., gpu_id: _Optional[int] = ..., manifest_json: _Optional[str] = ..., limit_max_image_pixels: _Optional[bool] = ..., worker_id: _Optional[str] = ..., envelope: _Optional[str] = ..., decode_input_request: _Optional[bool] = ..., server_version: _Optional[str] = ..., response_timeout_ms: _Optional[int] = ..., cpu_threads: _Optional[int] = ..., dependency_dirs: _Optional[_Iterable[str]] = ...) -> None: ...
+    metrics_config: str
+    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., model_dir: _Optional[str] = ..., handler: _Optional[str] = ..., batch_size: _Optional[int] = ..., gpu_id: _Optional[int] = ..., manifest_json: _Optional[str] = ..., limit_max_image_pixels: _Optional[bool] = ..., worker_id: _Optional[str] = ..., envelope: _Optional[str] = ..., decode_input_request: _Optional[bool] = ..., server_version: _Optional[str] = ..., response_timeout_ms: _Optional[int] = ..., cpu_threads: _Optional[int] = ..., dependency_dirs: _Optional[_Iterable[str]] = ..., metrics_config: _Optional[str] = ...) -> None: ...
 
 class Loaded(_message.Message):
-    __slots__ = ("load_time_ms",)
+    __slots__ = ("load_time_ms", "metrics")
     LOAD_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     load_time_ms: float
-    def __init__(self, load_time_ms: _Optional[float] = ...) -> None: ...
+    metrics: _containers.RepeatedCompositeFieldContainer[Metric]
+    def __init__(self, load_time_ms: _Optional[float] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
 
 class Request(_message.Message):
     __slots__ = ("request_id", "headers", "inputs", "content_types", "describe", "instances", "tensor_format")
@@ -154,25 +158,24 @@ class Response(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., status: _Optional[int] = ..., reason: _Optional[str] = ..., content_type: _Optional[str] = ..., body: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., error: _Optional[str] = ..., error_type: _Optional[str] = ...) -> None: ...
 
 class Metric(_message.Message):
-    __slots__ = ("name", "unit", "type", "value", "dimensions")
-    class DimensionsEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    __slots__ = ("name", "unit", "type", "value", "dimension_names", "dimension_values", "request_id", "hostname")
     NAME_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
-    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_NAMES_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_VALUES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     name: str
     unit: str
     type: str
     value: float
-    dimensions: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., unit: _Optional[str] = ..., type: _Optional[str] = ..., value: _Optional[float] = ..., dimensions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    dimension_names: _containers.RepeatedScalarFieldContainer[str]
+    dimension_values: _containers.RepeatedScalarFieldContainer[str]
+    request_id: str
+    hostname: str
+    def __init__(self, name: _Optional[str] = ..., unit: _Optional[str] = ..., type: _Optional[str] = ..., value: _Optional[float] = ..., dimension_names: _Optional[_Iterable[str]] = ..., dimension_values: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class PredictResult(_message.Message):
     __slots__ = ("batch_id", "responses", "handler_time_ms", "metrics")

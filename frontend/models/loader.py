@@ -27,8 +27,9 @@ from frontend.models.dependencies import NO_ENVIRONMENT, DependencyInstaller, Mo
 from frontend.models.download import download_archive
 from frontend.models.model import BatchRecorder, Model, TensorMetadata
 from frontend.models.registry import ModelRegistry
+from frontend.observe.metric_specs import DEFAULT_METRICS_CONFIG
 from frontend.serving.placement import Placement
-from frontend.serving.workers import WorkerLaunch, start_failures
+from frontend.serving.workers import WorkerEvents, WorkerLaunch, start_failures
 from frontend.settings import FIELDS, ModelSettings, SettingsLayer, Source, read_layer, resolve
 from model_archiver import names
 from protos import worker_pb2
@@ -136,8 +137,11 @@ class ModelLoader:
 
     def __init__(self, config: ServerConfig, run_dir: Path, registry: ModelRegistry,
                  placement: Placement, record_batch: BatchRecorder,
-                 model_log: logging.Logger) -> None:
+                 model_log: logging.Logger, *, events: WorkerEvents | None = None) -> None:
         self.config = config
+        #: Told when a worker loaded its model, of the frontend's time on each batch, and of
+        #: metrics the workers print (the server's metrics).
+        self._events = events
         self.run_dir = run_dir
         self.archive_dir = run_dir / "models"
         self.archive_dir.mkdir(mode=0o700, exist_ok=True)
@@ -300,7 +304,9 @@ class ModelLoader:
                 server_version=__version__,
                 response_timeout_ms=settings.response_timeout_s * 1000,
                 dependency_dirs=environment.dependency_dirs,
+                metrics_config=str(config.metrics_config or DEFAULT_METRICS_CONFIG),
             ),
+            events=self._events,
             run_dir=self.run_dir,
             startup_timeout_s=settings.startup_timeout_s,
             response_timeout_s=settings.response_timeout_s,

@@ -1,47 +1,71 @@
-"""Prometheus metrics: TorchServe's names first, then what TorchServe lacks.
+"""The server's metrics: TorchServe's, exactly as TorchServe writes them, then ours.
 
-TorchServe's dashboards read ``ts_inference_requests_total``,
-``ts_inference_latency_microseconds`` and ``ts_queue_latency_microseconds`` (counters of
-summed microseconds, labels ``model_name``, ``model_version``, ``hostname``), the
-``Requests2XX/4XX/5XX`` counters and the host gauges (``CPUUtilization``, ``MemoryUsed``, …);
-those keep their exact names, in HELP, TYPE and samples alike, as TorchServe's Prometheus
-client writes them (``_LegacyCounter``: no ``_total`` added). ``Requests2XX/4XX/5XX`` count
-every HTTP response on every port, as TorchServe counts them (pings, management and metrics
-calls included), plus the answers of gRPC prediction RPCs (TorchServe does not count gRPC).
-Ours are ``batchserve_*``: per-model histograms of batch size,
-queue wait, end-to-end latency and handler time, the queue depth, worker restarts, and
-rejected (503) and expired (504) requests. Custom metrics that handlers report through
-``context.metrics`` arrive with each batch's results and are exported under their own names.
+TorchServe's are those of its metrics configuration (``metrics_config``; its default
+``metrics.yaml`` unless set: see ``metric_specs.py``), each with its name, type, unit and
+labels in TorchServe's order, and kept as ``metrics_mode`` says (``families.py``):
+
+* ``ts_metrics``, the frontend's: ``Requests2XX/4XX/5XX`` (every HTTP response on every
+  port, as TorchServe counts them, plus gRPC predictions' answers);
+  ``ts_inference_requests_total`` (each prediction that named a known model),
+  ``ts_inference_latency_microseconds``, ``ts_queue_latency_microseconds`` (each answered by
+  a worker), labelled ``model_name``, ``model_version`` (the version the request named, or
+  ``default``) and ``hostname``; ``QueueTime`` (the last answered request's wait, whole ms),
+  ``WorkerThreadTime`` (the frontend's own time on the last batch, ms), ``WorkerLoadTime``
+  (per worker, ms from its start to its model loaded); the host's metrics every
+  ``metric_time_interval`` (``system.py``) unless ``disable_system_metrics``.
+* ``model_metrics``: what handlers report through ``context.metrics``, sent by the workers
+  with each batch's result and labelled by the metric's own dimensions and ``Hostname``
+  (TorchServe adds no model label: the same metric of several models or workers is one
+  series). One the configuration does not declare is kept only with
+  ``model_metrics_auto_detect``, under the type, unit and dimensions it was reported with.
+
+Ours, in every mode but ``legacy``, named ``batchserve_*``: per-model histograms of batch size,
+queue wait, end-to-end latency and handler time, the queue depth, workers, worker restarts,
+and requests refused (503) or expired (504). The request path costs a few dictionary updates;
+the page is formatted when scraped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import contextlib
+import logging
 import re
-import shutil
 import socket
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Iterable, Iterator, Sequence, Sized
+from pathlib import Path
 from typing import Protocol
 
-import psutil
-from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
+from frontend.errors import ConfigError
+from frontend.observe import families as ts_families
+from frontend.observe.exposition import Family, java_double, render
+from frontend.observe.families import LEGACY as LEGACY
+from frontend.observe.families import TsMetric
+from frontend.observe.metric_log import MODEL_METRICS_LOG, TS_METRICS_LOG, MetricLog
+from frontend.observe.metric_specs import (
+    HOSTNAME_DIMENSION,
+    METRIC_TYPES,
+    MetricsConfig,
+    MetricSpec,
+    load_metrics_config,
+    prometheus_problem,
 )
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
-
+from frontend.observe.system import Reading, SystemSampler
 from protos import worker_pb2
+
+logger = logging.getLogger(__name__)
 
 HOSTNAME = socket.gethostname()
 MODEL_LABELS = ("model_name", "model_version")
+METRICS_MODES = ("prometheus", "log", "legacy")
+#: Metrics a handler may add to the configuration's (``model_metrics_auto_detect``).
+MAX_AUTO_DETECTED = 100
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                  5.0, 10.0, 30.0, 120.0)
-_INVALID = re.compile(r"[^a-zA-Z0-9_:]")
+_HOST_LABELS = ("Host", HOSTNAME)
+_REFUSALS = ("queue_full", "unavailable", "deadline")
 
 
 class _Depth(Protocol):
@@ -75,52 +99,36 @@ class Job(Protocol):
     def queue_wait_s(self) -> float: ...
 
 
-#: The only metrics exported in ``metrics_mode=legacy`` (TorchServe's rule).
-LEGACY = ("ts_inference_requests_total", "ts_inference_latency_microseconds",
-          "ts_queue_latency_microseconds")
+#: What starts a metric line in a TorchServe worker's output.
+METRICS_MARK = "[METRICS]"
+#: TorchServe's frontend reads a metric line with this (Metric.java): name.unit:value|#dims,
+#: then the type, the host name, a timestamp and the request ids.
+_METRIC_LINE = re.compile(
+    r"\s*([\w\s]+)\.([\w\s]+):([0-9\-,.e]+)\|#([^|]*)(\|#type:([^|,]+))?"
+    r"\|#hostname:([^,]+),([^,]+)(,(.*))?")
 
 
-class _LegacyCounter(Metric):
-    """A counter under its exact name (``Requests2XX``, ``ts_inference_latency_microseconds``,
-    a handler's ``InferenceRequestCount``): TorchServe's simpleclient writes counters so, and
-    its users' dashboards query those names. prometheus_client would name the HELP and TYPE
-    lines ``<name>_total`` over samples without it, which parsers then file as untyped."""
-
-    def __init__(self, name: str, documentation: str) -> None:
-        super().__init__(name, documentation, "counter")
-
-
-class _One:
-    """A collector of one family, to format it on its own."""
-
-    def __init__(self, family: Metric) -> None:
-        self._family = family
-
-    def collect(self) -> Iterator[Metric]:
-        yield self._family
-
-
-def exposition(families: Iterable[Metric]) -> bytes:
-    """Prometheus text (format 0.0.4) of ``families``, by prometheus_client, with the HELP
-    and TYPE lines of legacy counters under their own names."""
-    parts = []
-    for family in families:
-        text = generate_latest(_One(family))
-        if isinstance(family, _LegacyCounter):
-            name = family.name.encode()
-            text = text.replace(b"# HELP " + name + b"_total ", b"# HELP " + name + b" ", 1) \
-                .replace(b"# TYPE " + name + b"_total ", b"# TYPE " + name + b" ", 1)
-        parts.append(text)
-    return b"".join(parts)
-
-
-def _metric_name(name: str) -> str:
-    cleaned = _INVALID.sub("_", name)
-    return cleaned if cleaned[:1].isalpha() or cleaned[:1] in "_:" else f"_{cleaned}"
-
-
-#: prometheus_client's formatting of a bucket bound ("0.005", "1.0", "+Inf"), typed.
-_go_float: Callable[[float], str] = floatToGoString
+def parse_metric_line(text: str) -> worker_pb2.Metric | None:
+    """The metric of a ``[METRICS]name.unit:value|#dim:value,...|#type:GAUGE|#hostname:h,
+    timestamp[,request ids]`` line a worker printed, read as TorchServe reads it (None: not
+    one; a dimension that is not ``name:value`` is left out)."""
+    match = _METRIC_LINE.fullmatch(text.partition(METRICS_MARK)[2])
+    if match is None:
+        return None
+    name, unit, raw_value, dims, _, kind, hostname, _, _, request_ids = match.groups()
+    try:
+        value = float(raw_value)
+    except ValueError:
+        return None
+    names, values = [], []
+    for pair in dims.split(",") if dims else ():
+        parts = pair.split(":")
+        if len(parts) == 2:
+            names.append(parts[0])
+            values.append(parts[1])
+    return worker_pb2.Metric(name=name, unit=unit, type=(kind or "").lower(), value=value,
+                             dimension_names=names, dimension_values=values,
+                             request_id=request_ids or "", hostname=hostname)
 
 
 class _Series:
@@ -135,15 +143,14 @@ class _Series:
         self.total = 0.0
 
 
-class _Histogram(Collector):
-    """A Prometheus histogram per model version, kept as plain counts on the request path and
-    formatted by prometheus_client at scrape time (``HistogramMetricFamily``)."""
+class _Histogram:
+    """One of our histograms, per model version (labels ``model_name``, ``model_version``)."""
 
     def __init__(self, name: str, documentation: str, bounds: tuple[float, ...]) -> None:
         self.name = name
         self.documentation = documentation
         self.bounds = bounds
-        self._le = [_go_float(bound) for bound in bounds]
+        self._le = [*map(java_double, bounds), "+Inf"]
         self.series: dict[tuple[str, str], _Series] = {}
 
     def of(self, key: tuple[str, str]) -> _Series:
@@ -166,175 +173,71 @@ class _Histogram(Collector):
             total += value
         series.total += total
 
-    def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=MODEL_LABELS)
+    def family(self) -> Family:
+        family = Family(self.name, self.documentation, "histogram")
+        bucket_labels = (*MODEL_LABELS, "le")
         for key, series in list(self.series.items()):
-            buckets, seen = [], 0
-            for le, count in zip([*self._le, "+Inf"], series.counts, strict=True):
+            seen = 0
+            for le, count in zip(self._le, series.counts, strict=True):
                 seen += count
-                buckets.append((le, float(seen)))
-            family.add_metric(list(key), buckets, sum_value=series.total)
-        yield family
+                family.add(bucket_labels, (*key, le), float(seen), "_bucket")
+            family.add(MODEL_LABELS, key, float(seen), "_count")
+            family.add(MODEL_LABELS, key, series.total, "_sum")
+        return family
 
 
-class _TorchServeCounters(Collector):
-    """TorchServe's counters, exposed under their exact names (no ``_total`` added). The
-    per-model ones are read at scrape time from the histograms that count the same events:
-    requests and their latency from ``latency``, the time in the queue from ``queue_wait``."""
+class _RequestSeries:
+    """What a request of one model and named version updates: its labels, and with
+    TorchServe's default metrics the running totals of its three counters (``fast``)."""
 
-    def __init__(self, latency: _Histogram, queue_wait: _Histogram) -> None:
-        self._latency = latency
-        self._queue_wait = queue_wait
-        self.by_status = {"Requests2XX": 0, "Requests4XX": 0, "Requests5XX": 0}
+    __slots__ = ("count", "fast", "labels", "latency", "queue")
 
-    def _per_model(self) -> Iterator[tuple[tuple[str, str], tuple[float, float, float]]]:
-        """(model, version) -> (requests, latency µs, queue µs)."""
-        latency, queue_wait = dict(self._latency.series), dict(self._queue_wait.series)
-        for key in {**latency, **queue_wait}:
-            answered, queued = latency.get(key), queue_wait.get(key)
-            yield key, (float(sum(answered.counts)) if answered else 0.0,
-                        answered.total * 1e6 if answered else 0.0,
-                        queued.total * 1e6 if queued else 0.0)
-
-    def collect(self) -> Iterator[Metric]:
-        labels = ["model_name", "model_version", "hostname"]
-        families = [
-            _LegacyCounter("ts_inference_requests_total",
-                           "Torchserve prometheus counter metric with unit: Count"),
-            _LegacyCounter("ts_inference_latency_microseconds",
-                           "Torchserve prometheus counter metric with unit: Microseconds"),
-            _LegacyCounter("ts_queue_latency_microseconds",
-                           "Torchserve prometheus counter metric with unit: Microseconds"),
-        ]
-        for (model, version), values in self._per_model():
-            label_values = dict(zip(labels, (model, version, HOSTNAME), strict=True))
-            for family, value in zip(families, values, strict=True):
-                family.add_sample(family.name, label_values, value)
-        yield from families
-        for name, count in self.by_status.items():
-            family = _LegacyCounter(name, "Torchserve prometheus counter metric with unit: Count")
-            family.add_sample(name, {"Level": "Host", "Hostname": HOSTNAME}, count)
-            yield family
-
-
-class _ModelGauges(Collector):
-    """Read at scrape time from the registry: queue depth, workers, restarts."""
-
-    def __init__(self, models: Iterable[Model]) -> None:
-        self._models = models
-
-    def collect(self) -> Iterator[Metric]:
-        depth = GaugeMetricFamily("batchserve_queue_depth", "Requests waiting in a model's queue",
-                                  labels=MODEL_LABELS)
-        workers = GaugeMetricFamily("batchserve_workers", "Worker processes of a model",
-                                    labels=MODEL_LABELS)
-        restarts = CounterMetricFamily("batchserve_worker_restarts",
-                                       "Worker restarts (crashes, hangs, failed loads)",
-                                       labels=MODEL_LABELS)
-        for model in self._models:
-            key = [model.name, model.version]
-            depth.add_metric(key, model.batcher.depth)
-            workers.add_metric(key, len(model.workers))
-            restarts.add_metric(key, model.restarts_total())
-        yield from (depth, workers, restarts)
-
-
-class _HostGauges(Collector):
-    """TorchServe's system metrics, measured when scraped (psutil; GPUs via nvidia-ml-py)."""
-
-    def __init__(self, disk_path: str) -> None:
-        self._disk_path = disk_path
-        psutil.cpu_percent(interval=None)  # the first call only starts the measurement
-
-    def collect(self) -> Iterator[Metric]:
-        memory = psutil.virtual_memory()
-        disk = shutil.disk_usage(self._disk_path)
-        values = {
-            "CPUUtilization": ("Percent", psutil.cpu_percent(interval=None)),
-            "MemoryUsed": ("Megabytes", memory.used / 2**20),
-            "MemoryAvailable": ("Megabytes", memory.available / 2**20),
-            "MemoryUtilization": ("Percent", memory.percent),
-            "DiskUsage": ("Gigabytes", disk.used / 2**30),
-            "DiskAvailable": ("Gigabytes", disk.free / 2**30),
-            "DiskUtilization": ("Percent", 100.0 * disk.used / disk.total if disk.total else 0),
-        }
-        for name, (unit, value) in values.items():
-            family = GaugeMetricFamily(
-                name, f"Torchserve prometheus gauge metric with unit: {unit}",
-                labels=["Level", "Hostname"])
-            family.add_metric(["Host", HOSTNAME], value)
-            yield family
-        yield from _gpu_gauges()
-
-
-def _gpu_gauges() -> Iterator[Metric]:
-    try:
-        import pynvml  # nvidia-ml-py, optional: present where GPUs are
-    except ImportError:
-        return
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return
-    try:
-        utilisation = GaugeMetricFamily(
-            "GPUUtilization", "Torchserve prometheus gauge metric with unit: Percent",
-            labels=["Level", "DeviceId", "Hostname"])
-        memory_pct = GaugeMetricFamily(
-            "GPUMemoryUtilization", "Torchserve prometheus gauge metric with unit: Percent",
-            labels=["Level", "DeviceId", "Hostname"])
-        memory_mb = GaugeMetricFamily(
-            "GPUMemoryUsed", "Torchserve prometheus gauge metric with unit: Megabytes",
-            labels=["Level", "DeviceId", "Hostname"])
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            labels = ["Host", str(index), HOSTNAME]
-            utilisation.add_metric(labels, rates.gpu)
-            memory_pct.add_metric(labels, 100.0 * memory.used / memory.total)
-            memory_mb.add_metric(labels, memory.used / 2**20)
-        yield from (utilisation, memory_pct, memory_mb)
-    finally:
-        pynvml.nvmlShutdown()
-
-
-class _CustomMetrics(Collector):
-    """Metrics handlers report through ``context.metrics``: counters add up, gauges keep the
-    last value. Labels: the model, plus the metric's own dimensions."""
-
-    def __init__(self) -> None:
-        # (name, type) -> {label tuple: value}
-        self.values: dict[tuple[str, str], dict[tuple[tuple[str, str], ...], float]] = {}
-        self.units: dict[tuple[str, str], str] = {}
-
-    def record(self, model: Model, metric: worker_pb2.Metric) -> None:
-        kind = "counter" if metric.type == "counter" else "gauge"
-        key = (_metric_name(metric.name), kind)
-        labels = tuple(sorted({"model_name": model.name, "model_version": model.version,
-                               **{_metric_name(k): v for k, v in metric.dimensions.items()}}
-                              .items()))
-        series = self.values.setdefault(key, {})
-        self.units[key] = metric.unit
-        series[labels] = series.get(labels, 0.0) + metric.value if kind == "counter" \
-            else metric.value
-
-    def collect(self) -> Iterator[Metric]:
-        for (name, kind), series in list(self.values.items()):
-            documentation = f"Handler metric with unit: {self.units[(name, kind)]}"
-            family = _LegacyCounter(name, documentation) if kind == "counter" \
-                else Metric(name, documentation, kind)
-            for labels, value in series.items():
-                family.add_sample(name, dict(labels), value)
-            yield family
+    def __init__(self, labels: tuple[str, ...], count: list[float] | None,
+                 latency: list[float] | None, queue: list[float] | None) -> None:
+        self.labels = labels
+        self.count, self.latency, self.queue = count, latency, queue
+        self.fast = count is not None and latency is not None and queue is not None
 
 
 class ServerMetrics:
-    """One registry per server, so tests with several servers in a process stay apart."""
+    """One server's metrics (several servers in one process stay apart)."""
 
-    def __init__(self, models: Iterable[Model], disk_path: str = ".") -> None:
-        self.registry = CollectorRegistry()
-        self._custom = _CustomMetrics()
+    def __init__(self, models: Iterable[Model], *, mode: str = "prometheus",
+                 config: MetricsConfig | None = None, auto_detect: bool = False,
+                 log_dir: Path | None = None, system_metrics: bool = True, gpu_count: int = 0,
+                 interval_s: float = 60.0) -> None:
+        if mode not in METRICS_MODES:
+            raise ValueError(f"metrics_mode {mode!r}: expected one of {', '.join(METRICS_MODES)}")
+        self.mode = mode
+        self.config = config if config is not None else load_metrics_config()
+        self.auto_detect = auto_detect
+        self._models = models
+        self._interval_s = interval_s
+        self._sampler = SystemSampler(gpu_count) if system_metrics else None
+        self._system_task: asyncio.Task[None] | None = None
+        self._logs = (MetricLog((log_dir or Path("logs")) / TS_METRICS_LOG),
+                      MetricLog((log_dir or Path("logs")) / MODEL_METRICS_LOG))
+        self._log_dir = log_dir
+        self.frontend = {name: self._build(spec) for name, spec in self.config.ts_metrics.items()}
+        self.model_metrics = {name: self._build(spec)
+                              for name, spec in self.config.model_metrics.items()}
+        self._undeclared: set[str] = set()
+        get = self.frontend.get
+        self._by_status = [get(bucket) for bucket in ("Requests2XX", "Requests4XX",
+                                                      "Requests5XX")]
+        #: Their totals, once counted (TorchServe shows a status's sample once it counts).
+        self._status_totals: list[list[float] | None] = [None, None, None]
+        #: QueueTime's value, once set (a Prometheus gauge's, set in place).
+        self._queue_time_value: list[float] | None = None
+        #: (model, version named) -> what its requests update.
+        self._request_series: dict[tuple[str, str | None], _RequestSeries] = {}
+        self._requests = get("ts_inference_requests_total")
+        self._latency_us = get("ts_inference_latency_microseconds")
+        self._queue_us = get("ts_queue_latency_microseconds")
+        self._queue_time = get("QueueTime")
+        self._thread_time = get("WorkerThreadTime")
+        self._load_time = get("WorkerLoadTime")
+        # Ours.
         self.batch_size = _Histogram("batchserve_batch_size", "Requests per dispatched batch",
                                      _BATCH_BUCKETS)
         self.queue_wait = _Histogram("batchserve_queue_wait_seconds",
@@ -345,53 +248,228 @@ class ServerMetrics:
         self.handler_time = _Histogram("batchserve_handler_seconds",
                                        "Time a worker's handler spent on one batch",
                                        _TIME_BUCKETS)
-        self._ts = _TorchServeCounters(self.latency, self.queue_wait)
-        for collector in (self._ts, _ModelGauges(models), _HostGauges(disk_path),
-                          self._custom, self.batch_size, self.queue_wait, self.latency,
-                          self.handler_time):
-            self.registry.register(collector)
-        self.refused = Counter("batchserve_refused_requests",
-                               "Requests answered without running: queue full (503), no "
-                               "worker to take them (503), or past their deadline while "
-                               "queued (504)", [*MODEL_LABELS, "reason"],
-                               registry=self.registry)
+        #: (model, version, reason) -> requests answered without running.
+        self.refused: dict[tuple[str, str, str], int] = {}
 
-    def record_batch(self, model: Model, jobs: Sequence[Job], result: worker_pb2.PredictResult |
-                     None) -> None:
+    def _build(self, spec: MetricSpec) -> TsMetric:
+        if self.mode == "prometheus" or (self.mode == "legacy" and spec.name in LEGACY):
+            problem = prometheus_problem(spec)
+            if problem is not None:
+                raise ConfigError(f"metrics_config {self.config.path}: {problem}")
+        return ts_families.build(spec, self.mode, self._logs)
+
+    # -- what happened ----------------------------------------------------------------------
+
+    def count_response(self, status: int) -> None:
+        """One response sent: an HTTP response on any port, or a gRPC prediction's answer
+        (TorchServe's Requests2XX/4XX/5XX; as TorchServe, what is neither 2xx nor 4xx is 5XX).
+        """
+        bucket = 0 if 200 <= status < 300 else 1 if 400 <= status < 500 else 2
+        total = self._status_totals[bucket]
+        if total is not None:
+            total[0] += 1.0
+            return
+        metric = self._by_status[bucket]
+        if metric is not None:
+            self._status_totals[bucket] = ts_families.counter_total(metric, _HOST_LABELS)
+            if self._status_totals[bucket] is None:  # not a Prometheus counter: its own way
+                metric.add(_HOST_LABELS, 1.0)
+            else:
+                self.count_response(status)
+
+    def record_request(self, model: Model | None, latency_s: float, refused: str | None = None,
+                       *, version: str | None = None, answered: Job | None = None) -> None:
+        """One prediction request answered, or left by its client (``model`` None when it
+        named no known model; ``refused`` why it was answered without running: "queue_full",
+        "unavailable" or "deadline"; ``version`` the version it named; ``answered`` its job
+        when a worker answered it)."""
+        if model is None:
+            return
+        key = (model.name, model.version)
+        self.latency.observe(key, latency_s)
+        if refused is not None:
+            refusal = (*key, refused)
+            self.refused[refusal] = self.refused.get(refusal, 0) + 1
+        series = self._request_series.get((model.name, version))
+        if series is None:
+            series = self._new_request_series(model.name, version)
+        if series.fast:  # TorchServe's default: three Prometheus counters, added to in place
+            series.count[0] += 1.0  # type: ignore[index]
+            if answered is not None:
+                queue_s = answered.queue_wait_s
+                series.latency[0] += latency_s * 1e6  # type: ignore[index]
+                series.queue[0] += queue_s * 1e6  # type: ignore[index]
+                queue_time = self._queue_time_value
+                if queue_time is not None:
+                    queue_time[0] = queue_s * 1000 // 1  # whole ms, as TorchServe's
+                elif self._queue_time is not None:
+                    self._queue_time.add(_HOST_LABELS, queue_s * 1000 // 1)
+                    self._queue_time_value = ts_families.gauge_value(self._queue_time,
+                                                                     _HOST_LABELS)
+            return
+        self._record_request_slowly(series.labels, latency_s, answered)
+
+    def _record_request_slowly(self, labels: tuple[str, ...], latency_s: float,
+                               answered: Job | None) -> None:
+        """``record_request``'s TorchServe metrics, each through its ``add``."""
+        if self._requests is not None:
+            self._requests.add(labels, 1.0)
+        if answered is None:
+            return
+        if self._latency_us is not None:
+            self._latency_us.add(labels, latency_s * 1e6)
+        if self._queue_us is not None:
+            self._queue_us.add(labels, answered.queue_wait_s * 1e6)
+        if self._queue_time is not None:
+            self._queue_time.add(_HOST_LABELS, float(int(answered.queue_wait_s * 1000)))
+
+    def _new_request_series(self, name: str, version: str | None) -> _RequestSeries:
+        labels = (name, version or "default", HOSTNAME)
+        totals = [ts_families.counter_total(metric, labels)
+                  for metric in (self._requests, self._latency_us, self._queue_us)]
+        series = self._request_series[(name, version)] = _RequestSeries(labels, *totals)
+        return series
+
+    def record_batch(self, model: Model, jobs: Sequence[Job],
+                     result: worker_pb2.PredictResult | None) -> None:
         """A batch came back from a worker (``result`` is None when it failed as a whole)."""
         key = (model.name, model.version)
         self.batch_size.observe(key, len(jobs))
         self.queue_wait.observe_all(key, [job.queue_wait_s for job in jobs])
         if result is not None:
             self.handler_time.observe(key, result.handler_time_ms / 1000)
-            for metric in result.metrics:
-                self._custom.record(model, metric)
+            if result.metrics:
+                self.record_model_metrics(result.metrics)
 
-    def count_response(self, status: int) -> None:
-        """One response sent: an HTTP response on any port, or a gRPC prediction's answer
-        (TorchServe's Requests2XX/4XX/5XX; as TorchServe, what is neither 2xx nor 4xx is 5XX).
-        """
-        bucket = "Requests2XX" if 200 <= status < 300 else "Requests4XX" \
-            if 400 <= status < 500 else "Requests5XX"
-        self._ts.by_status[bucket] += 1
+    def worker_loaded(self, worker: str, load_ms: float,
+                      metrics: Iterable[worker_pb2.Metric] = ()) -> None:
+        """A worker (TorchServe's name for it, ``W-9000-mnist_1.0``) loaded its model in
+        ``load_ms``; ``metrics``: what its handler reported while initialising."""
+        if self._load_time is not None:
+            self._load_time.add((worker, "Host", HOSTNAME), float(int(load_ms)))
+        self.record_model_metrics(metrics)
+
+    def batch_overhead(self, overhead_ms: float) -> None:
+        """The frontend's own time on a batch (TorchServe's WorkerThreadTime)."""
+        if self._thread_time is not None:
+            self._thread_time.add(_HOST_LABELS, float(int(overhead_ms)))
+
+    def record_model_metrics(self, metrics: Iterable[worker_pb2.Metric]) -> None:
+        """Values handlers reported: each goes to its metric, with the host name as its last
+        label (a printed line's own, as TorchServe); an undeclared one only with
+        ``model_metrics_auto_detect``."""
+        for reported in metrics:
+            metric = self.model_metrics.get(reported.name)
+            if metric is None:
+                metric = self._detected(reported)
+                if metric is None:
+                    continue
+            metric.add((*reported.dimension_values, reported.hostname or HOSTNAME),
+                       reported.value, reported.request_id)
+
+    def _detected(self, reported: worker_pb2.Metric) -> TsMetric | None:
+        """A metric for a value of an undeclared metric, or None (logged once per name)."""
+        name = reported.name
+        if name in self._undeclared:
+            return None
+        why = None
+        if not self.auto_detect:
+            why = (f"it is not in the metrics configuration ({self.config.path}) and "
+                   "model_metrics_auto_detect is off")
+        elif len(self.model_metrics) >= len(self.config.model_metrics) + MAX_AUTO_DETECTED:
+            why = f"handlers added {MAX_AUTO_DETECTED} metrics already"
+        elif reported.type not in METRIC_TYPES:
+            why = f"its type {reported.type!r} is none of {', '.join(METRIC_TYPES)}"
+        spec = MetricSpec(name, reported.unit, reported.type,
+                          (*reported.dimension_names, HOSTNAME_DIMENSION))
+        if why is None and self.mode == "prometheus":
+            why = prometheus_problem(spec)
+        if why is not None:
+            if len(self._undeclared) < MAX_AUTO_DETECTED:
+                self._undeclared.add(name)
+                logger.warning("handler metric %r is dropped: %s", name, why)
+            return None
+        logger.info("Registering auto detected backend metric: %s (%s, unit %s, dimensions %s)",
+                    name, spec.type, spec.unit, list(spec.dimensions))
+        metric = self.model_metrics[name] = ts_families.build(spec, self.mode, self._logs)
+        return metric
+
+    def record_system(self, readings: Iterable[Reading]) -> None:
+        """One reading of the host's metrics (those the configuration declares)."""
+        for name, values, value in readings:
+            metric = self.frontend.get(name)
+            if metric is not None:
+                metric.add((*values, HOSTNAME), value)
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the metric logs (created whatever the mode, as TorchServe's are) and start
+        measuring the host every ``metric_time_interval``."""
+        if self._log_dir is not None:
+            for log in self._logs:
+                log.open()
+        if self._sampler is not None:
+            self._system_task = asyncio.get_running_loop().create_task(
+                self._run_system_metrics(self._sampler), name="system-metrics")
+
+    async def _run_system_metrics(self, sampler: SystemSampler) -> None:
+        while True:
+            try:
+                self.record_system(await asyncio.to_thread(sampler.read))
+            except Exception:  # never stop measuring because one reading failed
+                logger.exception("reading the system metrics failed")
+            await asyncio.sleep(self._interval_s)
+
+    async def close(self) -> None:
+        if self._system_task is not None:
+            self._system_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._system_task
+            self._system_task = None
+        for log in self._logs:
+            log.close()
+
+    # -- the page ---------------------------------------------------------------------------
+
+    def families(self) -> Iterator[Family]:
+        """The families of the metrics page, TorchServe's first."""
+        for metric in (*self.frontend.values(), *self.model_metrics.values()):
+            family = metric.family()
+            if family is not None:
+                yield family
+        if self.mode == "legacy":
+            return
+        yield from self._model_gauges()
+        yield self._refused_family()
+        for histogram in (self.batch_size, self.queue_wait, self.latency, self.handler_time):
+            yield histogram.family()
+
+    def _model_gauges(self) -> Iterator[Family]:
+        depth = Family("batchserve_queue_depth", "Requests waiting in a model's queue", "gauge")
+        workers = Family("batchserve_workers", "Worker processes of a model", "gauge")
+        restarts = Family("batchserve_worker_restarts_total",
+                          "Worker restarts (crashes, hangs, failed loads)", "counter")
+        for model in list(self._models):
+            key = (model.name, model.version)
+            depth.add(MODEL_LABELS, key, model.batcher.depth)
+            workers.add(MODEL_LABELS, key, len(model.workers))
+            restarts.add(MODEL_LABELS, key, model.restarts_total())
+        yield from (depth, workers, restarts)
+
+    def _refused_family(self) -> Family:
+        family = Family("batchserve_refused_requests_total",
+                        "Requests answered without running: queue full (503), no worker to take "
+                        "them (503), or past their deadline while queued (504)", "counter")
+        labels = (*MODEL_LABELS, "reason")
+        for key, count in list(self.refused.items()):
+            family.add(labels, key, float(count))
+        return family
 
     def exposition(self, names: set[str] | None = None) -> bytes:
         """The metrics page; with ``names``, only the families TorchServe's ``?name[]=``
-        filter names (matched on a family's or one of its samples' names)."""
-        families = self.registry.collect()
+        filter names (a family's name, or a histogram's ``_bucket``/``_count``/``_sum``)."""
+        families: Iterable[Family] = self.families()
         if names:
-            families = (family for family in families if family.name in names
-                        or any(sample.name in names for sample in family.samples))
-        return exposition(families)
-
-    def record_request(self, model: Model | None, latency_s: float,
-                       refused: str | None = None) -> None:
-        """One prediction request answered, or left by its client (``model`` None when it
-        named no known model; ``refused`` why it was answered without running: "queue_full",
-        "unavailable" or "deadline")."""
-        if model is None:
-            return
-        key = (model.name, model.version)
-        self.latency.observe(key, latency_s)
-        if refused is not None:
-            self.refused.labels(*key, refused).inc()
+            families = (family for family in families if not names.isdisjoint(family.names()))
+        return render(families)

@@ -77,13 +77,16 @@ class Call:
     """One prediction in the plane, from ``begin`` to ``end``."""
 
     __slots__ = ("ended", "error", "job", "model", "origin", "sequence_id", "started",
-                 "status", "timer")
+                 "status", "timer", "version")
 
     def __init__(self, origin: Origin, job: Job) -> None:
         self.origin = origin
         self.job = job
         self.started = time.perf_counter()
         self.model: Model | None = None
+        #: The version the request named (None: the model's default; TorchServe's metrics
+        #: label it "default").
+        self.version: str | None = None
         self.timer: asyncio.TimerHandle | None = None
         #: The status it was answered with (0: the client left before its answer).
         self.status = 500
@@ -139,6 +142,7 @@ class InferencePlane:
         """Phase one, before the body is read: the model the call names (ModelNotFound), and
         a refusal (503) now if its queue has no room."""
         model = call.model = self.registry.get(name, version or None)
+        call.version = version or None
         model.batcher.refuse_if_full()
         return model
 
@@ -241,7 +245,11 @@ class InferencePlane:
             call.timer.cancel()
         latency_s = time.perf_counter() - call.started
         model, job, origin = call.model, call.job, call.origin
-        self.metrics.record_request(model, latency_s, call.refusal())
+        # Answered by a worker (not refused, expired or failed as a whole): what TorchServe
+        # counts in its latency metrics.
+        answered = job if job.dispatched and call.error is None and call.status else None
+        self.metrics.record_request(model, latency_s, call.refusal(), version=call.version,
+                                    answered=answered)
         if origin.count_status and call.status:
             self.metrics.count_response(call.status)
         self.access.write(origin.peer, origin.method, origin.path, origin.protocol, call.status,

@@ -6,6 +6,7 @@ resolved or failed. The ``Dispatcher`` decides when batches go; this decides wha
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Sequence
 
 from frontend.errors import InternalError, WorkerDied, worker_error
@@ -13,6 +14,8 @@ from frontend.serving.batching import Batcher, Job, fail_jobs
 from protos import worker_pb2
 from protos.framing import Frame, Kind
 
+#: Frames whose replies are awaited, at most (a worker holds a batch or two at a time).
+_MAX_OPEN_FRAMES = 64
 #: Told of each batch's reply (None: the batch failed as a whole), before its jobs are
 #: answered.
 BatchDone = Callable[[list[Job], "worker_pb2.PredictResult | None"], None]
@@ -22,22 +25,35 @@ class PredictExchange:
     """Frames and replies of one worker's batches (see the module docstring)."""
 
     def __init__(self, name: str, worker_id: str, batcher: Batcher, max_response_bytes: int,
-                 on_batch: BatchDone) -> None:
+                 on_batch: BatchDone, on_overhead: Callable[[float], None] | None = None
+                 ) -> None:
         self.name = name
         self._worker_id = worker_id
         self._batcher = batcher
         self._max_bytes = max_response_bytes
         self._on_batch = on_batch
         self._batch_ids = itertools.count(1)
+        #: Told the frontend's own time on each batch, in ms (TorchServe's WorkerThreadTime):
+        #: building its frame, reading its reply and answering its requests.
+        self._on_overhead = on_overhead
+        #: id(jobs) -> seconds its frame took, until its reply (bounded: a dead worker's
+        #: batches never get one).
+        self._frame_s: dict[int, float] = {}
 
     def frame(self, jobs: list[Job]) -> Frame:
         """The PREDICT frame of a batch of ``jobs`` (each learns its batch's name)."""
+        start = time.perf_counter()
         batch = worker_pb2.PredictBatch(batch_id=next(self._batch_ids))
         batch.requests.extend(job.request for job in jobs)
         batch_name = f"{self._worker_id}-{batch.batch_id}"
         for job in jobs:
             job.batch_id = batch_name
-        return Frame(Kind.PREDICT, batch.SerializeToString())
+        frame = Frame(Kind.PREDICT, batch.SerializeToString())
+        if self._on_overhead is not None:
+            if len(self._frame_s) >= _MAX_OPEN_FRAMES:
+                self._frame_s.pop(next(iter(self._frame_s)))
+            self._frame_s[id(jobs)] = time.perf_counter() - start
+        return frame
 
     def finish(self, jobs: list[Job], reply: Frame, service_s: float
                ) -> Callable[[], None] | None:
@@ -45,6 +61,7 @@ class PredictExchange:
         delivers its answers (the caller runs it once the next batch is on its way), or None
         when the jobs are answered already. Raises WorkerDied when the reply breaks the
         protocol."""
+        start = time.perf_counter()
         result = (worker_pb2.PredictResult.FromString(reply.payload)
                   if reply.kind is Kind.PREDICTED else None)
         self._on_batch(jobs, result)
@@ -54,15 +71,31 @@ class PredictExchange:
                 fail_jobs(jobs, InternalError(
                     f"{self.name} returned {len(result.responses)} responses for a batch of "
                     f"{len(jobs)} requests"))
+                self._overhead(jobs, start)
                 return None
             responses = result.responses
-            return lambda: self._resolve(jobs, responses)
+            if self._on_overhead is None:
+                return lambda: self._resolve(jobs, responses)
+
+            def deliver() -> None:
+                self._resolve(jobs, responses)
+                self._overhead(jobs, start)
+
+            return deliver
+        self._overhead(jobs, start)
         if reply.kind is Kind.ERROR:
             error = worker_pb2.Error.FromString(reply.payload)
             fail_jobs(jobs, worker_error(error.code, error.message))
             return None
         fail_jobs(jobs, InternalError(f"{self.name} sent {reply.kind.name} to a batch"))
         raise WorkerDied(f"{self.name} broke the protocol")
+
+    def _overhead(self, jobs: list[Job], reply_start: float) -> None:
+        """Report the frontend's time on the batch of ``jobs``: its frame, and its reply
+        from ``reply_start`` until now."""
+        frame_s = self._frame_s.pop(id(jobs), 0.0)
+        if self._on_overhead is not None:
+            self._on_overhead((frame_s + time.perf_counter() - reply_start) * 1000)
 
     def bound(self, response: worker_pb2.Response) -> worker_pb2.Response:
         """A response (or a streamed part) within ``max_response_size`` (``bounded``)."""

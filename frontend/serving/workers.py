@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
 from frontend.errors import GatewayTimeout, InternalError, WorkerDied
 from frontend.observe.logs import output_lines
+from frontend.observe.metrics import METRICS_MARK, parse_metric_line
 from frontend.processes import python_module
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.connection import WorkerConnection
@@ -60,6 +61,21 @@ class WorkerStartError(InternalError):
     """The worker process could not be started or its model failed to load."""
 
 
+class WorkerEvents(Protocol):
+    """What a worker tells the server's metrics (``frontend.observe.metrics.ServerMetrics``)."""
+
+    def worker_loaded(self, worker: str, load_ms: float,
+                      metrics: Iterable[worker_pb2.Metric] = ()) -> None:
+        """``worker`` loaded its model ``load_ms`` after it was started; ``metrics``: what its
+        handler reported while initialising."""
+
+    def batch_overhead(self, overhead_ms: float) -> None:
+        """The frontend's own time on one batch (its frame, its reply, its answers)."""
+
+    def record_model_metrics(self, metrics: Iterable[worker_pb2.Metric]) -> None:
+        """Metrics a worker printed as TorchServe's ``[METRICS]`` lines."""
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerLaunch:
     """What every worker of one model version needs to start."""
@@ -76,6 +92,7 @@ class WorkerLaunch:
     #: A regular expression (``blacklist_env_vars``): the server's environment variables whose
     #: names match it in full are not passed to the worker; "" passes them all.
     env_blocklist: str = ""
+    events: WorkerEvents | None = None
 
 
 def backoff_s(failures: int) -> float:
@@ -86,12 +103,20 @@ def backoff_s(failures: int) -> float:
 
 
 async def _forward_output(stream: asyncio.StreamReader | None, name: str,
-                          tail: collections.deque[str], model_log: logging.Logger) -> None:
+                          tail: collections.deque[str], model_log: logging.Logger,
+                          events: WorkerEvents | None = None) -> None:
     """Copy a worker's stdout or stderr into the model log, one line at a time, escaped (a
-    handler may print what a client sent)."""
+    handler may print what a client sent). A TorchServe ``[METRICS]`` line (a handler's
+    own, or a real TorchServe's metric objects logging) is a metric instead, as TorchServe's
+    frontend reads it."""
     if stream is None:
         return
     async for text in output_lines(stream):
+        if events is not None and METRICS_MARK in text:
+            metric = parse_metric_line(text)
+            if metric is not None:
+                events.record_model_metrics((metric,))
+                continue
         tail.append(text)
         model_log.info("[%s] %s", name, text)
 
@@ -130,8 +155,10 @@ class Worker:
         self._on_batch = on_batch
         #: Builds its batches' frames and answers their jobs from the replies (one for all
         #: its lives: batch ids go on counting across restarts).
-        self._exchange = PredictExchange(self.name, self.id, batcher,
-                                         launch.max_response_bytes, self._batch_done)
+        self._exchange = PredictExchange(
+            self.name, self.id, batcher, launch.max_response_bytes, self._batch_done,
+            launch.events.batch_overhead if launch.events is not None else None)
+        self._started_at = time.monotonic()
         loop = asyncio.get_running_loop()
         #: The outcome of the first start: None when the model loaded, else the error.
         self.first_start: asyncio.Future[WorkerStartError | None] = loop.create_future()
@@ -256,6 +283,7 @@ class Worker:
 
     async def _start(self) -> WorkerConnection:
         launch = self._launch
+        self._started_at = time.monotonic()
         path = launch.run_dir / f"{self.id}.{self.restarts}.sock"
         loop = asyncio.get_running_loop()
         connected: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
@@ -290,7 +318,7 @@ class Worker:
             # Keep hard references: the loop holds tasks only weakly.
             self._log_tasks = [
                 loop.create_task(_forward_output(stream, self.name, self._stderr_tail,
-                                                 self._model_log))
+                                                 self._model_log, launch.events))
                 for stream in (process.stdout, process.stderr)
             ]
             reader, writer = await self._await_connection(process, connected)
@@ -375,6 +403,9 @@ class Worker:
         if reply.kind is Kind.LOADED:
             loaded = worker_pb2.Loaded.FromString(reply.payload)
             logger.info("%s loaded the model in %.0f ms", self.name, loaded.load_time_ms)
+            if launch.events is not None:
+                launch.events.worker_loaded(
+                    self.name, (time.monotonic() - self._started_at) * 1000, loaded.metrics)
             return
         if reply.kind is Kind.ERROR:
             error = worker_pb2.Error.FromString(reply.payload)

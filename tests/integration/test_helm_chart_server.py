@@ -59,5 +59,5 @@ def test_the_charts_config_serves_and_answers_its_probes(
 
     annotations = resources["Deployment"]["spec"]["template"]["metadata"]["annotations"]
     metrics = requests.get(f"{server.metrics}{annotations['prometheus.io/path']}", timeout=10)
-    assert 'batchserve_queue_depth{model_name="echo",model_version="3.0"} 0.0' in metrics.text
+    assert 'batchserve_queue_depth{model_name="echo",model_version="3.0",} 0.0' in metrics.text
     assert server.is_alive()

@@ -48,11 +48,12 @@ async def _predict(services: Services, name: str, data: bytes, version: str | No
 
 
 def _requests_total(services: Services, model: str) -> float:
+    """The model's requests, whatever version they named (each is a series of its own)."""
     text = services.metrics.exposition().decode()
-    match = re.search(rf'^ts_inference_requests_total\{{[^}}]*model_name="{model}"[^}}]*\}} '
-                      r"(\S+)$", text, re.MULTILINE)
-    assert match is not None, f"no ts_inference_requests_total for {model}"
-    return float(match[1])
+    matches = re.findall(rf'^ts_inference_requests_total\{{[^}}]*model_name="{model}"[^}}]*\}} '
+                         r"(\S+)$", text, re.MULTILINE)
+    assert matches, f"no ts_inference_requests_total for {model}"
+    return sum(map(float, matches))
 
 
 def _requests_2xx(services: Services) -> float:

@@ -55,7 +55,7 @@ def make_services(tmp_path: Path, model_store: Path | None = None,
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700, exist_ok=True)
     registry = ModelRegistry()
-    metrics = ServerMetrics(registry, str(tmp_path))
+    metrics = ServerMetrics(registry, mode=config.metrics_mode, system_metrics=False)
     loader = ModelLoader(config, run_dir, registry,
                          NoWorkers(GpuAssigner(0), None, registry.worker_count),
                          metrics.record_batch,

@@ -357,9 +357,15 @@ def test_context_carries_torchserve_properties(tmp_path: Path) -> None:
     assert context.get_response_status(0) == (200, "")
     context.set_all_response_status(503, "Busy")
     assert context.get_response_status(0) == (503, "Busy")
-    # The batch's metrics travel with its result (and leave the context).
-    assert [m.name for m in result.metrics] == ["PredictionTime"]
-    assert context.metrics.records == []
+    # The batch's metrics travel with its result (and leave the context), labelled as
+    # TorchServe's worker labels them.
+    [prediction_time] = result.metrics
+    assert (prediction_time.name, prediction_time.unit, prediction_time.type) == (
+        "PredictionTime", "Milliseconds", "gauge")
+    assert list(prediction_time.dimension_names) == ["ModelName", "Level"]
+    assert list(prediction_time.dimension_values) == [context.model_name, "Model"]
+    assert prediction_time.request_id == "id-1"
+    assert service.drain_metrics() == []
 
 
 def test_gpu_id_is_passed_when_set(tmp_path: Path) -> None:
@@ -373,13 +379,15 @@ def test_context_constructor_is_torchserve_compatible(tmp_path: Path) -> None:
 
     assert context.system_properties["gpu_id"] == 0
     assert context.model_yaml_config == {}
-    context.metrics.add_counter("Hits", 1, idx=None, dimensions=["a"])
+    context.metrics.add_counter("Hits", 1, idx=None, dimensions=["a:b"])
     context.metrics.add_time("Took", 5.5)
-    assert [(m.name, m.value, m.unit) for m in context.metrics.drain()] == [
-        ("Hits", 1.0, "count"),
-        ("Took", 5.5, "ms"),
+    # Outside a batch there is no request: TorchServe's Level:Error dimension.
+    assert [(m.name, m.value, m.unit, list(m.dimension_names), list(m.dimension_values))
+            for m in context.metrics.sink.drain()] == [
+        ("Hits", 1.0, "Count", ["a", "Level"], ["b", "Error"]),
+        ("Took", 5.5, "Milliseconds", ["Level"], ["Error"]),
     ]
-    assert context.metrics.records == []
+    assert len(context.metrics.sink) == 0
 
 
 # --- failures of the whole batch -------------------------------------------------------------

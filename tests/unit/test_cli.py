@@ -59,3 +59,11 @@ def test_a_module_is_run_without_the_working_directory_on_sys_path(
     unsafe = subprocess.run([sys.executable, "-m", "json.tool"], input="{}", cwd=tmp_path,
                             capture_output=True, text=True, timeout=60, check=False)
     assert "the decoy was imported" in unsafe.stderr  # what python -m does
+
+
+def test_metrics_config_flag_is_the_metrics_config_key() -> None:
+    from frontend.cli import cli_overrides
+
+    args = build_parser().parse_args([*START, "--metrics-config", "m.yaml"])
+    assert cli_overrides(args)["metrics_config"] == "m.yaml"
+    assert "metrics_config" not in cli_overrides(build_parser().parse_args(START))

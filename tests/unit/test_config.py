@@ -214,3 +214,22 @@ def test_what_turned_token_authorization_off_is_named(tmp_path: Path) -> None:
         f"disable_token_authorization=true in {properties}"
     assert load_config(properties, {"disable_token_authorization": "true"}, {}) \
         .token_authorization_off_by == "--disable-token-auth"
+
+
+def test_torchserve_metrics_keys() -> None:
+    config, unknown = build_config({
+        "metrics_mode": " Prometheus ", "metrics_config": "conf/metrics.yaml",
+        "model_metrics_auto_detect": "true", "disable_system_metrics": "true",
+        "metric_time_interval": "5"})
+    assert unknown == []
+    assert config.metrics_mode == "prometheus"  # TorchServe ignores case and spaces
+    # Relative to the working directory, as TorchServe resolves it.
+    assert config.metrics_config == Path("conf/metrics.yaml").resolve()
+    assert (config.model_metrics_auto_detect, config.disable_system_metrics,
+            config.metric_time_interval_s) == (True, True, 5)
+    defaults = ServerConfig()
+    assert (defaults.metrics_config, defaults.model_metrics_auto_detect,
+            defaults.disable_system_metrics, defaults.metric_time_interval_s) == (
+        None, False, False, 60)
+    with pytest.raises(ConfigError, match="metric_time_interval"):
+        build_config({"metric_time_interval": "0"})

@@ -249,6 +249,9 @@ def test_classifier_gives_top_labels_per_image(tmp_path: Path) -> None:
         probabilities = list(prediction.values())
         assert probabilities == sorted(probabilities, reverse=True)
         assert sum(probabilities) == pytest.approx(1.0, abs=1e-5)
+    # As TorchServe's built-in handlers, it reports HandlerTime (and the service
+    # PredictionTime), once per batch.
+    assert [metric.name for metric in result.metrics] == ["HandlerTime", "PredictionTime"]
 
 
 def test_classifier_runs_one_forward_pass_per_batch(tmp_path: Path) -> None:

@@ -53,8 +53,7 @@ TORCHSERVE_KEYS = (
 #: this exclusion when merging them.
 _OWNED_BY_OTHER_PARTS = frozenset({
     "certificate_file", "private_key_file", "keystore", "keystore_pass", "keystore_type",
-    "enable_grpc_ssl", "metrics_config", "model_metrics_auto_detect", "metrics_mode",
-    "disable_system_metrics", "metric_time_interval", "system_metrics_cmd",
+    "enable_grpc_ssl",
 })
 
 #: A value for each key honoured here that differs from its default.
@@ -80,6 +79,8 @@ SAMPLES = {
     "enable_model_api": "true", "use_env_allowed_urls": "true",
     "model_snapshot": '{"models": {"m": {"1.0": {"marName": "m.mar"}}}}',
     "models": '{"m": {"1.0": {"batchSize": 4, "runtimeType": "python"}}}',
+    "metrics_mode": "log", "metrics_config": "metrics.yaml", "model_metrics_auto_detect": "true",
+    "disable_system_metrics": "true", "metric_time_interval": "30",
 }
 
 #: Honoured, though not as a ServerConfig field: each has its own test below.

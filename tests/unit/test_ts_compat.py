@@ -184,7 +184,10 @@ def test_base_handler_subclass_with_an_eager_model(tmp_path: Path) -> None:
     metrics = {metric.name: metric for metric in result.metrics}  # they travel with the batch
     assert "HandlerTime" in metrics
     assert metrics["RowsScored"].value == 2
-    assert dict(metrics["RowsScored"].dimensions) == {"model": "m"}
+    # The handler's dimension, then those TorchServe adds.
+    assert dict(zip(metrics["RowsScored"].dimension_names,
+                    metrics["RowsScored"].dimension_values, strict=True)) == {
+        "model": "m", "ModelName": "m", "Level": "Model"}
 
 
 # --- ImageClassifier subclass -------------------------------------------------------------------

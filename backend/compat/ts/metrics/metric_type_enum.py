@@ -1,11 +1,5 @@
-"""``ts.metrics.metric_type_enum``: the metric types ``context.metrics`` accepts."""
+"""``ts.metrics.metric_type_enum``: the metric types (counter, gauge, histogram)."""
 
-from __future__ import annotations
+from backend.metrics.types import MetricTypes
 
-import enum
-
-
-class MetricTypes(enum.Enum):
-    COUNTER = "counter"
-    GAUGE = "gauge"
-    HISTOGRAM = "histogram"
+__all__ = ["MetricTypes"]
