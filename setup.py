@@ -73,7 +73,8 @@ setup(
     description="A TorchServe-compatible multi-process model server that batches better",
     python_requires=">=3.10",
     packages=find_packages(include=["frontend*", "backend*", "protos*", "model_archiver*"]),
-    package_data={"protos": ["*.proto", "*.pyi"], "": ["py.typed"]},
+    package_data={"protos": ["*.proto", "*.pyi"], "backend.compat.ts": ["version.txt"],
+                  "": ["py.typed"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
     entry_points={

@@ -168,9 +168,12 @@ def decorator_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
 
 
 def top_level_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """A module's statements, those inside top-level ``if``/``try``/``with`` blocks too."""
+    """A module's statements, those inside top-level ``if``/``try``/``with`` blocks too (not
+    a script's ``if __name__ == "__main__":`` block)."""
     for node in body:
         yield node
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            continue
         if isinstance(node, ast.If):
             yield from top_level_statements(node.body + node.orelse)
         elif isinstance(node, ast.Try):
@@ -246,32 +249,59 @@ def runtime_params(function: Any) -> list[Param]:
             for p in inspect.signature(function).parameters.values()]
 
 
+POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def default_problem(where: str, want: Param, have: Param) -> str | None:
+    if (want.default == NO_DEFAULT) != (have.default == NO_DEFAULT) or (
+            want.default not in (NO_DEFAULT, EXPRESSION) and have.default != EXPRESSION
+            and want.default != have.default):
+        return (f"{where}: parameter {want.name!r} defaults to {have.default!r}, "
+                f"TorchServe's to {want.default!r}")
+    return None
+
+
 def signature_problems(where: str, theirs: Function, ours: list[Param],
                        ours_async: bool) -> list[str]:
+    """Positional parameters: the same names, kinds and defaults in the same order, extra
+    ones after them only with defaults; ``*args``/``**kwargs`` where TorchServe's has them;
+    keyword-only ones by name, extra ones only with defaults."""
     problems = []
     if theirs.is_async != ours_async:
         problems.append(f"{where}: TorchServe's is {'' if theirs.is_async else 'not '}async")
-    expected = theirs.params
-    shown = ", ".join(p.name for p in expected)
-    head, extra = ours[: len(expected)], ours[len(expected):]
-    for want, have in zip(expected, head, strict=False):
+    shown = ", ".join(p.name for p in theirs.params)
+    want_positional = [p for p in theirs.params if p.kind in POSITIONAL]
+    have_positional = [p for p in ours if p.kind in POSITIONAL]
+    for want, have in zip(want_positional, have_positional, strict=False):
         if (want.name, want.kind) != (have.name, have.kind):
             problems.append(f"{where}: parameters ({', '.join(p.name for p in ours)}) differ "
                             f"from TorchServe's ({shown}) at {want.name!r} "
                             f"({want.kind.description} vs {have.name!r} "
                             f"{have.kind.description})")
             return problems
-        if (want.default == NO_DEFAULT) != (have.default == NO_DEFAULT) or (
-                want.default not in (NO_DEFAULT, EXPRESSION) and have.default != EXPRESSION
-                and want.default != have.default):
-            problems.append(f"{where}: parameter {want.name!r} defaults to {have.default!r}, "
-                            f"TorchServe's to {want.default!r}")
-    if len(head) < len(expected):
+        problem = default_problem(where, want, have)
+        if problem:
+            problems.append(problem)
+    if len(have_positional) < len(want_positional):
         problems.append(f"{where}: missing parameters "
-                        f"{[p.name for p in expected[len(head):]]} (TorchServe: {shown})")
+                        f"{[p.name for p in want_positional[len(have_positional):]]} "
+                        f"(TorchServe: {shown})")
+    want_keyword = {p.name: p for p in theirs.params if p.kind == inspect.Parameter.KEYWORD_ONLY}
+    have_keyword = {p.name: p for p in ours if p.kind == inspect.Parameter.KEYWORD_ONLY}
+    for kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        if any(p.kind == kind for p in theirs.params) and not any(p.kind == kind for p in ours):
+            problems.append(f"{where}: no {kind.description} parameter (TorchServe: {shown})")
+    for name, want in want_keyword.items():
+        if name not in have_keyword:
+            problems.append(f"{where}: missing keyword-only parameter {name!r}")
+            continue
+        problem = default_problem(where, want, have_keyword[name])
+        if problem:
+            problems.append(problem)
+    extra = have_positional[len(want_positional):] + [
+        p for name, p in have_keyword.items() if name not in want_keyword]
     for param in extra:
-        if param.default == NO_DEFAULT and param.kind not in (
-                inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        if param.default == NO_DEFAULT:
             problems.append(f"{where}: extra parameter {param.name!r} has no default, so a "
                             f"call written for TorchServe ({shown}) fails")
     return problems
@@ -415,7 +445,7 @@ def test_every_public_name_of_torchserve_ts_is_in_ours(ts_shim: None) -> None:
     for name, path in modules:
         theirs = read_source(path, name)
         optional = OPTIONAL_PACKAGES.get(name)
-        if optional is not None and importlib.util.find_spec(optional.split(".")[0]) is None:
+        if optional is not None and not installed(optional):
             problems += optional_import_problems(name, optional)
             try:
                 problems += compare_source(name, theirs, read_source(our_source(name), name))
@@ -433,6 +463,13 @@ def test_every_public_name_of_torchserve_ts_is_in_ours(ts_shim: None) -> None:
         problems += compare_runtime(name, theirs, module)
     assert not problems, f"{len(problems)} differences from TorchServe 0.12's ts:\n" + \
         "\n".join(problems)
+
+
+def installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def optional_import_problems(name: str, package: str) -> list[str]:
@@ -487,9 +524,9 @@ def test_the_comparison_catches_what_is_missing_or_different(tmp_path: Path) -> 
     problems = compare_runtime("fake", theirs, module)
 
     assert problems == [
-        "fake.gone: missing function",
         "fake.strict: extra parameter 'b' has no default, so a call written for TorchServe "
         "(a) fails",
+        "fake.gone: missing function",
         "fake.Handler: not a subclass of Base",
         "fake.Handler.handle: parameters (self, data, ctx) differ from TorchServe's "
         "(self, data, context) at 'context' (positional or keyword vs 'ctx' positional or "
