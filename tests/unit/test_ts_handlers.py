@@ -330,7 +330,7 @@ def test_a_handler_named_as_torchserve_names_its_own_is_found_in_ts_torch_handle
     assert type(handler_of(service)).__name__ == "DenseNetHandler"
     assert result.responses[0].status == 200
     if not installed("vllm"):
-        with pytest.raises(HandlerLoadError, match="ts.torch_handler.vllm_handler.*needs vllm"):
+        with pytest.raises(HandlerLoadError, match=r"ts\.torch_handler\.vllm_handler.*needs vllm"):
             load(folder, "vllm_handler")
 
 
