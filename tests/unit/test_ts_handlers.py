@@ -364,3 +364,30 @@ def test_an_async_handle_runs_on_the_worker_event_loop(tmp_path: Path) -> None:
     assert [r.body for r in second.responses] == [b"C"]
     handler = handler_of(service)
     assert len(handler.loops) == 2 and handler.loops[0] is handler.loops[1]
+
+
+def test_torchserve_handler_tests_run_as_written_with_mock_context(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TorchServe's own BaseHandler tests (and its examples' tests) build a MockContext and
+    call initialize and handle themselves; they work the same with batchserve's ts."""
+    import shutil
+
+    from ts.torch_handler.base_handler import BaseHandler
+    from ts.torch_handler.unit_tests.models import base_model
+    from ts.torch_handler.unit_tests.test_utils.mock_context import MockContext
+
+    shutil.copyfile(base_model.__file__, tmp_path / "model.py")
+    base_model.save_pt_file(str(tmp_path / "model.pt"))
+    context = MockContext(model_name="mnist", model_dir=str(tmp_path), model_file="model.py")
+    handler = BaseHandler()
+    handler.initialize(context)
+
+    assert handler.handle([[1.0, 2.0]], context) == [1]
+    assert handler.handle([[1.0, 2.0], [4.0, 3.0]], context) == [1, 0]
+    traces = tmp_path / "traces"
+    handler.profiler_args = {"activities": [torch.profiler.ProfilerActivity.CPU],
+                             "on_trace_ready": torch.profiler.tensorboard_trace_handler(
+                                 str(traces))}
+    monkeypatch.setenv("ENABLE_TORCH_PROFILER", "1")
+    assert handler.handle([[1.0, 2.0], [4.0, 3.0]], context) == [1, 0]
+    assert list(traces.iterdir())  # the profiler's trace was written

@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from backend.context import Context
+from backend.context import EXPLAIN_HEADER, Context
 from backend.device import select_device
 from backend.errors import ModelLoadError, Unsupported
 from backend.handlers.base import BaseHandler as _BackendBaseHandler
-from backend.handlers.explain import explanation_target, is_explanation
+from backend.handlers.explain import explanation_target
 from backend.handlers.labels import INDEX_TO_NAME
 from backend.tuning import Tuning, forward_context, read_tuning
 from backend.weights import load_eager, load_torchscript
@@ -305,16 +305,18 @@ class BaseHandler(_BackendBaseHandler):
         return self.device
 
     def _is_explain(self) -> bool:
-        if self.context is not None and is_explanation(self.context):
+        if self._first_request_header(EXPLAIN_HEADER) == "True":
             self.explain = True
             return True
         return False
 
     def _is_describe(self) -> bool:
-        return self._first_request_header("describe") == "True"
+        return bool(self._first_request_header("describe") == "True")
 
-    def _first_request_header(self, name: str) -> str | None:
-        if self.context is None or not self.context.request_processor:
+    def _first_request_header(self, name: str) -> Any:
+        """The batch's first request's header ``name``; None outside a batch. Any context
+        with ``get_request_header`` will do (TorchServe's tests pass a MockContext)."""
+        context = self.context
+        if context is None or getattr(context, "request_processor", None) == []:
             return None
-        header: str | None = self.context.get_request_header(0, name)
-        return header
+        return context.get_request_header(0, name)
