@@ -236,10 +236,10 @@ def echo_rows(data: list[Any], context: Any) -> list[Any]:
 
 
 class FakeContext:
-    """What the envelopes read of a context: request ids, headers, the manifest."""
+    """What the envelopes read of a context (request ids, headers, the manifest), and no
+    more: TorchServe's handler tests pass such a MockContext."""
 
     def __init__(self, explain: bool = False) -> None:
-        self.request_processor = [object()]
         self.manifest = {"model": {"modelName": "m", "modelVersion": "3"}}
         self.explain = explain
 

@@ -74,7 +74,7 @@ def _read(conn: _Receiver, length: int) -> bytearray:
     data = bytearray()
     while len(data) < length:
         chunk = conn.recv(length - len(data))
-        if not chunk:
+        if len(chunk) == 0:
             logger.info("Frontend disconnected.")
             sys.exit(0)
         data += chunk

@@ -42,6 +42,9 @@ class KServeEnvelope(BaseEnvelope):
         return answers
 
     def _is_explain(self) -> bool:
+        """Whether the batch's first request asks for an explanation (its ``explain``
+        header); any context with ``get_request_header`` will do."""
         context = self.context
-        return bool(context is not None and context.request_processor
-                    and context.get_request_header(0, "explain") == "True")
+        if context is None or getattr(context, "request_processor", None) == []:
+            return False
+        return bool(context.get_request_header(0, "explain") == "True")

@@ -56,11 +56,9 @@ class KServev2Envelope(BaseEnvelope):
 
     def _batch_to_json(self, data: list[Any]) -> list[Any]:
         codec, answers, start = self._codec(), [], 0
-        explain = bool(self.context is not None and self.context.request_processor
-                       and self.context.get_request_header(0, "explain") == "True")
         for unwrapped in getattr(self, "_unwrapped", []):
             count = len(unwrapped.rows)
-            answers.append(codec.wrap(data[start:start + count], unwrapped, explain))
+            answers.append(codec.wrap(data[start:start + count], unwrapped, False))
             start += count
         return answers
 
