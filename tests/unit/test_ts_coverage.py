@@ -50,7 +50,6 @@ SIDE_VENV = ROOT / ".venv-torchserve-archiver"
 #: scope: its examples' tests import MockContext from there.)
 _TORCHSERVE_TESTS = "TorchServe's own tests, shipped inside the wheel; no handler imports them"
 OUT_OF_SCOPE: dict[str, str] = {
-    "ts.tests": _TORCHSERVE_TESTS,
     "ts.torch_handler.unit_tests.conftest": _TORCHSERVE_TESTS,
     **{f"ts.torch_handler.unit_tests.{name}": _TORCHSERVE_TESTS for name in (
         "test_base_handler", "test_envelopes", "test_image_classifier", "test_image_segmenter",
