@@ -28,6 +28,7 @@ Each missing name and each mismatch is reported, all at once.
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import importlib.util
 import inspect
@@ -375,12 +376,13 @@ def compare_class(where: str, theirs: Class, ours: Any, module: Any) -> list[str
 
 
 def resolve(module: Any, dotted: str) -> Any:
+    """What ``dotted`` names in ``module``'s namespace (``threading.Thread``), else a builtin
+    (``Exception``); None when neither has it."""
     value: Any = module
     for part in dotted.split("."):
         value = getattr(value, part, None)
         if value is None:
-            return getattr(__builtins__ if isinstance(__builtins__, dict) else vars(__builtins__),
-                           "get", lambda _: None)(dotted)
+            return getattr(builtins, dotted, None)
     return value
 
 
