@@ -6,7 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
 TS_VENV := .venv-torchserve-archiver
-TS_STAMP := $(TS_VENV)/.install-stamp
+# Named after what it holds, so a venv made before torchserve joined it is brought up to date.
+TS_STAMP := $(TS_VENV)/.install-stamp-torchserve-0.12.0
 DEMO_MODEL := model_store/resnet-152-batch_v2.mar
 EXAMPLE := examples/image_classifier/resnet_152_batch
 
@@ -20,11 +21,13 @@ $(STAMP): setup.py pyproject.toml
 	@touch $(STAMP)
 
 # TorchServe's own torch-model-archiver (its package is also named model_archiver, so it
-# lives in a venv of its own); the compatibility tests build archives with it.
+# lives in a venv of its own); the compatibility tests build archives with it. TorchServe's
+# wheel joins it (its `ts` package, which needs no torch to install): the `ts` coverage test
+# reads its sources to compare with batchserve's `ts` (tests/unit/test_ts_coverage.py).
 $(TS_STAMP):
 	@test -x $(TS_VENV)/bin/python || $(PYTHON) -m venv $(TS_VENV)
 	$(TS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
-		torch-model-archiver==0.12.0
+		torch-model-archiver==0.12.0 torchserve==0.12.0
 	@touch $(TS_STAMP)
 
 # A real browser for the CORS test (tests/integration/test_cors_and_legacy.py): Debian's

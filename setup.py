@@ -75,6 +75,7 @@ setup(
     packages=find_packages(include=["frontend*", "backend*", "protos*", "model_archiver*"]),
     # frontend/observe/metrics.yaml: TorchServe's default metrics configuration (data).
     package_data={"protos": ["*.proto", "*.pyi"], "frontend.observe": ["*.yaml"],
+                  "backend.compat.ts": ["version.txt"],
                   "": ["py.typed"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

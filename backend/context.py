@@ -100,10 +100,10 @@ class Context:
         }
         #: The handler's metrics API (TorchServe's ``MetricsCacheYamlImpl``): the worker
         #: gives it the model_metrics of the server's metrics configuration.
-        self.metrics: MetricCacheAbstract = (
+        self._metrics: MetricCacheAbstract = (
             metrics if metrics is not None else MetricsCacheYamlImpl.without_config())
-        if self.metrics.model_name is None:
-            self.metrics.model_name = model_name
+        if isinstance(self._metrics, MetricCacheAbstract) and self._metrics.model_name is None:
+            self._metrics.model_name = model_name
         self.model_yaml_config: dict[str, Any] = model_yaml_config or {}
         self.request_ids: dict[int, str] = {}
         self.request_processor: list[RequestProcessor] = []
@@ -124,6 +124,15 @@ class Context:
         self.header_key_sequence_id = SEQUENCE_ID_HEADER
         self.header_key_sequence_start = SEQUENCE_START_HEADER
         self.header_key_sequence_end = SEQUENCE_END_HEADER
+
+    @property
+    def metrics(self) -> MetricCacheAbstract:
+        """The handler's metrics API (a property, as TorchServe's ``Context.metrics``)."""
+        return self._metrics
+
+    @metrics.setter
+    def metrics(self, metrics: MetricCacheAbstract) -> None:
+        self._metrics = metrics
 
     @property
     def system_properties(self) -> dict[str, Any]:

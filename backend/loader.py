@@ -1,20 +1,27 @@
 """Resolve a manifest's ``handler`` string to an initialised entry point, as TorchServe does.
 
 ``"name"`` of a built-in handler, ``"file.py"``, ``"file"``, ``"file.py:function"`` or
-``"module:function"``. A file is imported by path from the model directory under a unique
-module name, after the worker's own imports (STYLE trap 22): a model whose archive holds a
-``service.py`` or ``backend.py`` cannot shadow the worker's modules. The model directory also
-joins ``sys.path`` so the handler can import the archive's other modules, as do the folders
-the model's own packages were installed into (``add_dependency_dirs``).
+``"module:function"``. A name that is neither a file of the archive nor one of
+``backend.handlers``' is looked up as TorchServe does, as a module of ``ts.torch_handler``
+(``densenet_handler``, ``vllm_handler``, ...; batchserve's ``ts`` shim has them all). A
+file is imported by path from the model directory under a unique module name, after the
+worker's own imports (STYLE trap 22): a model whose archive holds a ``service.py`` or
+``backend.py`` cannot shadow the worker's modules. A coroutine ``handle`` (TorchServe's
+async handlers) is run to its end on the worker's event loop (``run_coroutines``). The model
+directory also joins ``sys.path`` so the handler can import the archive's other modules, as
+do the folders the model's own packages were installed into (``add_dependency_dirs``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import importlib.util
 import inspect
 import logging
 import site
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +38,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_FUNCTION = "handle"
 
 HandleFn = Callable[[Any, Context], Any]
+#: Where TorchServe looks up a handler given by name (a module of this package).
+TORCHSERVE_HANDLERS = "ts.torch_handler"
 
 
 
@@ -58,7 +67,7 @@ def load_entry_point(handler: str, model_dir: Path, context: Context) -> EntryPo
     path = find_handler_file(model_dir, module_part)
     if path is None:
         if function_name is None:
-            cls = _builtin_class(module_part)
+            cls = _builtin_class(module_part) or _torchserve_handler_class(module_part)
             if cls is not None:
                 return _initialise_class(cls, context, cls.__name__)
         raise HandlerLoadError(
@@ -72,6 +81,7 @@ def load_entry_point(handler: str, model_dir: Path, context: Context) -> EntryPo
     function = getattr(module, wanted, None)
     if function is not None and callable(function) and not isinstance(function, type):
         # TorchServe's convention: a function entry point is initialised by a call with no data.
+        function = run_coroutines(function)
         function(None, context)
         return EntryPoint(function, f"{path.name}:{wanted}")
     if function_name is not None:
@@ -154,7 +164,57 @@ def _initialise_class(cls: type, context: Context, name: str) -> EntryPoint:
     handle = getattr(instance, "handle", None)
     if not callable(handle):
         raise HandlerLoadError(f"handler class {cls.__name__} has no handle method")
-    return EntryPoint(handle, name)
+    return EntryPoint(run_coroutines(handle), name)
+
+
+def run_coroutines(handle: HandleFn) -> HandleFn:
+    """``handle`` itself, or, for a coroutine function (TorchServe's async handlers, e.g. its
+    vLLM one), a function that runs each call to the end on this thread's event loop (made
+    and set as current on first use, so a handler's ``initialize`` that ran work on
+    ``asyncio.get_event_loop()`` shares it). Batches still come one at a time; the loop runs
+    only during a call. The bound handler stays reachable as ``__self__``."""
+    if not inspect.iscoroutinefunction(handle):
+        return handle
+
+    def run(data: Any, context: Context) -> Any:
+        return _event_loop().run_until_complete(handle(data, context))
+
+    run.__self__ = getattr(handle, "__self__", None)  # type: ignore[attr-defined]
+    run.__name__ = getattr(handle, "__name__", "handle")
+    return run
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """This thread's current event loop (one a handler's initialize set, or made now)."""
+    with warnings.catch_warnings():  # Python 3.12+ warns where none is set yet
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            loop = asyncio.get_event_loop()
+        except RuntimeError:  # Python 3.14+: none set on this thread yet
+            loop = None
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+    return loop
+
+
+def _torchserve_handler_class(name: str) -> type | None:
+    """The handler class of ``ts.torch_handler.<name>``, as TorchServe resolves a handler
+    name; None when there is no such module (or no ``ts`` at all)."""
+    module_name = f"{TORCHSERVE_HANDLERS}.{name}"
+    if not name.isidentifier():
+        return None
+    try:
+        if importlib.util.find_spec(module_name) is None:
+            return None
+    except ModuleNotFoundError:  # no ts package
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an optional package it needs (vllm, DALI, ...) is missing
+        raise HandlerLoadError(f"cannot import TorchServe's handler {module_name}: "
+                               f"{describe(exc)}") from exc
+    return find_handler_class(module, module_name)
 
 
 def _builtin_class(name: str) -> type | None:

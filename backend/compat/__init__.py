@@ -1,11 +1,12 @@
 """Stand-ins for the packages of other servers that unmodified handlers import.
 
-``ts/`` here is a small TorchServe ``ts`` package: enough of ``ts.torch_handler``,
-``ts.utils.util``, ``ts.handler_utils`` and ``ts.context`` for TorchServe custom handlers to
-run in our worker. It becomes the top-level ``ts`` only inside a worker, and only when no real
-TorchServe is installed (``install_torchserve_shim``); nothing named ``ts`` is ever installed
-into site-packages, so a real TorchServe can live beside us. A ``ts/`` folder in a model's
-archive or the working directory never stands in for either.
+``ts/`` here is TorchServe's ``ts`` package as batchserve provides it: every public module,
+class and function of TorchServe 0.12's, with its signature (``tests/unit/test_ts_coverage.py``
+compares them with the real wheel), written against our backend so that TorchServe custom
+handlers run in our worker. It becomes the top-level ``ts`` only inside a worker, and only
+when no real TorchServe is installed (``install_torchserve_shim``); nothing named ``ts`` is
+ever installed into site-packages, so a real TorchServe can live beside us. A ``ts/`` folder
+in a model's archive or the working directory never stands in for either.
 
 NOTE: this directory itself joins ``sys.path``, so every module in it becomes importable by its
 bare name. Keep it to this file and ``ts/``.

@@ -20,7 +20,13 @@ class ImageSegmenter(VisionHandler):
     image_processing = IMAGENET_TRANSFORM
 
     def postprocess(self, outputs: Any) -> list[Any]:
-        logits = outputs["out"] if isinstance(outputs, Mapping) else outputs
-        best = torch.softmax(logits, dim=1).max(dim=1)
-        pixels = torch.stack([best.indices.to(best.values.dtype), best.values], dim=3)
-        return list(pixels.tolist())
+        return best_class_per_pixel(outputs)
+
+
+def best_class_per_pixel(outputs: Any) -> list[Any]:
+    """Per image of ``[N, K, H, W]`` logits (or ``{"out": logits}``), ``[H][W][2]``: each
+    pixel's most probable class (as a float) and its probability."""
+    logits = outputs["out"] if isinstance(outputs, Mapping) else outputs
+    best = torch.softmax(logits, dim=1).max(dim=1)
+    pixels = torch.stack([best.indices.to(best.values.dtype), best.values], dim=3)
+    return list(pixels.tolist())

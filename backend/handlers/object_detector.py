@@ -10,7 +10,7 @@ from typing import Any
 
 from torchvision import transforms
 
-from backend.handlers.labels import label_of
+from backend.handlers.labels import LabelMap, label_of
 from backend.handlers.vision import VisionHandler
 
 
@@ -26,16 +26,18 @@ class ObjectDetector(VisionHandler):
         return [image.to(self.device) for image in data]
 
     def postprocess(self, outputs: Any) -> list[Any]:
-        results: list[Any] = []
-        for detections in outputs:
-            keep = detections["scores"] >= self.threshold
-            boxes = detections["boxes"][keep].tolist()
-            labels = detections["labels"][keep].tolist()
-            scores = detections["scores"][keep].tolist()
-            results.append(
-                [
-                    {label_of(self.mapping, label): box, "score": score}
-                    for label, box, score in zip(labels, boxes, scores, strict=True)
-                ]
-            )
-        return results
+        return labelled_detections(outputs, self.threshold, self.mapping)
+
+
+def labelled_detections(outputs: Any, threshold: float, mapping: LabelMap | None) -> list[Any]:
+    """Per image of a detection model's ``{"boxes", "labels", "scores"}`` dicts, the
+    detections scoring at least ``threshold`` as ``{label: [x1, y1, x2, y2], "score": s}``."""
+    results: list[Any] = []
+    for detections in outputs:
+        keep = detections["scores"] >= threshold
+        boxes = detections["boxes"][keep].tolist()
+        labels = detections["labels"][keep].tolist()
+        scores = detections["scores"][keep].tolist()
+        results.append([{label_of(mapping, label): box, "score": score}
+                        for label, box, score in zip(labels, boxes, scores, strict=True)])
+    return results

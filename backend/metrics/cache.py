@@ -87,7 +87,7 @@ class MetricCacheAbstract(metaclass=abc.ABCMeta):
         value: float,
         unit: str,
         idx: Any = None,
-        dimensions: list[Any] | None = None,
+        dimensions: list[Any] | None = [],  # noqa: B006 (TorchServe's; read only)
         metric_type: MetricTypes = MetricTypes.COUNTER,
     ) -> None:
         """Report a value of a metric of any type (declared on first use)."""
@@ -98,7 +98,7 @@ class MetricCacheAbstract(metaclass=abc.ABCMeta):
         name: str,
         value: float,
         idx: Any = None,
-        dimensions: list[Any] | None = None,
+        dimensions: list[Any] | None = [],  # noqa: B006 (TorchServe's; read only)
     ) -> None:
         """Add ``value`` to a counter (unit ``count``)."""
         self._report(name, value, "count", idx, dimensions, MetricTypes.COUNTER)
@@ -109,7 +109,7 @@ class MetricCacheAbstract(metaclass=abc.ABCMeta):
         value: float,
         idx: Any = None,
         unit: str = "ms",
-        dimensions: list[Any] | None = None,
+        dimensions: list[Any] | None = [],  # noqa: B006 (TorchServe's; read only)
         metric_type: MetricTypes = MetricTypes.GAUGE,
     ) -> None:
         """Report a duration, in ``ms`` or ``s`` (a gauge unless told otherwise)."""
@@ -124,7 +124,7 @@ class MetricCacheAbstract(metaclass=abc.ABCMeta):
         value: float,
         idx: Any = None,
         unit: str = "MB",
-        dimensions: list[Any] | None = None,
+        dimensions: list[Any] | None = [],  # noqa: B006 (TorchServe's; read only)
         metric_type: MetricTypes = MetricTypes.GAUGE,
     ) -> None:
         """Report a size, in ``MB``, ``kB``, ``GB`` or ``B`` (a gauge unless told otherwise)."""
@@ -137,7 +137,7 @@ class MetricCacheAbstract(metaclass=abc.ABCMeta):
         name: str,
         value: float,
         idx: Any = None,
-        dimensions: list[Any] | None = None,
+        dimensions: list[Any] | None = [],  # noqa: B006 (TorchServe's; read only)
         metric_type: MetricTypes = MetricTypes.GAUGE,
     ) -> None:
         """Report a percentage (a gauge unless told otherwise)."""
@@ -147,7 +147,7 @@ class MetricCacheAbstract(metaclass=abc.ABCMeta):
         self,
         name: str,
         value: float,
-        dimensions: list[Any] | None = None,
+        dimensions: list[Any] | None = [],  # noqa: B006 (TorchServe's; read only)
     ) -> None:
         """Count an error (a counter with ``Level:Error`` and no request)."""
         dims = self._add_default_dims(None, dimensions)
@@ -188,7 +188,7 @@ class MetricCacheAbstract(metaclass=abc.ABCMeta):
 
     @abc.abstractmethod
     def add_metric_to_cache(self, metric_name: str, unit: str,
-                            dimension_names: list[str] | None = None,
+                            dimension_names: list[str] | None = [],  # noqa: B006 (TorchServe's; read only)
                             metric_type: MetricTypes = MetricTypes.COUNTER) -> MetricAbstract:
         """Declare a metric (replacing one of the same name and type); it reports nothing
         until it is updated."""
@@ -259,7 +259,7 @@ class MetricsCacheYamlImpl(MetricCacheAbstract):
         self,
         metric_name: str,
         unit: str,
-        dimension_names: list[str] | None = None,
+        dimension_names: list[str] | None = [],  # noqa: B006 (TorchServe's; read only)
         metric_type: MetricTypes = MetricTypes.COUNTER,
     ) -> CachingMetric:
         self._check_type(metric_name, str, "`metric_name` must be a str")

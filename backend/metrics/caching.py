@@ -94,7 +94,7 @@ class CachingMetric(MetricAbstract):
     def add_or_update(
         self,
         value: float,
-        dimension_values: list[Any] | None = None,
+        dimension_values: list[Any] | None = [],  # noqa: B006 (TorchServe's; read only)
         request_id: str = "",
     ) -> None:
         """Report ``value`` with one value per dimension name, in their order; a bad value or
@@ -117,7 +117,7 @@ class CachingMetric(MetricAbstract):
         self,
         value: float,
         request_id: str = "",
-        dimensions: list[Any] | None = None,
+        dimensions: list[Any] | None = [],  # noqa: B006 (TorchServe's; read only)
     ) -> None:
         """Older API: report ``value`` with these Dimension objects, which replace the
         metric's dimension names."""

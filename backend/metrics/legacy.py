@@ -73,10 +73,10 @@ class Metric:
 class MetricEncoder(json.JSONEncoder):
     """JSON for Metric and Dimension objects (their ``to_dict``)."""
 
-    def default(self, o: Any) -> Any:
-        if isinstance(o, (Metric, Dimension)):
-            return o.to_dict()
-        return json.JSONEncoder.default(self, o)
+    def default(self, obj: Any) -> Any:
+        if isinstance(obj, (Metric, Dimension)):
+            return obj.to_dict()
+        return json.JSONEncoder.default(self, obj)
 
 
 class MetricsStore:

@@ -52,7 +52,7 @@ TORCHSERVE_NAMES = {
     "metric_type_enum": {"MetricTypes"},
     "metrics_store": {"Dimension", "Metric", "MetricsStore"},
     "process_memory_metric": {"check_process_mem_usage", "get_cpu_usage"},
-    "system_metrics": {"Dimension", "Metric", "collect_all", "collect_gpu_metrics",
+    "system_metrics": {"Dimension", "Metric", "collect_all", "gpu_utilization",
                        "cpu_utilization", "dimension", "disk_available", "disk_used",
                        "disk_utilization", "memory_available", "memory_used",
                        "memory_utilization", "system_metrics"},

@@ -265,5 +265,5 @@ def test_map_class_to_label_and_list_classes_from_module() -> None:
     assert util.map_class_to_label([[0.9]], None, [[2]]) == [{"2": 0.9}]
     with pytest.raises(TypeError):
         util.map_class_to_label(torch.tensor([[1.0]]))
-    assert util.list_classes_from_module(util) == [util.PredictionException]
+    assert util.list_classes_from_module(util) == [util.PT2Backend, util.PredictionException]
     assert util.list_classes_from_module(util, ValueError) == []

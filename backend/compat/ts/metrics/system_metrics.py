@@ -18,10 +18,24 @@ import psutil
 from backend.metrics.dimension import Dimension
 from backend.metrics.legacy import Metric
 
-__all__ = ["Dimension", "Metric", "collect_all", "collect_gpu_metrics", "cpu_utilization",
-           "dimension", "disk_available", "disk_used", "disk_utilization", "logging",
-           "memory_available", "memory_used", "memory_utilization", "psutil", "system_metrics",
-           "types"]
+__all__ = [
+    "Dimension",
+    "Metric",
+    "collect_all",
+    "cpu_utilization",
+    "dimension",
+    "disk_available",
+    "disk_used",
+    "disk_utilization",
+    "gpu_utilization",
+    "logging",
+    "memory_available",
+    "memory_used",
+    "memory_utilization",
+    "psutil",
+    "system_metrics",
+    "types",
+]
 
 system_metrics: list[Metric] = []
 dimension = [Dimension("Level", "Host")]
@@ -70,16 +84,16 @@ def disk_available() -> None:
     system_metrics.append(Metric("DiskAvailable", data, "GB", dimension))
 
 
-def collect_gpu_metrics(num_of_gpus: int) -> None:
+def gpu_utilization(num_of_gpu: int) -> None:
     """GPU memory used (MB), memory utilisation and GPU utilisation (percent) of the first
-    ``num_of_gpus`` CUDA devices (nothing without CUDA)."""
-    if num_of_gpus <= 0:
+    ``num_of_gpu`` CUDA devices (nothing without CUDA)."""
+    if num_of_gpu <= 0:
         return
     import torch
 
     if not torch.cuda.is_available():
         return
-    for gpu_index in range(num_of_gpus):
+    for gpu_index in range(num_of_gpu):
         free, total = torch.cuda.mem_get_info(gpu_index)
         mem_used = (total - free) // 1024**2
         try:
@@ -95,15 +109,15 @@ def collect_gpu_metrics(num_of_gpus: int) -> None:
         system_metrics.append(Metric("GPUUtilization", gpu_utilization, "percent", dimension_gpu))
 
 
-def collect_all(mod: types.ModuleType, num_of_gpus: int) -> None:
+def collect_all(mod: types.ModuleType, num_of_gpu: int) -> None:
     """Run every collecting function of ``mod`` and log what they gathered, a line each,
     then an empty line."""
     for name in dir(mod):
         value = getattr(mod, name)
         if isinstance(value, types.FunctionType) and value.__name__ not in (
                 "collect_all", "__getattr__"):
-            if value.__name__ == "collect_gpu_metrics":
-                value(num_of_gpus)
+            if value.__name__ == "gpu_utilization":
+                value(num_of_gpu)
             else:
                 value()
     for met in system_metrics:

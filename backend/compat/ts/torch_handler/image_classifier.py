@@ -15,7 +15,11 @@ import torch
 from backend.handlers.image_classifier import top_k_labels
 from backend.handlers.vision import IMAGENET_TRANSFORM
 
+from ..handler_utils.timer import timed
+from ..utils.util import map_class_to_label
 from .vision_handler import VisionHandler
+
+__all__ = ["ImageClassifier", "map_class_to_label", "timed"]
 
 
 class ImageClassifier(VisionHandler):
@@ -30,5 +34,6 @@ class ImageClassifier(VisionHandler):
     def get_max_result_classes(self) -> int:
         return self.topk
 
+    @timed
     def postprocess(self, data: torch.Tensor) -> list[dict[str, Any]]:
         return top_k_labels(data, self.topk, self.mapping)

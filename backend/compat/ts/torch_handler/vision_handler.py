@@ -9,7 +9,8 @@ transform gets batchserve's tensor path instead (``backend.handlers.images``: de
 model's device, every image as RGB) unless its model config says ``image_decode: pil``.
 Reading the bytes and the pixel limit come from ``backend.handlers.vision``. ``get_insights``
 explains with Captum's IntegratedGradients as TorchServe's does, with Captum imported on the
-first explanation (501 without it) rather than with the module.
+first explanation (501 without it) rather than with the module; ``self.ig`` (TorchServe's
+IntegratedGradients of the model, for handlers' own ``get_insights``) is made on first use.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from backend.context import Context
-from backend.errors import InvalidInput, describe
+from backend.errors import InvalidInput, Unsupported, describe
 from backend.handlers.explain import integrated_gradients
 from backend.handlers.images import TENSOR, ImagePipeline
 from backend.handlers.vision import IMAGENET_TRANSFORM, check_pixel_limit, image_bytes
@@ -35,6 +36,19 @@ class VisionHandler(BaseHandler):
     """Base of image handlers; subclasses set ``image_processing`` (PIL image -> tensor)."""
 
     image_processing: Callable[[Any], torch.Tensor]
+    _ig: Any = None
+
+    @property
+    def ig(self) -> Any:
+        """Captum's IntegratedGradients of ``self.model``, made on first use (Unsupported
+        without Captum)."""
+        if self._ig is None:
+            self._ig = integrated_gradients_of(self.model)
+        return self._ig
+
+    @ig.setter
+    def ig(self, value: Any) -> None:
+        self._ig = value
 
     def initialize(self, context: Context) -> None:
         super().initialize(context)
@@ -77,6 +91,16 @@ class VisionHandler(BaseHandler):
         model = self._uncompiled or self.model
         assert model is not None, "initialize first"
         return integrated_gradients(model, tensor_data, target).tolist()
+
+
+def integrated_gradients_of(model: Any) -> Any:
+    """Captum's IntegratedGradients of ``model`` (Unsupported without Captum)."""
+    try:
+        from captum.attr import IntegratedGradients
+    except ImportError:
+        raise Unsupported("explanations need Captum, which is not installed where this "
+                          "model's workers run: pip install captum") from None
+    return IntegratedGradients(model)
 
 
 def _value(row: Any) -> Any:

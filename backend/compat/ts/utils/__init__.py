@@ -1,1 +1,2 @@
-"""``ts.utils``: only ``ts.utils.util`` is provided."""
+"""``ts.utils``: ``util`` (labels, PredictionException), ``hf_utils`` (Hugging Face
+downloads), ``setup_model_venv`` and ``timeit_decorator``."""

@@ -1,20 +1,77 @@
-"""``ts.utils.util``: PredictionException and the label helpers custom handlers use.
+"""``ts.utils.util``: PredictionException, the label helpers custom handlers use, the
+torch.compile backends TorchServe knows, and its ``deprecated`` decorator.
 
-Label files are read by ``backend.handlers.labels`` (same layouts as TorchServe). Not provided:
-TorchServe's pt2 backend checks and its ``deprecated`` decorator. Importing this module does
-not import torch.
+Label files are read by ``backend.handlers.labels`` (same layouts as TorchServe). Importing
+this module does not import torch.
 """
 
 from __future__ import annotations
 
+import enum
+import functools
+import logging
 import os
-from collections.abc import Mapping, Sequence
+import re
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from backend.handlers.labels import LabelMap, label_of
 from backend.handlers.labels import load_label_mapping as _load_label_mapping
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: HTML tags and character entities, which the text handlers strip.
+CLEANUP_REGEX = re.compile(r"<.*?>|&([a-z0-9]+|#[0-9]{1,6}|#x[0-9a-f]{1,6});")
+
+
+class PT2Backend(str, enum.Enum):
+    """The ``torch.compile`` backends TorchServe accepts in model-config.yaml's ``pt2``."""
+
+    EAGER = "eager"
+    AOT_EAGER = "aot_eager"
+    INDUCTOR = "inductor"
+    NVFUSER = "nvfuser"
+    AOT_NVFUSER = "aot_nvfuser"
+    AOT_CUDAGRAPHS = "aot_cudagraphs"
+    OFI = "ofi"
+    FX2TRT = "fx2trt"
+    ONNXRT = "onnxrt"
+    IPEX = "ipex"
+    TORCHXLA_TRACE_ONCE = "torchxla_trace_once"
+    OPENVINO = "openvino"
+    TENSORRT = "tensorrt"
+    HPU_BACKEND = "hpu_backend"
+
+
+def check_valid_pt2_backend(backend: str) -> bool:
+    """Whether ``backend`` is one of PT2Backend's values (a warning is logged if not)."""
+    if backend in {member.value for member in PT2Backend}:
+        return True
+    logger.warning("%s is not a supported backend", backend)
+    return False
+
+
+def deprecated(version: Any, replacement: str = "",
+               klass: type[Warning] = PendingDeprecationWarning
+               ) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Decorate a function so that each call warns (``klass``) that it goes away in
+    ``version`` and names its ``replacement``."""
+
+    def decorate(func: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(func)
+        def warned(*args: Any, **kwargs: Any) -> T:
+            warnings.warn(f"{func.__name__} is deprecated in {version} and moved to "
+                          f"{replacement}", klass, stacklevel=2)
+            return func(*args, **kwargs)
+
+        return warned
+
+    return decorate
 
 
 class PredictionException(Exception):

@@ -1,0 +1,1 @@
+"""``ts.handler_utils.preprocess.built-in``: the default DALI pipeline's definition."""

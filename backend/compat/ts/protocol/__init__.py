@@ -1,0 +1,1 @@
+"""``ts.protocol``: TorchServe's frontend-worker wire format (``otf_message_handler``)."""
