@@ -27,7 +27,8 @@ from frontend.config import Address
 from model_archiver.packaging import ArchiveOptions, build_archive
 from protos import inference_pb2, inference_pb2_grpc, management_pb2, management_pb2_grpc
 from tests.certificates import KEYSTORE_PASS, Certificates, make_certificates
-from tests.conftest import HANDLERS, ROOT, RunningServer, launch_server
+from tests.conftest import HANDLERS, RunningServer, launch_server
+from tests.torchserve_sources import MISSING, torchserve_file
 
 HTTPS_ANY = Address("127.0.0.1", 0, is_tls=True)
 REFUSAL = {"status": "This TorchServe instance only accepts HTTPS requests"}
@@ -190,10 +191,6 @@ def test_grpc_secure_channels_reach_inference_and_management(server: RunningServ
         assert json.loads(health.health)["status"] == "Healthy"
 
 
-#: A clone of pytorch/serve (its git directory, or a checkout): ts_scripts is in no package.
-TORCHSERVE_SOURCES = [Path(os.environ["TORCHSERVE_SOURCES"])] if os.environ.get(
-    "TORCHSERVE_SOURCES") else [ROOT.parent / ".mirror" / "pytorch+serve" / "repo",
-                                Path("/work/.mirror/pytorch+serve/repo")]
 CLIENT = "ts_scripts/torchserve_grpc_client.py"
 PROTOS = "frontend/server/src/main/resources/proto"
 #: Runs TorchServe's client unchanged but for its channel: the script opens
@@ -215,28 +212,15 @@ runpy.run_path(client, run_name="__main__")
 """
 
 
-def _torchserve_file(path: str) -> bytes | None:
-    for source in TORCHSERVE_SOURCES:
-        if (source / path).is_file():
-            return (source / path).read_bytes()
-        if (source / "HEAD").is_file():
-            shown = subprocess.run(["git", f"--git-dir={source}", "show", f"HEAD:{path}"],
-                                   capture_output=True, timeout=60, check=False)
-            if shown.returncode == 0:
-                return shown.stdout
-    return None
-
-
 def test_torchserves_grpc_client_over_tls(server: RunningServer, certs: Certificates,
                                           tmp_path: Path) -> None:
     """TorchServe's ts_scripts/torchserve_grpc_client.py (from TorchServe's sources, with
     stubs generated from TorchServe's .proto files as its docs say) registers, predicts and
     unregisters over TLS."""
-    files = {name: _torchserve_file(name) for name in (
+    files = {name: torchserve_file(name) for name in (
         CLIENT, f"{PROTOS}/inference.proto", f"{PROTOS}/management.proto")}
     if any(data is None for data in files.values()):
-        pytest.skip(f"TorchServe's sources are not on this machine ({CLIENT} is in no "
-                    "package): set TORCHSERVE_SOURCES to a clone of pytorch/serve")
+        pytest.skip(MISSING)
     import google.rpc
     from grpc_tools import protoc
 

@@ -18,6 +18,7 @@ from frontend.config import Address, ServerConfig, build_config
 from frontend.errors import ConfigError
 from frontend.tls import load_certificate
 from tests.certificates import KEYSTORE_PASS, Certificates, make_certificates, weak_rsa_key
+from tests.torchserve_sources import MISSING, torchserve_file
 
 
 @pytest.fixture(scope="module")
@@ -232,3 +233,23 @@ def test_a_1024_bit_key_is_served_as_torchserve_serves_it_with_a_warning(
         context = certificate.ssl_context()
     assert "EE_KEY_TOO_SMALL" in caplog.text and "2048-bit" in caplog.text
     assert _handshake(context, None) in ("TLSv1.2", "TLSv1.3")
+
+
+def test_torchserves_own_test_certificate_and_keystore_are_served(tmp_path: Path) -> None:
+    """TorchServe's test resources (frontend/server/src/test/resources: certs.pem, key.pem,
+    keystore.p12 with keystore_pass changeit), as its test config.properties names them."""
+    resources = "frontend/server/src/test/resources"
+    files = {name: torchserve_file(f"{resources}/{name}")
+             for name in ("certs.pem", "key.pem", "keystore.p12")}
+    for name, data in files.items():
+        if data is None:
+            pytest.skip(MISSING)
+        (tmp_path / name).write_bytes(data)
+    for keys in ({"certificate_file": tmp_path / "certs.pem",
+                  "private_key_file": tmp_path / "key.pem"},
+                 {"keystore": tmp_path / "keystore.p12", "keystore_pass": "changeit",
+                  "keystore_type": "PKCS12"}):
+        certificate = load_certificate(_config(inference_address="https://127.0.0.1:8443",
+                                               **keys))
+        assert certificate is not None
+        assert _handshake(certificate.ssl_context(), None) in ("TLSv1.2", "TLSv1.3")

@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
+from frontend.api.http.protocol import LINGER_S
+
 logger = logging.getLogger(__name__)
 
 #: TorchServe's words to a plain HTTP request on an HTTPS port (its ExtendedSSLHandler).
@@ -30,9 +32,6 @@ PLAIN_HTTP_REFUSAL = "This TorchServe instance only accepts HTTPS requests"
 #: The first byte of every TLS record a client starts with (handshake: 22), and of the other
 #: record types (change_cipher_spec, alert, application_data), which the handshake refuses.
 _TLS_RECORD_TYPES = frozenset(range(20, 24))
-#: How long, at most, a refused plain connection's further input is read and dropped after
-#: the answer (closing on unread input would reset the connection and lose the answer).
-LINGER_S = 2.0
 #: After a failed accept (out of file descriptors), how long before accepting again
 #: (asyncio's own servers wait a second).
 ACCEPT_RETRY_S = 1.0
@@ -133,18 +132,22 @@ class TlsAcceptor:
 
 async def _peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
     """The connection's first byte, left unread; b"" when it closed without one."""
-    readable = loop.create_future()
+    while True:
+        readable = loop.create_future()
 
-    def ready() -> None:
-        if not readable.done():
-            readable.set_result(None)
+        def ready(readable: asyncio.Future[None] = readable) -> None:
+            if not readable.done():
+                readable.set_result(None)
 
-    loop.add_reader(conn.fileno(), ready)
-    try:
-        await readable
-    finally:
-        loop.remove_reader(conn.fileno())
-    return conn.recv(1, socket.MSG_PEEK)
+        loop.add_reader(conn.fileno(), ready)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(conn.fileno())
+        try:
+            return conn.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:  # woken with nothing to read after all: wait again
+            continue
 
 
 async def _drain(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
