@@ -6,6 +6,7 @@ repository's folder; tests that need them skip when neither is there."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def torchserve_file(path: str) -> bytes | None:
     for source in SOURCES:
         if (source / path).is_file():
             return (source / path).read_bytes()
-        if (source / "HEAD").is_file():
+        if (source / "HEAD").is_file() and shutil.which("git"):
             shown = subprocess.run(["git", f"--git-dir={source}", "show", f"HEAD:{path}"],
                                    capture_output=True, timeout=60, check=False)
             if shown.returncode == 0:
