@@ -24,6 +24,8 @@ INSTALL_REQUIRES = [
     "python-multipart>=0.0.9",
     "javaproperties>=0.8",
     "pyyaml>=6.0",
+    # TLS (frontend/tls.py): PKCS12 keystores, and certificate and key files checked at start.
+    "cryptography>=42",
 ]
 
 EXTRAS_REQUIRE = {

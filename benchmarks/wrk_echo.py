@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.wrk_echo --rounds 3 --duration 10
     .venv/bin/python -m benchmarks.wrk_echo --no-torchserve --baseline REV   # before/after
+    .venv/bin/python -m benchmarks.wrk_echo --no-torchserve --tls     # the cost of TLS
 
 One echo handler (examples/echo/echo_handler.py: each request answered with its 100-byte
 body), batch_size 8, max_batch_delay 5 ms, one worker, served by: batchserve with its
@@ -14,6 +15,11 @@ one client thread, which leaves the servers as much of the machine as a client c
 client (``-c1``) gives the latency of a request that never waits for a batch. Finally the
 project's own asyncio load generator (benchmarks/loadgen.py) runs once per server with 16
 clients, for comparison with wrk's numbers (see benchmarks/RESULTS.md for why they differ).
+
+``--tls`` adds batchserve with its inference address over HTTPS (a self-signed EC P-256
+certificate made for the run; wrk keeps its connections, so this is the cost of TLS records,
+not of handshakes), and prints its ratio to plain HTTP. (The load generator speaks plain HTTP
+only: it is not run against it.)
 """
 
 from __future__ import annotations
@@ -104,6 +110,35 @@ def loadgen(url: str, duration_s: float) -> float:
     return float(found.group(1))
 
 
+def _self_signed(work: Path) -> str:
+    """A certificate and key for 127.0.0.1 (PEM files in ``work``), as config.properties
+    lines."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .sign(key, hashes.SHA256()))
+    (work / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (work / "key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return (f"inference_address=https://127.0.0.1:0\ncertificate_file={work / 'cert.pem'}\n"
+            f"private_key_file={work / 'key.pem'}\n")
+
+
 def _source_at(revision: str, work: Path) -> Path:
     """The project's source as of ``revision`` (git archive), unpacked under ``work``."""
     tree = work / "baseline"
@@ -123,6 +158,8 @@ def main() -> int:
     parser.add_argument("--baseline", metavar="REV",
                         help="also serve batchserve as of git revision REV (its source, this "
                              "venv's packages), for a before/after ratio in the same run")
+    parser.add_argument("--tls", action="store_true",
+                        help="also serve batchserve over HTTPS, for the cost of TLS")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("needs wrk: apt-get install -y wrk")
@@ -138,6 +175,9 @@ def main() -> int:
         if args.baseline:
             servers.append((f"batchserve@{args.baseline}", stack.enter_context(
                 Batchserve(store, env={"PYTHONPATH": str(_source_at(args.baseline, work))}))))
+        if args.tls:
+            servers.append(("batchserve TLS", stack.enter_context(
+                Batchserve(store, extra_properties=_self_signed(work)))))
         targets = []
         for label, server in servers:
             for policy in ("adaptive", "fixed"):
@@ -167,7 +207,8 @@ def main() -> int:
                       f"non-2xx {run.errors}", file=sys.stderr, flush=True)
         for target in targets:
             target.lone = wrk(target.url, 1, min(args.duration, 5), script)
-            target.loadgen_rate = loadgen(target.url, min(args.duration, 8))
+            if target.url.startswith("http://"):
+                target.loadgen_rate = loadgen(target.url, min(args.duration, 8))
     baseline = targets[-1] if not args.no_torchserve else None
     print(f"\nwrk -t1 -c16, {args.rounds} interleaved rounds of {args.duration:g} s "
           f"(median round); batch_size {BATCH_SIZE}, max_batch_delay {MAX_BATCH_DELAY_MS} ms, "
@@ -179,7 +220,8 @@ def main() -> int:
         assert target.lone is not None
         print(f"| {target.name} | {target.median('rate'):,.0f} | {ratio} | "
               f"{target.median('p50_ms'):.2f} | {target.median('p99_ms'):.2f} | "
-              f"{target.lone.p50_ms:.2f} | {target.loadgen_rate:,.0f} |")
+              f"{target.lone.p50_ms:.2f} | "
+              f"{'-' if target.loadgen_rate is None else f'{target.loadgen_rate:,.0f}'} |")
     if args.baseline:
         for policy in ("adaptive", "fixed"):
             now, before = (next(t for t in targets if t.name == f"{label} {policy}")
@@ -188,6 +230,15 @@ def main() -> int:
                   f"{now.median('rate') / before.median('rate'):.2f}x (wrk req/s), lone p50 "
                   f"{now.lone.p50_ms if now.lone else 0:.2f} vs "
                   f"{before.lone.p50_ms if before.lone else 0:.2f} ms")
+    if args.tls:
+        for policy in ("adaptive", "fixed"):
+            plain, tls = (next(t for t in targets if t.name == f"{label} {policy}")
+                          for label in ("batchserve", "batchserve TLS"))
+            print(f"\n{policy}: TLS / plain HTTP = "
+                  f"{tls.median('rate') / plain.median('rate'):.2f}x (wrk req/s), p99 "
+                  f"{tls.median('p99_ms'):.2f} vs {plain.median('p99_ms'):.2f} ms, lone p50 "
+                  f"{tls.lone.p50_ms if tls.lone else 0:.2f} vs "
+                  f"{plain.lone.p50_ms if plain.lone else 0:.2f} ms")
     print("\nrounds (req/s): " + "; ".join(
         f"{t.name}: {', '.join(f'{r.rate:,.0f}' for r in t.runs)}" for t in targets))
     shutil.rmtree(work, ignore_errors=True)

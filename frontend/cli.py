@@ -17,6 +17,7 @@ import logging
 import logging.config
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -292,7 +293,12 @@ def run_foreground(config: ServerConfig) -> int:
 
     try:
         _run(main())
-    except (OSError, ConfigError) as exc:
+    except ConfigError as exc:
+        # Found only at start (a certificate file that cannot be used, load_models=all
+        # without a model store): exits as the configuration errors found before it do.
+        logger.error("batchserve failed to start: %s", exc)
+        return 2
+    except OSError as exc:
         logger.error("batchserve failed to start: %s", exc)
         return 1
     return 0
@@ -325,7 +331,7 @@ def start_background(argv: Sequence[str], config: ServerConfig) -> int:
         if code is not None:
             print(f"batchserve failed to start (exit code {code}). Last log lines from "
                   f"{log_path}:\n{_tail(log_path)}", file=sys.stderr)
-            return 1
+            return 2 if code == 2 else 1  # 2: its configuration
         state = read_state()
         if state is not None and state.get("pid") == process.pid and _ping(str(state["inference"])):
             keys = state.get("key_file") or f"off ({config.token_authorization_off_by})"
@@ -345,8 +351,16 @@ def start_background(argv: Sequence[str], config: ServerConfig) -> int:
 
 
 def _ping(base_url: str) -> bool:
+    # An https:// inference address is asked without checking its certificate: the question
+    # is only whether our own child (its pid is in the state file) answers yet, and its
+    # certificate may name a public host or come from a CA this machine does not trust.
+    context = None
+    if base_url.startswith("https://"):
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
     try:
-        with urllib.request.urlopen(f"{base_url}/ping", timeout=2) as response:
+        with urllib.request.urlopen(f"{base_url}/ping", timeout=2, context=context) as response:
             return bool(response.status == 200)
     except urllib.error.HTTPError as exc:
         return exc.code == 500  # answering, though a model is unhealthy

@@ -7,6 +7,7 @@ Key names are TorchServe's, so existing ``config.properties`` files work unchang
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -38,25 +39,42 @@ SERVICE_ENVELOPES = ("kserve", "kservev2", "json", "body")
 class Address:
     host: str
     port: int
+    #: ``https://``: the listener speaks TLS (certificate_file and private_key_file, or
+    #: keystore: frontend/tls.py).
+    is_tls: bool = False
 
     @classmethod
-    def parse(cls, text: str) -> Address:
+    def parse(cls, text: str, default_ports: tuple[int, int] | None = None) -> Address:
+        """``http://host:port`` or ``https://host:port`` (TorchServe's address keys); without
+        a port, ``default_ports`` (for http, for https) where given."""
         parts = urlsplit(text if "://" in text else f"http://{text}")
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"unsupported scheme {parts.scheme!r}")
-        if parts.scheme == "https":
-            raise ValueError("https addresses (TLS) are not supported yet; terminate TLS in front")
+        is_tls = parts.scheme == "https"
         try:
             port = parts.port
         except ValueError as exc:
             raise ValueError(f"bad port in {text!r}") from exc
+        if port is None and default_ports is not None and parts.hostname:
+            port = default_ports[is_tls]
         if not parts.hostname or port is None:
-            raise ValueError(f"expected http://host:port, got {text!r}")
-        return cls(parts.hostname, port)
+            raise ValueError(f"expected http://host:port or https://host:port, got {text!r}")
+        return cls(parts.hostname, port, is_tls)
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        """Where it listens, whatever the scheme."""
+        return self.host, self.port
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.is_tls else 'http'}://{host}:{self.port}"
+
+
+def _address(http_port: int, https_port: int) -> Callable[[str], Address]:
+    """An address key's parser: without a port, TorchServe's default for that key and scheme
+    (its Connector: inference 80/443, management 8081/8444, metrics 8082/8445)."""
+    return functools.partial(Address.parse, default_ports=(http_port, https_port))
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +242,10 @@ def _shown(text: str, limit: int = 80) -> str:
     return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
+def _parse_optional_path(text: str) -> Path | None:
+    return Path(text) if text else None
+
+
 def _parse_load_models(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
@@ -260,11 +282,11 @@ class ServerConfig:
     (``option``), from which ``build_config`` reads them; a field without is not a key."""
 
     inference_address: Address = option(
-        "inference_address", parse=Address.parse, default=Address("127.0.0.1", 8080))
+        "inference_address", parse=_address(80, 443), default=Address("127.0.0.1", 8080))
     management_address: Address = option(
-        "management_address", parse=Address.parse, default=Address("127.0.0.1", 8081))
+        "management_address", parse=_address(8081, 8444), default=Address("127.0.0.1", 8081))
     metrics_address: Address = option(
-        "metrics_address", parse=Address.parse, default=Address("127.0.0.1", 8082))
+        "metrics_address", parse=_address(8082, 8445), default=Address("127.0.0.1", 8082))
     grpc_inference_address: str = option("grpc_inference_address", parse=str, default="127.0.0.1")
     grpc_management_address: str = option("grpc_management_address", parse=str, default="127.0.0.1")
     grpc_inference_port: int = option("grpc_inference_port", parse=_parse_port, default=7070)
@@ -283,6 +305,18 @@ class ServerConfig:
     grpc_management_max_connection_age_grace_ms: int | None = option(
         "grpc_management_max_connection_age_grace_ms", parse=_parse_non_negative_int,
         default=None)
+    # TLS, as TorchServe: an https:// address or enable_grpc_ssl=true serves the certificate
+    # read from the PEM files, or from the keystore (which wins when both are given).
+    certificate_file: Path | None = option(
+        "certificate_file", parse=_parse_optional_path, default=None)
+    private_key_file: Path | None = option(
+        "private_key_file", parse=_parse_optional_path, default=None)
+    keystore: Path | None = option("keystore", parse=_parse_optional_path, default=None)
+    keystore_pass: str = field(default="changeit", repr=False,  # TorchServe's default
+                               metadata={"keys": ("keystore_pass",), "parse": str})
+    keystore_type: str = option("keystore_type", parse=str, default="PKCS12")
+    #: TLS on the gRPC inference and management ports, with the same certificate.
+    enable_grpc_ssl: bool = option("enable_grpc_ssl", parse=parse_bool, default=False)
     model_store: Path | None = option("model_store", parse=Path, default=None)
     #: ``load_models``: "all", "a.mar", "name=a.mar"; empty means none.
     load_models: tuple[str, ...] = option("load_models", parse=_parse_load_models, default=())
@@ -481,7 +515,73 @@ def build_config(*sources: Mapping[str, str]) -> tuple[ServerConfig, list[str]]:
     config = ServerConfig(**values)  # type: ignore[arg-type]  # types come from _PARSERS
     if config.kserve_protocol:
         _check_kserve_ports(config)
+    check_tls(config)
     return config, unknown
+
+
+def tls_users(config: ServerConfig) -> list[str]:
+    """The settings that ask for TLS (an https:// address key, ``enable_grpc_ssl``)."""
+    users = [key for key, address in _http_addresses(config).items() if address.is_tls]
+    if config.enable_grpc and config.enable_grpc_ssl:
+        users.append("enable_grpc_ssl")
+    return users
+
+
+def _http_addresses(config: ServerConfig) -> dict[str, Address]:
+    addresses = {"inference_address": config.inference_address,
+                 "management_address": config.management_address}
+    if config.enable_metrics_api:
+        addresses["metrics_address"] = config.metrics_address
+    return addresses
+
+
+#: keytool's command that turns a Java keystore into a PKCS12 one.
+KEYTOOL_TO_PKCS12 = ("keytool -importkeystore -srckeystore {src} -srcstoretype {type} "
+                     "-destkeystore {dest} -deststoretype PKCS12")
+
+
+def check_tls(config: ServerConfig) -> None:
+    """Where TLS is asked for, a certificate must be configured, in a form that can be read
+    here; an address shared by two listeners has one scheme. Raises ConfigError naming the
+    keys. (The files themselves are read at start: frontend/tls.py.)"""
+    addresses = _http_addresses(config)
+    by_endpoint: dict[tuple[str, int], tuple[str, Address]] = {}
+    for key, address in addresses.items():
+        other = by_endpoint.setdefault(address.endpoint, (key, address))
+        if address.port and other[1].is_tls != address.is_tls:
+            raise ConfigError(f"{other[0]}={other[1]} and {key}={address} are one listener: "
+                              "give them the same scheme, or different ports")
+    users = tls_users(config)
+    if not users:
+        return
+    wanted = " and ".join(f"{key}={addresses[key]}" if key in addresses else f"{key}=true"
+                          for key in users)
+    if config.keystore is not None:
+        kind = config.keystore_type.strip()
+        if kind.upper() in ("JKS", "JCEKS"):
+            converted = config.keystore.with_suffix(".p12")
+            raise ConfigError(
+                f"keystore_type={kind}: a Java keystore cannot be read here (no maintained "
+                f"Python library reads {kind}). Convert it once with Java's keytool: "
+                + KEYTOOL_TO_PKCS12.format(src=config.keystore, type=kind.upper(),
+                                           dest=converted)
+                + f", then set keystore={converted} and keystore_type=PKCS12 (or give "
+                "certificate_file and private_key_file in PEM form)")
+        if kind.upper() != "PKCS12":
+            raise ConfigError(f"keystore_type={kind!r}: expected PKCS12")
+        return
+    given = [key for key, path in (("certificate_file", config.certificate_file),
+                                   ("private_key_file", config.private_key_file))
+             if path is not None]
+    if len(given) == 2:
+        return
+    if len(given) == 1:
+        missing = ({"certificate_file", "private_key_file"} - set(given)).pop()
+        raise ConfigError(f"{wanted} asks for TLS and {given[0]} is set, but {missing} is "
+                          f"not: give both (PEM), or a keystore (PKCS12)")
+    raise ConfigError(f"{wanted} asks for TLS, but no certificate is configured: set "
+                      "certificate_file and private_key_file (PEM files), or keystore, "
+                      "keystore_pass and keystore_type=PKCS12")
 
 
 def _check_kserve_ports(config: ServerConfig) -> None:

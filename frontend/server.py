@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import shutil
+import ssl
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -35,6 +36,7 @@ from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
 from frontend.serving.placement import CpuAssigner, GpuAssigner, Placement
 from frontend.serving.workers import start_failures
+from frontend.tls import load_certificate
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +105,8 @@ class Server:
         self._loop: asyncio.AbstractEventLoop | None = None
         #: time.monotonic() by which draining must be done, once stopping.
         self._drain_deadline: float | None = None
+        #: The HTTPS listeners' TLS context (an https:// address), made at start.
+        self._tls: ssl.SSLContext | None = None
 
     def request_stop(self) -> None:
         """Ask the server to stop; safe to call from any thread."""
@@ -120,6 +124,11 @@ class Server:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         config = self.config
+        # Read before anything else: a certificate that cannot be used stops the start here.
+        certificate = load_certificate(config)
+        https = any(address.is_tls for address in (
+            config.inference_address, config.management_address, config.metrics_address))
+        self._tls = certificate.ssl_context() if certificate is not None and https else None
         run_dir, owns_run_dir = self._make_run_dir()
         run_dir.chmod(0o700)
         registry = ModelRegistry()
@@ -136,7 +145,9 @@ class Server:
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
         plane = InferencePlane(registry, metrics, logs.access)
         self.services = Services(config, registry, loader, metrics, auth, snapshots, plane)
-        grpc_servers = GrpcServers(self.services) if config.enable_grpc else None
+        grpc_servers = GrpcServers(
+            self.services, certificate if config.enable_grpc_ssl else None
+        ) if config.enable_grpc else None
         with logs:
             await metrics.start()
             try:
@@ -160,7 +171,7 @@ class Server:
                      grpc_servers: GrpcServers | None) -> None:
         """Bind, load the startup models, serve until asked to stop, stop accepting."""
         assert self._stop is not None
-        async with serve_http(http_services) as http:
+        async with serve_http(http_services, self._tls) as http:
             bound = http.bound
             await self._load_startup_models(loader, snapshots)
             grpc_ports: dict[str, int] = {}

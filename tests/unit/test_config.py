@@ -74,7 +74,7 @@ def test_later_sources_win_and_env_needs_enable_envvars_config(tmp_path: Path) -
 @pytest.mark.parametrize(("key", "value"), [
     ("job_queue_size", "many"),
     ("job_queue_size", "0"),
-    ("inference_address", "http://127.0.0.1"),
+    ("inference_address", "http://127.0.0.1:99999"),
     ("inference_address", "ftp://127.0.0.1:21"),
     ("grpc_inference_port", "70000"),
     ("enable_model_api", "maybe"),

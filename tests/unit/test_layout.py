@@ -88,7 +88,7 @@ FRONTEND_FLOORS: list[tuple[str, ...]] = [
     ("frontend.serving",),  # batching, policies, sequences, dispatch, workers
     ("frontend.observe",),  # metrics, logs
     ("frontend.config", "frontend.settings", "frontend.errors", "frontend.processes",
-     "frontend"),  # the ground: one config, one settings type, the errors
+     "frontend.tls", "frontend"),  # the ground: one config, one settings type, the errors
 ]
 
 

@@ -309,6 +309,7 @@ def test_our_names_shadow_only_what_we_mean_to_override() -> None:
     assert ours & uvicorn_names == {
         "connection_made", "connection_lost", "data_received", "on_message_begin",
         "on_headers_complete", "on_body", "on_message_complete", "on_response_complete",
+        "shutdown",  # protocol.py: an idle TLS connection dropped soon after, at a stop
         "parser",  # protocol.py: a fresh parser after an ignored upgrade
         "cycle", "scope",  # fast.py: a prediction's cycle and its scope (annotations)
     }

@@ -1,7 +1,10 @@
 """The gRPC listeners: TorchServe's services on ``grpc_inference_port`` and
 ``grpc_management_port`` (TorchServe's own stubs work unchanged), KServe's Open Inference
 service beside the inference one (and on KServe's port under KServe); health checking and
-reflection on each, for grpcurl and Kubernetes gRPC probes."""
+reflection on each, for grpcurl and Kubernetes gRPC probes. Under ``enable_grpc_ssl`` the
+inference and management ports speak TLS with the server's certificate, as TorchServe's do;
+KServe's port stays plain (KServe's own gRPC is h2c behind its ingress; TorchServe has no such
+port)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from frontend.api.grpc.management import ManagementServicer
 from frontend.api.grpc.open_inference import OpenInferenceServicer
 from frontend.config import ServerConfig
 from frontend.ops.services import Services
+from frontend.tls import ServerCertificate
 from protos import inference_pb2, management_pb2, management_pb2_grpc, open_inference_pb2
 
 #: The generated registration function, typed (grpcio-tools writes it without annotations).
@@ -88,8 +92,12 @@ class GrpcServers:
     """The gRPC listeners (inference, management; KServe's too under KServe): bound at
     start, stopped with a grace period."""
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, certificate: ServerCertificate | None = None
+                 ) -> None:
+        """``certificate``: TLS on the inference and management ports (enable_grpc_ssl)."""
         self.services = services
+        self._credentials = None if certificate is None else grpc.ssl_server_credentials(
+            [(certificate.key_pem, certificate.chain_pem)])
         self._servers: list[grpc.aio.Server] = []
         self.ports: dict[str, int] = {}
 
@@ -134,7 +142,10 @@ class GrpcServers:
                 (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
             target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             try:
-                bound = server.add_insecure_port(target)
+                if self._credentials is not None and name != "kserve":
+                    bound = server.add_secure_port(target, self._credentials)
+                else:
+                    bound = server.add_insecure_port(target)
             except RuntimeError as exc:
                 raise OSError(f"cannot bind gRPC {name} port {target}: {exc}") from None
             if bound == 0:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
+import ssl
 from collections.abc import AsyncIterator, Callable
 
 import uvicorn
@@ -26,6 +28,7 @@ from frontend.api.http.fast import protocol_for
 from frontend.api.http.inference import InferenceApp
 from frontend.api.http.management import ManagementApp
 from frontend.api.http.metrics import MetricsApp
+from frontend.api.http.tls import TlsAcceptor
 from frontend.config import DEFAULT_DRAIN_TIMEOUT_S, Address
 from frontend.errors import RouteNotFound, ServeError
 from frontend.ops.services import Services
@@ -127,9 +130,10 @@ def bind(address: Address) -> socket.socket:
 
 class HttpListeners:
     """The inference, management and metrics listeners (and, under KServe, the inference API
-    on KServe's REST port too): bound early, served once ready."""
+    on KServe's REST port too): bound early, served once ready; those whose address is
+    ``https://`` with ``tls`` (frontend/api/http/tls.py)."""
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, tls: ssl.SSLContext | None = None) -> None:
         config = services.config
         apps: dict[str, Api] = {
             "inference": InferenceApp(services),
@@ -140,21 +144,29 @@ class HttpListeners:
         if config.enable_metrics_api:
             apps["metrics"] = MetricsApp(services)
             wanted["metrics"] = config.metrics_address
+        # KServe's REST port is plain HTTP (KServe terminates TLS at its ingress), unless it is
+        # the inference address's own port.
         kserve = Address(config.inference_address.host, config.kserve_rest_port)
-        if config.kserve_protocol and (kserve != config.inference_address or not kserve.port):
+        if config.kserve_protocol and (kserve.endpoint != config.inference_address.endpoint
+                                       or not kserve.port):
             # Where KServe sends REST (8080), on the inference address's host; on the
             # inference address itself, that listener serves it (port 0 is always new).
             apps["kserve"] = apps["inference"]
             wanted["kserve"] = kserve
         # Listeners that share an address (port 0 excepted) become one combined listener.
-        groups: dict[Address | str, list[str]] = {}
+        # (config.check_tls: those have one scheme.)
+        groups: dict[tuple[str, int] | str, list[str]] = {}
         for name, address in wanted.items():
-            key: Address | str = name if address.port == 0 else address
+            key: tuple[str, int] | str = name if address.port == 0 else address.endpoint
             groups.setdefault(key, []).append(name)
         self._plan = [(names, wanted[names[0]], [apps[n] for n in names])
                       for names in groups.values()]
-        self._sockets: list[tuple[list[str], socket.socket, Api | CombinedApp]] = []
+        if tls is None and any(address.is_tls for _, address, _ in self._plan):
+            raise ValueError("an https:// address needs a TLS context")
+        self._tls = tls
+        self._sockets: list[tuple[list[str], socket.socket, Api | CombinedApp, bool]] = []
         self._servers: list[uvicorn.Server] = []
+        self._acceptors: list[TlsAcceptor] = []
         self.bound: dict[str, Address] = {}
         self._header_timeout_s = config.request_header_timeout_s
         self._keep_alive_s = config.keep_alive_timeout_s
@@ -168,33 +180,47 @@ class HttpListeners:
             for names, address, apps in self._plan:
                 sock = bind(address)
                 app = apps[0] if len(apps) == 1 else CombinedApp(apps)
-                self._sockets.append((names, sock, app))
+                self._sockets.append((names, sock, app, address.is_tls))
                 host, port = sock.getsockname()[:2]
                 for name in names:
-                    self.bound[name] = Address(host, port)
+                    self.bound[name] = Address(host, port, address.is_tls)
         except OSError:
             self.close_sockets()
             raise
 
     def close_sockets(self) -> None:
-        for _, sock, _ in self._sockets:
+        for _, sock, _, _ in self._sockets:
             sock.close()
         self._sockets.clear()
 
     async def start(self) -> None:
-        for _names, sock, app in self._sockets:
+        for _names, sock, app, is_tls in self._sockets:
             apps = app.apps if isinstance(app, CombinedApp) else [app]
             inference = next((a for a in apps if isinstance(a, InferenceApp)), None)
             served: common.AsgiApp = app if self._cors is None else CorsApp(app, self._cors)
-            config = uvicorn_config(
-                CountedResponses(served, self._metrics.count_response),
-                protocol_for(inference, self._header_timeout_s, self._metrics.count_response,
-                             self._cors),
-                self._keep_alive_s, self._drain_timeout_s)
+            protocol = protocol_for(inference, self._header_timeout_s,
+                                    self._metrics.count_response, self._cors)
+            config = uvicorn_config(CountedResponses(served, self._metrics.count_response),
+                                    protocol, self._keep_alive_s, self._drain_timeout_s)
             server = uvicorn.Server(config)
             server.lifespan = config.lifespan_class(config)  # as Server._serve does
-            await server.startup(sockets=[sock])
+            if not is_tls:
+                await server.startup(sockets=[sock])
+                self._servers.append(server)
+                continue
+            assert self._tls is not None
+            # No listener of uvicorn's own: the acceptor makes each connection's protocol
+            # as Server.startup's create_protocol does, after its TLS handshake.
+            await server.startup(sockets=[])
             self._servers.append(server)
+            acceptor = TlsAcceptor(
+                sock, self._tls, functools.partial(
+                    protocol, config=config, server_state=server.server_state,
+                    app_state=server.lifespan.state),
+                first_byte_timeout_s=self._header_timeout_s,
+                count_status=self._metrics.count_response, backlog=config.backlog)
+            acceptor.start()
+            self._acceptors.append(acceptor)
 
     async def stop(self) -> None:
         """Stop accepting, let open requests finish (within drain_timeout, every listener at
@@ -203,15 +229,18 @@ class HttpListeners:
             with contextlib.suppress(Exception):
                 await server.shutdown(sockets=[sock])
 
-        await asyncio.gather(*(shutdown(server, sock) for server, (_, sock, _)
+        acceptors, self._acceptors = self._acceptors, []
+        await asyncio.gather(*(acceptor.close() for acceptor in acceptors))
+        await asyncio.gather(*(shutdown(server, sock) for server, (_, sock, _, _)
                                in zip(self._servers, self._sockets, strict=False)))
         self._servers.clear()
         self.close_sockets()
 
 
 @contextlib.asynccontextmanager
-async def serve_http(services: Services) -> AsyncIterator[HttpListeners]:
-    listeners = HttpListeners(services)
+async def serve_http(services: Services, tls: ssl.SSLContext | None = None
+                     ) -> AsyncIterator[HttpListeners]:
+    listeners = HttpListeners(services, tls)
     listeners.bind()
     try:
         yield listeners

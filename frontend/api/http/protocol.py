@@ -60,6 +60,9 @@ MAX_HEADERS = 100
 #: After a refusal, how long what the client still sends is read and dropped before the
 #: connection closes (closing on unread input would reset it and lose the answer).
 LINGER_S = 2.0
+#: At a server stop, how long an idle TLS connection's close may wait for the client's
+#: close_notify before the connection is dropped (``shutdown``).
+TLS_CLOSE_GRACE_S = 1.0
 
 
 class _Refused(Exception):
@@ -336,6 +339,16 @@ class ServerProtocol(HttpToolsProtocol):
             self._idle_since = self.loop.time()
         if self._refusal is not None:
             self._write_refusal()
+
+    def shutdown(self) -> None:
+        """uvicorn's (at a server stop: an idle connection is closed, a busy one after its
+        answer); and an idle TLS connection is dropped ``TLS_CLOSE_GRACE_S`` after: closing TLS
+        waits for the client's close_notify (up to asyncio's ssl_shutdown_timeout, 30 s),
+        which a client idle in a connection pool never sends, and the stop waits for it."""
+        super().shutdown()
+        transport = self.transport
+        if transport.is_closing() and transport.get_extra_info("sslcontext") is not None:
+            self.loop.call_later(TLS_CLOSE_GRACE_S, transport.abort)
 
     def _stop_head_timer(self) -> None:
         if self._head_timer is not None:
