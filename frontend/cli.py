@@ -277,8 +277,10 @@ def run_foreground(config: ServerConfig) -> int:
             "key_file": None if config.disable_token_authorization
             else str(config.key_file.resolve()),
         })
-        print(f"batchserve is serving: inference {bound.inference}, management "
-              f"{bound.management}, metrics {bound.metrics}", flush=True)
+        # TorchServe's own line first: its launcher and test harness (ts.launcher.start)
+        # read the server's output until they see it.
+        print(f"Model server started.\nbatchserve is serving: inference {bound.inference}, "
+              f"management {bound.management}, metrics {bound.metrics}", flush=True)
 
     server = Server(config, on_started=announce)
 
@@ -335,7 +337,8 @@ def start_background(argv: Sequence[str], config: ServerConfig) -> int:
         state = read_state()
         if state is not None and state.get("pid") == process.pid and _ping(str(state["inference"])):
             keys = state.get("key_file") or f"off ({config.token_authorization_off_by})"
-            print(f"batchserve started (pid {process.pid}).\n"
+            print("Model server started.\n"  # TorchServe's line, which its launcher awaits
+                  f"batchserve started (pid {process.pid}).\n"
                   f"  inference API:  {state['inference']}\n"
                   f"  management API: {state['management']}\n"
                   f"  metrics API:    {state['metrics']}\n"

@@ -42,6 +42,8 @@ def test_start_serve_stop_leaves_no_process_behind(tmp_path: Path) -> None:
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         assert "batchserve started" in started.stdout
+        # TorchServe's line, which its launcher (ts.launcher.start) reads the output for.
+        assert started.stdout.startswith("Model server started.\n")
         state = json.loads((tmp_path / "state" / "server.json").read_text())
         answer = requests.post(f"{state['inference']}/predictions/echo", data=b"cli", timeout=30)
         assert answer.content == b"cli"

@@ -107,7 +107,9 @@ def worker_connection(tmp_path: Path) -> Iterator[tuple[socket.socket, Any]]:
     thread.start()
     ours.settimeout(60)
     yield ours, worker
-    ours.close()
+    ours.close()  # the worker reads the end of the stream and returns
+    thread.join(timeout=30)
+    theirs.close()
     thread.join(timeout=30)
     # As TorchServe's worker does when its frontend goes away: exit with status 0.
     assert not thread.is_alive() and exits == [0]
