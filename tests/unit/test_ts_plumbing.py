@@ -9,6 +9,7 @@ and the answers are read back the same way.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import shutil
@@ -228,6 +229,64 @@ def test_model_loader_wraps_the_entry_point_in_a_named_envelope(tmp_path: Path) 
     assert answer["predictions"][0]["body"] == b'{"predictions": ["b\'img\'", "7"]}'
     assert service.context.model_yaml_config == {}
     assert service.context.manifest["model"]["modelVersion"] == "2.0"
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_failing_entry_point_is_answered_as_torchserve_answers_it(
+        tmp_path: Path, asynchronous: bool) -> None:
+    """Service.predict and the async service's predict map an entry point's failures alike:
+    a PredictionException's code, 503 for any other error, a result that is not a list or not
+    of the batch's length."""
+    from ts.model_loader import ModelLoaderFactory
+
+    handler = tmp_path / "faulty.py"
+    # An async entry point is a class's (TorchServe calls a function's at load, unawaited).
+    handler.write_text(
+        "from ts.utils.util import PredictionException\n"
+        "class Faulty:\n"
+        "    def initialize(self, context):\n"
+        "        pass\n"
+        f"    {'async ' if asynchronous else ''}def handle(self, data, context):\n"
+        "        body = data[0]['body']\n"
+        "        if body == b'teapot':\n"
+        "            raise PredictionException('short and stout', 418)\n"
+        "        if body == b'boom':\n"
+        "            raise RuntimeError('boom')\n"
+        "        if body == b'dict':\n"
+        "            return {'not': 'a list'}\n"
+        "        if body == b'short':\n"
+        "            return []\n"
+        "        return [row['body'].upper() for row in data]\n")
+    service = ModelLoaderFactory.get_model_loader().load(
+        "m", str(model_dir(tmp_path, handler)), "faulty", None, 1)
+    if asynchronous:
+        from ts.async_service import predict
+
+        def answer(body: bytes) -> dict[str, Any]:
+            frame = asyncio.run(predict(service, request(body)))
+            return read_frame(frame)
+    else:
+        def answer(body: bytes) -> dict[str, Any]:
+            return read_frame(service.predict(request(body)))
+
+    def request(body: bytes) -> list[dict[str, Any]]:
+        return [{"requestId": b"r1", "headers": [], "parameters": [
+            {"name": "body", "contentType": "application/octet-stream", "value": body}]}]
+
+    def read_frame(frame: bytearray | None) -> dict[str, Any]:
+        assert frame is not None
+        sock_a, sock_b = socket.socketpair()
+        with sock_a, sock_b:
+            sock_a.sendall(frame)
+            return Reader(sock_b).response()
+
+    outcomes = {body: (reply["code"], reply["message"]) for body in
+                (b"teapot", b"boom", b"dict", b"short") for reply in [answer(body)]}
+    assert outcomes == {b"teapot": (418, "short and stout"), b"boom": (503, "Prediction failed"),
+                        b"dict": (503, "Invalid model predict output"),
+                        b"short": (503, "number of batch response mismatched")}
+    served = answer(b"tea")
+    assert (served["code"], served["predictions"][0]["body"]) == (200, b"TEA")
 
 
 # --- the request envelopes as classes -----------------------------------------------------------

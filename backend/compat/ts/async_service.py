@@ -21,11 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 from queue import Empty, Queue
 from typing import Any
 
-from backend.errors import is_out_of_memory
-
 from .handler_utils.utils import create_predict_response
 from .protocol.otf_message_handler import retrieve_msg
-from .service import PREDICTION_METRIC, PredictionException, Service
+from .service import (
+    PREDICTION_METRIC,
+    PredictionException,
+    Service,
+    _failed_prediction,
+    _prediction_answer,
+)
 
 __all__ = ["PREDICTION_METRIC", "AsyncService", "PredictionException", "Service",
            "create_predict_response", "predict", "retrieve_msg"]
@@ -50,24 +54,9 @@ async def predict(self: Service, batch: Any) -> bytearray | None:
     start = time.time()
     try:
         results = await self._entry_point(inputs, context)
-    except PredictionException as exc:
-        logger.error("Prediction error", exc_info=True)
-        return create_predict_response(None, ids, exc.message, exc.error_code)
     except Exception as exc:
-        if is_out_of_memory(exc):
-            logger.error("System out of memory", exc_info=True)
-            return create_predict_response(None, ids, "Out of resources", 507)
-        logger.warning("Invoking custom service failed.", exc_info=True)
-        return create_predict_response(None, ids, "Prediction failed", 503)
-    if not isinstance(results, list):
-        logger.warning("model: %s, Invalid return type: %s.", context.model_name, type(results))
-        return create_predict_response(None, ids, "Invalid model predict output", 503)
-    if len(results) != len(inputs):
-        logger.warning("model: %s, number of batch response mismatched, expect: %d, got: %d.",
-                       context.model_name, len(inputs), len(results))
-        return create_predict_response(None, ids, "number of batch response mismatched", 503)
-    metrics.add_time(PREDICTION_METRIC, round((time.time() - start) * 1000, 2))
-    return create_predict_response(results, ids, "Prediction success", 200, context=context)
+        return _failed_prediction(exc, ids)
+    return _prediction_answer(results, len(inputs), ids, context, start)
 
 
 class AsyncService:

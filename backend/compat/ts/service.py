@@ -91,27 +91,38 @@ class Service:
         start = time.time()
         try:
             results = self._entry_point(inputs, context)
-        except PredictionException as exc:
-            logger.error("Prediction error", exc_info=True)
-            return create_predict_response(None, ids, exc.message, exc.error_code)
         except Exception as exc:
-            if is_out_of_memory(exc):
-                logger.error("System out of memory", exc_info=True)
-                return create_predict_response(None, ids, "Out of resources", 507)
-            logger.warning("Invoking custom service failed.", exc_info=True)
-            return create_predict_response(None, ids, "Prediction failed", 503)
-        if not isinstance(results, list):
-            logger.warning("model: %s, Invalid return type: %s.", context.model_name,
-                           type(results))
-            return create_predict_response(None, ids, "Invalid model predict output", 503)
-        if len(results) != len(inputs):
-            logger.warning("model: %s, number of batch response mismatched, expect: %d, got: "
-                           "%d.", context.model_name, len(inputs), len(results))
-            return create_predict_response(None, ids, "number of batch response mismatched",
-                                           503)
-        metrics.add_time(PREDICTION_METRIC, round((time.time() - start) * 1000, 2))
-        return create_predict_response(results, ids, "Prediction success", 200,
-                                       context=context)
+            return _failed_prediction(exc, ids)
+        return _prediction_answer(results, len(inputs), ids, context, start)
+
+
+def _failed_prediction(exc: Exception, ids: dict[int, str]) -> bytearray | None:
+    """TorchServe's answer to an entry point that raised: a PredictionException's message
+    and code, 507 for running out of memory, else 503 "Prediction failed"."""
+    if isinstance(exc, PredictionException):
+        logger.error("Prediction error", exc_info=exc)
+        return create_predict_response(None, ids, exc.message, exc.error_code)
+    if is_out_of_memory(exc):
+        logger.error("System out of memory", exc_info=exc)
+        return create_predict_response(None, ids, "Out of resources", 507)
+    logger.warning("Invoking custom service failed.", exc_info=exc)
+    return create_predict_response(None, ids, "Prediction failed", 503)
+
+
+def _prediction_answer(results: Any, size: int, ids: dict[int, str], context: Any,
+                      start: float) -> bytearray | None:
+    """The response frame for an entry point's ``results`` on a batch of ``size``: 503 unless
+    they are a list of that length; else each result, and ``PredictionTime`` reported."""
+    if not isinstance(results, list):
+        logger.warning("model: %s, Invalid return type: %s.", context.model_name,
+                       type(results))
+        return create_predict_response(None, ids, "Invalid model predict output", 503)
+    if len(results) != size:
+        logger.warning("model: %s, number of batch response mismatched, expect: %d, got: "
+                       "%d.", context.model_name, size, len(results))
+        return create_predict_response(None, ids, "number of batch response mismatched", 503)
+    context.metrics.add_time(PREDICTION_METRIC, round((time.time() - start) * 1000, 2))
+    return create_predict_response(results, ids, "Prediction success", 200, context=context)
 
 
 def _text(value: str | bytes | bytearray) -> str:
