@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TextIO, cast
+from typing import Any, TextIO, cast
 
 ACCESS_LOG = "access_log.log"
 MODEL_LOG = "model_log.log"
@@ -64,18 +64,17 @@ class EscapingLogRecord(logging.LogRecord):
         return escape(super().getMessage())
 
 
-class AccessLog:
-    """One line per request: TorchServe's first fields (client, request line, status,
-    latency), then ours (model, version, queue wait, batch size)."""
+class BufferedLog:
+    """A log file written in one go every ``FLUSH_INTERVAL_S``: lines are collected on the
+    event loop (a tuple and a list append each) and formatted by ``_text`` when flushed; a
+    line is written at once where no loop runs."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._file: TextIO | None = None
-        #: (unix time, then the line's fields after the timestamp)
-        self._pending: list[tuple[object, ...]] = []
+        #: (unix time, then the entry's fields)
+        self._pending: list[tuple[Any, ...]] = []
         self._flush_handle: asyncio.TimerHandle | None = None
-        self._stamp_second = -1
-        self._stamp = ""
 
     @property
     def enabled(self) -> bool:
@@ -84,6 +83,44 @@ class AccessLog:
     def open(self) -> None:
         if self.path is not None:
             self._file = self.path.open("a", encoding="utf-8", buffering=1 << 16)
+
+    def _schedule(self) -> None:
+        """An entry was added: flush within FLUSH_INTERVAL_S (at once without a loop)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        self._flush_handle = loop.call_later(FLUSH_INTERVAL_S, self.flush)
+
+    def _text(self, entries: list[tuple[Any, ...]]) -> str:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        self._flush_handle = None
+        if self._file is None or not self._pending:
+            return
+        entries, self._pending = self._pending, []
+        self._file.write(self._text(entries))
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self.flush()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class AccessLog(BufferedLog):
+    """One line per request: TorchServe's first fields (client, request line, status,
+    latency), then ours (model, version, queue wait, batch size)."""
+
+    def __init__(self, path: Path | None) -> None:
+        super().__init__(path)
+        self._stamp_second = -1
+        self._stamp = ""
 
     def write(self, client: str, method: str, path: str, protocol: str, status: int,
               latency_s: float, model: str, version: str, queue_wait_s: float,
@@ -94,8 +131,7 @@ class AccessLog:
         self._pending.append((time.time(), client, method, path, protocol, status,
                               latency_s * 1000, model, version, queue_wait_s * 1000, batch_size))
         if self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_later(FLUSH_INTERVAL_S,
-                                                                      self.flush)
+            self._schedule()
 
     def _timestamp(self, seconds: float) -> str:
         whole = int(seconds)
@@ -104,11 +140,7 @@ class AccessLog:
             self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(whole))
         return f"{self._stamp},{int((seconds - whole) * 1000):03d}"
 
-    def flush(self) -> None:
-        self._flush_handle = None
-        if self._file is None or not self._pending:
-            return
-        entries, self._pending = self._pending, []
+    def _text(self, entries: list[tuple[Any, ...]]) -> str:
         lines = []
         for entry in entries:
             stamp = self._timestamp(cast(float, entry[0]))
@@ -118,16 +150,7 @@ class AccessLog:
                                          for field in entry[1:]))
             lines.append(line)
         lines.append("")
-        self._file.write("\n".join(lines))
-        self._file.flush()
-
-    def close(self) -> None:
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-        self.flush()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        return "\n".join(lines)
 
 
 class ServerLogs:

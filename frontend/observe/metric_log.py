@@ -18,31 +18,28 @@ cannot start a forged line.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any
 
-from frontend.observe.logs import escape
+from frontend.observe.logs import BufferedLog, escape
 
 TS_METRICS_LOG = "ts_metrics.log"
 MODEL_METRICS_LOG = "model_metrics.log"
-FLUSH_INTERVAL_S = 0.2
 
 
-class MetricLog:
+class MetricLog(BufferedLog):
     """One metric log file."""
 
+    path: Path
+
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file: TextIO | None = None
-        self._pending: list[tuple[float, str]] = []
-        self._flush_handle: asyncio.TimerHandle | None = None
+        super().__init__(path)
 
     def open(self) -> None:
         """Create the file (TorchServe's logging creates it at start, whatever the mode)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8", buffering=1 << 16)
+        super().open()
 
     def write(self, message: str) -> None:
         """Log one metric line (its timestamp is now)."""
@@ -50,29 +47,10 @@ class MetricLog:
             return
         self._pending.append((time.time(), message))
         if self._flush_handle is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self.flush()
-                return
-            self._flush_handle = loop.call_later(FLUSH_INTERVAL_S, self.flush)
+            self._schedule()
 
-    def flush(self) -> None:
-        self._flush_handle = None
-        if self._file is None or not self._pending:
-            return
-        entries, self._pending = self._pending, []
-        lines = [f"{_iso8601(stamp)} - {escape(message)}\n" for stamp, message in entries]
-        self._file.write("".join(lines))
-        self._file.flush()
-
-    def close(self) -> None:
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-        self.flush()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    def _text(self, entries: list[tuple[Any, ...]]) -> str:
+        return "".join(f"{_iso8601(stamp)} - {escape(message)}\n" for stamp, message in entries)
 
 
 def _iso8601(seconds: float) -> str:
