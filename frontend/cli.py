@@ -32,6 +32,7 @@ from frontend.config import ServerConfig, load_config, parse_bool
 from frontend.errors import ConfigError
 from frontend.observe.logs import EscapingLogRecord
 from frontend.processes import python_module
+from frontend.torchserve_keys import NO_EFFECT
 
 if TYPE_CHECKING:
     import psutil
@@ -65,20 +66,22 @@ def state_dir() -> Path:
     return path
 
 
-#: TorchServe 0.12's flags that mean nothing here: flag -> why (logged once at start).
-IGNORED_FLAGS: dict[str, str] = {
-    "--workflow-store": "TorchServe's workflows (.war archives) are not served by batchserve",
-    "--cpp-log-config": "TorchServe's C++ backend is not part of batchserve",
-    "--plugins-path": "TorchServe's Java plugin jars (custom endpoints) cannot load in "
-                      "batchserve",
+#: TorchServe 0.12's flags that mean nothing here: flag -> (its aliases, why; logged once at
+#: start). Those that are also config keys give the key's reason.
+IGNORED_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "--workflow-store": ((), NO_EFFECT["workflow_store"]),
+    "--cpp-log-config": ((), NO_EFFECT["cpp_log_config"]),
+    "--plugins-path": (("--ppath",), NO_EFFECT["plugins_path"]),
     # TorchServe's backend worker's flags (ts/model_service_worker.py), which its Java
     # frontend passes to each worker it starts.
-    "--sock-type": _WORKER_FLAG,
-    "--sock-name": _WORKER_FLAG,
-    "--host": _WORKER_FLAG,
-    "--port": _WORKER_FLAG,
-    "--async": _WORKER_FLAG,
+    "--sock-type": ((), _WORKER_FLAG),
+    "--sock-name": ((), _WORKER_FLAG),
+    "--host": ((), _WORKER_FLAG),
+    "--port": ((), _WORKER_FLAG),
+    "--async": ((), _WORKER_FLAG),
 }
+#: The ignored flags that take no value.
+_IGNORED_SWITCHES = frozenset({"--async"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,14 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="allow registering and unregistering models at runtime")
     ignored = parser.add_argument_group(
         "TorchServe's flags that have no effect here (accepted, and logged with the reason)")
-    ignored.add_argument("--workflow-store", dest="workflow_store", metavar="DIR")
-    ignored.add_argument("--cpp-log-config", dest="cpp_log_config", metavar="FILE")
-    ignored.add_argument("--plugins-path", "--ppath", dest="plugins_path", metavar="DIR")
-    ignored.add_argument("--sock-type", dest="sock_type", metavar="{unix,tcp}")
-    ignored.add_argument("--sock-name", dest="sock_name", metavar="NAME")
-    ignored.add_argument("--host", dest="host", metavar="HOST")
-    ignored.add_argument("--port", dest="port", metavar="PORT")
-    ignored.add_argument("--async", dest="async_comm", action="store_true")
+    for flag, (aliases, _why) in IGNORED_FLAGS.items():
+        if flag in _IGNORED_SWITCHES:
+            ignored.add_argument(flag, *aliases, dest=_dest(flag), action="store_true")
+        else:
+            ignored.add_argument(flag, *aliases, dest=_dest(flag), metavar="VALUE")
     # TorchServe's worker takes it (ts/arg_parser.py); here it is the metrics_config key.
     parser.add_argument("--metrics-config", dest="metrics_config", type=Path,
                         help="metrics configuration (TorchServe's metrics.yaml)")
@@ -124,11 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def ignored_flags(args: argparse.Namespace) -> dict[str, str]:
     """The flags given that have no effect here, each with why."""
-    given = {"--workflow-store": args.workflow_store, "--cpp-log-config": args.cpp_log_config,
-             "--plugins-path": args.plugins_path, "--sock-type": args.sock_type,
-             "--sock-name": args.sock_name, "--host": args.host, "--port": args.port,
-             "--async": args.async_comm or None}
-    return {flag: IGNORED_FLAGS[flag] for flag, value in given.items() if value is not None}
+    return {flag: why for flag, (_aliases, why) in IGNORED_FLAGS.items()
+            if getattr(args, _dest(flag)) not in (None, False)}
+
+
+def _dest(flag: str) -> str:
+    """The attribute argparse keeps an ignored flag's value in."""
+    return flag.lstrip("-").replace("-", "_")
 
 
 def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
