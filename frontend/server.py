@@ -232,6 +232,8 @@ class Server:
         for request in requests:
             try:
                 models.append(await loader.register(replace(request, synchronous=False)))
+                if self.config.load_models:  # TorchServe's startupModels: not a snapshot's
+                    loader.registry.startup_models.add(models[-1].name)
             except ServeError as exc:
                 logger.error("cannot load startup model %s: %s", request.url, exc)
                 if request.model_name:
