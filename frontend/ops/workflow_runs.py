@@ -162,7 +162,17 @@ class WorkflowRunner:
                         running[task] = node
                     ready = []
                     done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                    finished = [(running.pop(task), task.result()) for task in done]
+                    finished = []
+                    failure: BaseException | None = None
+                    for task in done:  # every exception retrieved, the first one raised
+                        node = running.pop(task)
+                        error = task.exception()
+                        if error is None:
+                            finished.append((node, task.result()))
+                        elif failure is None:
+                            failure = error
+                    if failure is not None:
+                        raise failure
                 for node, output in finished:
                     outputs[node] = output
                     for child in dag.children[node]:
