@@ -13,6 +13,30 @@ from workflow_archiver.packaging import WorkflowOptions, build_workflow_archive
 __all__ = ["main"]
 
 
+class _PrefixCommand(click.Command):
+    """Takes a long option by any unique prefix (``--spec`` for ``--spec-file``), as
+    torch-workflow-archiver's argparse parser does, so scripts written for it run unchanged."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        longs = [name for param in self.get_params(ctx) for name in param.opts
+                 if name.startswith("--")]
+        expanded: list[str] = []
+        for arg in args:
+            if arg == "--":
+                expanded.extend(args[len(expanded):])
+                break
+            flag, eq, value = arg.partition("=")
+            if flag.startswith("--") and flag not in longs:
+                matches = [name for name in longs if name.startswith(flag)]
+                if len(matches) == 1:
+                    arg = f"{matches[0]}{eq}{value}"
+                elif matches:
+                    raise click.UsageError(
+                        f"ambiguous option: {flag} could match {', '.join(matches)}", ctx)
+            expanded.append(arg)
+        return super().parse_args(ctx, expanded)
+
+
 def _split(value: str | None) -> tuple[str, ...]:
     if not value:
         return ()
@@ -20,6 +44,7 @@ def _split(value: str | None) -> tuple[str, ...]:
 
 
 @click.command(
+    cls=_PrefixCommand,
     name="workflow-archiver",
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )

@@ -568,3 +568,16 @@ def test_the_parallel_fixture_joins_both_branches_by_node_name() -> None:
                                                      "inputs": ["body"]}
     with pytest.raises(ValueError, match="m2 was asked to fail"):
         run_batch(PARALLEL, "par", [b"please fail@m2"])
+
+
+def test_cli_takes_unique_prefixes_of_long_options_as_torchserves_tool_does(
+        tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["--workflow=seq", "--spec", str(SEQUENTIAL[0]),
+                                       "--hand", str(SEQUENTIAL[1]), "--export", str(tmp_path),
+                                       "--for"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "seq.war").is_file()
+    ambiguous = CliRunner().invoke(main, ["--workflow-name", "x", "--spec-file", "s",
+                                          "--handler", "h.py", "--ex", "e"])
+    assert ambiguous.exit_code == 2 and (
+        "ambiguous option: --ex could match --export-path, --extra-files" in ambiguous.output)
