@@ -44,6 +44,7 @@ from frontend.observe.metrics import ServerMetrics
 from frontend.ops.plane import REQUEST_TIMEOUT_HEADER, InferencePlane, Origin, parse_timeout
 from frontend.serving.streams import ResponseStream
 from frontend.workflows.registry import Workflow, WorkflowNode, WorkflowRegistry
+from frontend.workflows.spec import NodeSpec
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class WorkflowRunner:
         workflow = self.registry.get(name)
         if not workflow.accepting:
             raise ServiceUnavailable(f"Workflow {name} is being unregistered")
-        workflow.nodes[workflow.dag.start].model.batcher.refuse_if_full()
+        workflow.nodes[workflow.spec.root].model.batcher.refuse_if_full()
         return workflow
 
     async def run(self, workflow: Workflow, origin: Origin, headers: Headers,
@@ -142,11 +143,11 @@ class WorkflowRunner:
 
     async def _execute(self, workflow: Workflow, origin: Origin, headers: Headers,
                        inputs: Inputs, deadline: float | None) -> WorkflowAnswer:
-        dag = workflow.dag
+        spec = workflow.spec
         outputs: dict[str, NodeOutput] = {}
-        waiting = {node: len(parents) for node, parents in dag.parents.items()}
+        waiting = {node.name: len(node.parents) for node in spec}
         running: dict[asyncio.Task[NodeOutput], str] = {}
-        ready: list[tuple[str, Inputs]] = [(dag.start, inputs)]
+        ready: list[tuple[str, Inputs]] = [(spec.root, inputs)]
         try:
             while ready or running:
                 if len(ready) == 1 and not running:
@@ -175,16 +176,16 @@ class WorkflowRunner:
                         raise failure
                 for node, output in finished:
                     outputs[node] = output
-                    for child in dag.children[node]:
+                    for child in spec[node].children:
                         waiting[child] -= 1
                         if not waiting[child]:
-                            ready.append((child, _child_inputs(dag.parents[child], outputs)))
+                            ready.append((child, _child_inputs(spec[child], outputs)))
         finally:
             for task in running:
                 task.cancel()
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
-        return _answer(dag.leaves, outputs)
+        return _answer(spec.leaves, outputs)
 
     async def _call(self, workflow: Workflow, node: WorkflowNode, origin: Origin,
                     headers: Headers, inputs: Inputs, deadline: float | None) -> NodeOutput:
@@ -261,10 +262,10 @@ async def _whole(stream: ResponseStream) -> worker_pb2.Response:
                                body=b"".join(part.body for part in parts))
 
 
-def _child_inputs(parents: tuple[str, ...], outputs: dict[str, NodeOutput]) -> Inputs:
-    if len(parents) == 1:
-        return [("body", outputs[parents[0]].body, NODE_OUTPUT_TYPE)]
-    return [(parent, outputs[parent].body, NODE_OUTPUT_TYPE) for parent in parents]
+def _child_inputs(node: NodeSpec, outputs: dict[str, NodeOutput]) -> Inputs:
+    """A node's inputs: ``body`` from its one parent, else one per parent, by its name."""
+    return [(node.input_name(parent), outputs[parent].body, NODE_OUTPUT_TYPE)
+            for parent in node.parents]
 
 
 def _answer(leaves: tuple[str, ...], outputs: dict[str, NodeOutput]) -> WorkflowAnswer:
