@@ -67,6 +67,8 @@ class WorkflowLoader:
             if fetched is not None:
                 fetched.unlink(missing_ok=True)
             raise
+        for warning in archive.spec.warnings:
+            logger.warning("workflow %s: %s", archive.name, warning)
         try:
             self.registry.reserve(archive.name)
         except BaseException:
