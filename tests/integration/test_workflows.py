@@ -152,7 +152,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     zipped(store, "bad_dag", BAD_DAG, SEQUENTIAL[1])
     key_file = root / "key_file.json"
     server = launch_server(store, load_workflows=("seq.war",), disable_token_authorization=False,
-                           key_file=key_file, job_queue_size=1000, batches_in_flight=1,
+                           key_file=key_file, batches_in_flight=1,
+                           # a burst of 200 is never refused, even on a loaded machine
+                           job_queue_size=500,
                            log_location=root / "logs")
     keys = {kind: entry["key"] for kind, entry in json.loads(key_file.read_text()).items()}
     served = Served(server, store, keys, par_archiver)
