@@ -115,17 +115,17 @@ class WorkflowLoader:
                  response_timeout_s: int | None, startup_timeout_s: int | None,
                  at_startup: bool) -> RegisterRequest:
         settings = spec.settings
-        layer: SettingsLayer = {
-            "batch_size": settings.batch_size,
-            "max_batch_delay_ms": settings.max_batch_delay_ms,
-            # TorchServe starts max-workers workers for a node.
-            "min_workers": settings.max_workers,
-            "max_workers": settings.max_workers,
-        }
+        # As TorchServe: the spec's batch size and delay win over the archive's; its workers
+        # (TorchServe starts max-workers) and the register call's timeouts are what the
+        # archive's model-config.yaml does not set.
+        layer: SettingsLayer = {"batch_size": settings.batch_size,
+                                "max_batch_delay_ms": settings.max_batch_delay_ms}
+        underlay: SettingsLayer = {"min_workers": settings.max_workers,
+                                   "max_workers": settings.max_workers}
         if response_timeout_s is not None:
-            layer["response_timeout_s"] = response_timeout_s
+            underlay["response_timeout_s"] = response_timeout_s
         if startup_timeout_s is not None:
-            layer["startup_timeout_s"] = startup_timeout_s
+            underlay["startup_timeout_s"] = startup_timeout_s
         if spec.is_function:
             # The function is called one request at a time (TorchServe's batch size 1), but
             # its queue gathers up to the workflow's batch size per trip to the worker.
@@ -133,12 +133,13 @@ class WorkflowLoader:
             # The unpacked .war is the function's model folder (ours: no allowed_urls check).
             return RegisterRequest(url=str(archive.directory), model_name=spec.model_name,
                                    handler=f"{archive.handler}:{spec.name}", settings=layer,
-                                   loaded_at_startup=at_startup, given_by_operator=True,
+                                   underlay=underlay, loaded_at_startup=at_startup,
+                                   given_by_operator=True,
                                    workflow=archive.name, one_request_per_call=True)
         assert spec.url is not None
         return RegisterRequest(url=spec.url, model_name=spec.model_name, settings=layer,
-                               loaded_at_startup=at_startup, given_by_operator=at_startup,
-                               workflow=archive.name)
+                               underlay=underlay, loaded_at_startup=at_startup,
+                               given_by_operator=at_startup, workflow=archive.name)
 
     async def unregister(self, name: str) -> Workflow:
         """Remove the workflow ``name``: no new prediction starts, the running ones finish
