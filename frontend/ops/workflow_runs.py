@@ -20,7 +20,7 @@ A node call that fails or outlives the node's ``timeout-ms`` is made again, up t
 queue is full, or its model is going away. Then the request alone fails, with an error naming
 the node (500, as TorchServe; 503 when the node could not take it); the other requests in the
 node's batches are not touched, and nodes still running for the failed request are cancelled.
-A client's ``X-Request-Timeout`` bounds the whole workflow.
+A client's ``X-Request-Timeout`` bounds the whole workflow (504 when it passes).
 """
 
 from __future__ import annotations
@@ -193,13 +193,14 @@ class WorkflowRunner:
         settings = node.spec.settings
         attempts = 1 + settings.retry_attempts
         error: ServeError = InternalError("no attempt was made")
+        made = 0
         for attempt in range(1, attempts + 1):
             timeout_s = settings.timeout_ms / 1000
             if deadline is not None:
                 timeout_s = min(timeout_s, deadline - time.monotonic())
                 if timeout_s <= 0:
-                    error = GatewayTimeout("the request's X-Request-Timeout passed")
                     break
+            made = attempt
             try:
                 output = await self._attempt(node, origin, headers, inputs, timeout_s)
             except _NoRetry as stop:
@@ -216,7 +217,13 @@ class WorkflowRunner:
                 continue
             self.metrics.record_workflow_node(workflow.name, node.name, "ok")
             return output
-        raise _failure(workflow, node, error, attempts)
+        if deadline is not None and time.monotonic() >= deadline:
+            # The client's own X-Request-Timeout: 504, as /predictions answers it.
+            where = _where(workflow, node)
+            raise NodeFailed(504, GatewayTimeout.type_name,
+                             f"{where}: the request's X-Request-Timeout passed after "
+                             f"{_attempts(made)} ({error.message})")
+        raise _failure(workflow, node, error, made)
 
     async def _attempt(self, node: WorkflowNode, origin: Origin, headers: Headers,
                        inputs: Inputs, timeout_s: float) -> NodeOutput:
@@ -284,12 +291,20 @@ def _answer(leaves: tuple[str, ...], outputs: dict[str, NodeOutput]) -> Workflow
     return WorkflowAnswer((json.dumps(combined, indent=2) + "\n").encode(), JSON_TYPE)
 
 
+def _where(workflow: Workflow, node: WorkflowNode) -> str:
+    return f"Error executing {node.name} (workflow {workflow.name}, model {node.model.name})"
+
+
+def _attempts(count: int) -> str:
+    return f"{count} attempt{'s' if count != 1 else ''}"
+
+
 def _failure(workflow: Workflow, node: WorkflowNode, error: ServeError, attempts: int
              ) -> NodeFailed:
     """The answer of a request a node failed: 500 as TorchServe's (its message starts as
     TorchServe's, "Error executing <node>"), or 503 when the node could not take it."""
-    where = f"Error executing {node.name} (workflow {workflow.name}, model {node.model.name})"
+    where = _where(workflow, node)
     if isinstance(error, ServiceUnavailable):
         return NodeFailed(503, ServiceUnavailable.type_name, f"{where}: {error.message}")
-    tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
-    return NodeFailed(500, InternalError.type_name, f"{where} after {tries}: {error.message}")
+    return NodeFailed(500, InternalError.type_name,
+                      f"{where} after {_attempts(attempts)}: {error.message}")

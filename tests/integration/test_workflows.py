@@ -278,6 +278,22 @@ def test_the_same_body_forms_as_predictions(served: Served) -> None:
     assert urlencoded.json()["text"] == "urlencoded|m1|post"
 
 
+def test_a_clients_deadline_bounds_the_whole_workflow(served: Served) -> None:
+    url = f"{served.server.inference}/wfpredict/slow"
+    headers = served.auth("inference")
+    late = requests.post(url, data=b"sleep@m1=0.4", timeout=60,
+                         headers={**headers, "X-Request-Timeout": "0.2"})
+    assert late.status_code == 504, late.text
+    assert late.json()["message"].startswith("Error executing m1 (workflow slow")
+    assert "X-Request-Timeout passed" in late.json()["message"]
+    bad = requests.post(url, data=b"x", timeout=60,
+                        headers={**headers, "X-Request-Timeout": "soon"})
+    assert bad.status_code == 400
+    # The worker still sleeps out its batch: let it, before the next test counts on m1.
+    served.server.wait_for(lambda: served.node("slow", "m1")["batching"]["inFlightBatches"]
+                           == 0, "slow's m1 to be idle")
+
+
 def test_par_was_archived_by_torchserves_own_archiver(served: Served) -> None:
     """``par`` (served by the other tests) was made by TorchServe's torch-workflow-archiver."""
     if served.par_archiver != "torch-workflow-archiver":
