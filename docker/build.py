@@ -18,8 +18,12 @@ Debian's mmdebstrap, podman and runc (``make image`` installs them with apt when
    default the container runs its CMD; ``--kserve v1|v2|grpc-v2`` runs it exactly as KServe's
    runtime does for that protocol (its args and env; REST on 8080, gRPC on 8081).
 
-Usage: python -m docker.build [--variant cpu|cuda] [--no-smoke | --smoke-only] [--kserve P];
---help tells the rest.
+``--variant sagemaker`` builds docker/Dockerfile.sagemaker instead: the SageMaker PyTorch
+inference toolkit beside batchserve (CPU torch), started as SageMaker starts a container
+(``IMAGE serve``); docker/sagemaker_smoke.py is its smoke test (single model and multi-model).
+
+Usage: python -m docker.build [--variant cpu|cuda|sagemaker] [--no-smoke | --smoke-only]
+[--kserve P]; --help tells the rest.
 """
 
 from __future__ import annotations
@@ -607,7 +611,9 @@ def smoke(options: SmokeOptions) -> tuple[int, int]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m docker.build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variant", choices=sorted(VARIANTS), default="cpu")
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="cpu",
+                        help="cpu, cuda: the KServe image with that torch; sagemaker: the "
+                        "SageMaker image (CPU torch unless --torch says otherwise)")
     parser.add_argument("--tag", help="image tag (default localhost/batchserve:<version>-"
                         "<variant>)")
     parser.add_argument("--torch", help="torch requirement (default: the variant's)")
@@ -639,13 +645,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="where Open Inference gRPC is checked (default: with --kserve "
                         f"{KSERVE_GRPC_PORT}, else --grpc-port)")
     parser.add_argument("--env", action="append", default=[],
-                        help="KEY=VALUE for the container")
+                        help="KEY=VALUE for the container (each container, for sagemaker)")
     parser.add_argument("--kserve-args", action="store_true",
                         help="run with KServe's args (no --foreground) instead of the CMD")
     parser.add_argument("--bind", default="127.0.0.1",
                         help="the config's bind host: host network here, so loopback; a pod "
                         "binds 0.0.0.0")
-    parser.add_argument("--start-timeout", type=float, default=180.0)
+    parser.add_argument("--start-timeout", type=float, default=180.0,
+                        help="seconds the server may take to answer /ping")
     return parser.parse_args(argv)
 
 
