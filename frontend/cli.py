@@ -48,6 +48,11 @@ LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s - %(message)s"
 #: Set by a container image: ``torchserve --start`` stays in the foreground ("1"/"true"), or
 #: goes to the background even as PID 1 ("0"/"false").
 FOREGROUND_ENV = "BATCHSERVE_FOREGROUND"
+#: An argument of the background-started server's command line, as TorchServe's Java main
+#: class is of its server's: tools find TorchServe's server among all processes by it (the
+#: SageMaker toolkit's ``serve`` waits on that process and forwards SIGTERM to it; scripts
+#: ``pkill -f`` it). The server drops it from its arguments.
+PROCESS_MARKER = "org.pytorch.serve.ModelServer"
 
 
 def state_dir() -> Path:
@@ -325,7 +330,8 @@ def start_background(argv: Sequence[str], config: ServerConfig) -> int:
     state_dir()  # fail early if it cannot be made
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [*python_module(sys.executable, "frontend"), *argv, "--foreground"],
+            [*python_module(sys.executable, "frontend"), PROCESS_MARKER, *argv,
+             "--foreground"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -430,7 +436,7 @@ def _running(process: psutil.Process) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = [arg for arg in (sys.argv[1:] if argv is None else argv) if arg != PROCESS_MARKER]
     args = build_parser().parse_args(argv)
     if args.version:
         print(f"batchserve {__version__} (TorchServe-compatible)")
