@@ -3,9 +3,16 @@
 The operations themselves live in frontend/ops/management.py (shared with gRPC). Where we
 differ from TorchServe it is noted there (a duplicate registration is 409 here, 500 in
 TorchServe).
+
+A registration (``POST /models``) takes its parameters from the query, or, as TorchServe's
+does, from a JSON object body when the request's Content-Type is application/json (the query
+is then not read): SageMaker's agent registers the models of a multi-model endpoint so, with
+``{"model_name": ..., "url": ...}``.
 """
 
 from __future__ import annotations
+
+import json
 
 from frontend.api.http import common
 from frontend.api.http.openapi import management_description
@@ -22,6 +29,7 @@ class ManagementApp(common.Routes):
     def __init__(self, services: Services) -> None:
         self.auth = services.auth
         self.ops = ManagementOps(services)
+        self.max_body_bytes = services.config.max_request_size_bytes
 
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:
@@ -36,8 +44,10 @@ class ManagementApp(common.Routes):
             raise RouteNotFound()
         if self.auth is not None:
             self.auth.check(KeyKind.MANAGEMENT, scope["headers"])
-        status, body = await self._dispatch(scope["method"], parts,
-                                            common.query_params(scope))
+        params = common.query_params(scope)
+        if scope["method"] == "POST" and len(parts) == 1 and _is_json(scope):
+            params = json_params(await common.read_body(receive, self.max_body_bytes))
+        status, body = await self._dispatch(scope["method"], parts, params)
         await common.send_json(send, status, body)
         return True
 
@@ -77,3 +87,34 @@ class ManagementApp(common.Routes):
         self.auth.check(KeyKind.API, scope["headers"])
         kind = common.query_params(scope).get("type", "")
         await common.send_json(send, 200, {kind: self.auth.rotate(kind)})
+
+
+def _is_json(scope: common.Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return bytes(value).split(b";")[0].strip().lower() == common.JSON
+    return False
+
+
+def json_params(body: bytes) -> dict[str, str]:
+    """A JSON object body as registration parameters (TorchServe's RegisterModelRequest
+    fields: model_name, url, handler, batch_size, initial_workers, synchronous, ...), each
+    value as the query would carry it; null is absent."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise BadRequest("the request body is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise BadRequest("the request body must be a JSON object of registration parameters")
+    params = {}
+    for key, item in value.items():
+        if item is None:
+            continue
+        if isinstance(item, bool):
+            params[key] = "true" if item else "false"
+        elif isinstance(item, (str, int, float)):
+            params[key] = str(item)
+        else:
+            raise BadRequest(f"registration parameter {key!r} must be a string, number or "
+                             "boolean")
+    return params
