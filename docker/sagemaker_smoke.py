@@ -13,7 +13,8 @@ toolkit binds 0.0.0.0, as SageMaker needs, so nothing else is exposed).
    ``GET /ping``; ``POST /invocations`` with a JSON and an NPY body; the toolkit wrote
    /etc/sagemaker-ts.properties; PID 1 is the toolkit's ``serve`` and it found exactly one
    server process by its marker; no process runs as root; the model has the entry point's
-   worker count; SIGTERM ends it with status 0.
+   worker count (or the batch settings and workers that ``--env`` gives); SIGTERM ends it
+   with status 0.
 2. **multi-model** (``SAGEMAKER_MULTI_MODEL=true``): two model directories with other weights
    under /opt/ml/models/<name>/model. Each is registered as SageMaker's agent does (``POST
    /models``, JSON body ``{"model_name", "url"}``), listed, invoked at
@@ -208,7 +209,7 @@ def sigterm_exits_0() -> tuple[bool, str]:
 
 # ---- 1. single model -------------------------------------------------------------------
 
-def single_model_checks(base: str) -> list[tuple[str, Check]]:
+def single_model_checks(base: str, env: Sequence[str]) -> list[tuple[str, Check]]:
     expected = SINGLE.expected()
 
     def ping() -> tuple[bool, str]:
@@ -246,15 +247,26 @@ def single_model_checks(base: str) -> list[tuple[str, Check]]:
                     + f"{len(servers)} with {SERVER_MARKER}; uids {uids}; "
                     + f"{foreground or 'no BATCHSERVE_FOREGROUND'}")
 
-    def workers() -> tuple[bool, str]:
-        # The entry point gives the toolkit the container's CPU count for
-        # default_workers_per_model, as AWS's did; the toolkit names its model "model".
+    def settings() -> tuple[bool, str]:
+        # The toolkit names its model "model". Its workers: with a SAGEMAKER_TS_* variable,
+        # the toolkit's models= entry; else default_workers_per_model, which the entry point
+        # makes the container's CPU count unless SAGEMAKER_MODEL_SERVER_WORKERS is given.
+        given = dict(pair.split("=", 1) for pair in env)
         cpus = int(podman("exec", CONTAINER, "nproc").strip())
+        if any(key.startswith("SAGEMAKER_TS_") for key in given):
+            wanted = {"minWorkers": int(given.get("SAGEMAKER_TS_MIN_WORKERS", 1)),
+                      "batchSize": int(given.get("SAGEMAKER_TS_BATCH_SIZE", 1)),
+                      "maxBatchDelay": int(given.get("SAGEMAKER_TS_MAX_BATCH_DELAY", 100))}
+        else:
+            wanted = {"minWorkers": int(given.get("SAGEMAKER_MODEL_SERVER_WORKERS", cpus)),
+                      "batchSize": 1}
         answer = call("GET", f"{base}/models/model")
         described = answer.json()
-        ok = (answer.status == 200 and isinstance(described, list) and bool(described)
-              and described[0].get("minWorkers") == cpus)
-        return ok, f"nproc {cpus}; {answer}"
+        found = (described[0] if isinstance(described, list) and described
+                 and isinstance(described[0], dict) else {})
+        got = {key: found.get(key) for key in wanted}
+        return answer.status == 200 and got == wanted, f"nproc {cpus}; wanted {wanted}, " \
+            f"got {got}"
 
     return [("GET /ping", ping),
             ("POST /invocations, JSON", invocations(json_body)),
@@ -262,13 +274,13 @@ def single_model_checks(base: str) -> list[tuple[str, Check]]:
             ("the toolkit wrote /etc/sagemaker-ts.properties", config_written),
             ("PID 1 is the toolkit's serve; one server, found by its marker; no root; "
              "no BATCHSERVE_FOREGROUND", processes),
-            ("default_workers_per_model is the CPU count", workers),
+            ("the model's workers: the CPU count, or as the env says", settings),
             ("SIGTERM: the toolkit forwards it, exit 0", sigterm_exits_0)]
 
 
 # ---- 2. multi-model --------------------------------------------------------------------
 
-def multi_model_checks(base: str) -> list[tuple[str, Check]]:
+def multi_model_checks(base: str, env: Sequence[str]) -> list[tuple[str, Check]]:
     def model_url(name: str) -> str:
         return f"/opt/ml/models/{name}/model"
 
@@ -328,7 +340,7 @@ def smoke(tag: str, start_timeout_s: float, env: Sequence[str] = ()) -> tuple[in
             weights.write(layout / "models" / name / "model")
         readable(layout)
         runs: list[tuple[str, dict[Path, str], list[str],
-                         Callable[[str], list[tuple[str, Check]]]]] = [
+                         Callable[[str, Sequence[str]], list[tuple[str, Check]]]]] = [
             ("single-model", {layout / "model": "/opt/ml/model"}, [*env],
              single_model_checks),
             ("multi-model", {layout / "models": "/opt/ml/models"},
@@ -336,7 +348,7 @@ def smoke(tag: str, start_timeout_s: float, env: Sequence[str] = ()) -> tuple[in
         for phase, mounts, env, checks in runs:
             try:
                 with container(tag, mounts, env, phase, start_timeout_s) as base:
-                    done = run_checks(checks(base))
+                    done = run_checks(checks(base, env))
             except BuildError as exc:  # it did not start: that run's checks all fail
                 print(f"   FAIL {phase}: {exc}", flush=True)
                 done = (0, 1)
