@@ -146,7 +146,8 @@ def read(path: Path, environ: Mapping[str, str] | None = None) -> Log4jConfig:
         raise ConfigError(f"--log-config {path}: cannot read it: {exc.strerror}") from exc
     except ElementTree.ParseError as exc:
         raise ConfigError(f"--log-config {path}: not well-formed XML: {exc}") from exc
-    if _tag(root) != "configuration":
+    namespace = str(root.tag).partition("}")[0].lstrip("{") if "}" in str(root.tag) else ""
+    if _tag(root) != "configuration" or (namespace and "log4j/2" not in namespace):
         raise ConfigError(f"--log-config {path}: not a log4j2 configuration (its root element "
                           f"is <{root.tag}>, log4j2's is <Configuration>)")
     return _Reader(path, environ).read(root)

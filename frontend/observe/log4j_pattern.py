@@ -316,13 +316,7 @@ def _date_fields(layout: str) -> list[DateField]:
     while at < len(layout):
         char = layout[at]
         if char == "'":
-            end = layout.find("'", at + 1)
-            if end == at + 1:  # '' is a quote
-                text, at = "'", at + 2
-            elif end < 0:
-                raise Untranslatable(f"an unclosed quote in %d{{{layout}}}")
-            else:
-                text, at = layout[at + 1:end], end + 1
+            text, at = _quoted(layout, at)
             fields.append(_fixed(text))
             continue
         if not char.isalpha():
@@ -333,6 +327,23 @@ def _date_fields(layout: str) -> list[DateField]:
         fields.append(_date_letter(char, run, layout))
         at += run
     return fields
+
+
+def _quoted(layout: str, at: int) -> tuple[str, int]:
+    """The text quoted at ``at`` (``''`` is a quote, within quotes too) and where it ends."""
+    if layout.startswith("''", at):
+        return "'", at + 2
+    text: list[str] = []
+    at += 1
+    while True:
+        end = layout.find("'", at)
+        if end < 0:
+            raise Untranslatable(f"an unclosed quote in %d{{{layout}}}")
+        text.append(layout[at:end])
+        if not layout.startswith("''", end):
+            return "".join(text), end + 1
+        text.append("'")
+        at = end + 2
 
 
 def _fixed(text: str) -> DateField:
