@@ -270,7 +270,11 @@ def setup_logging(log_config: Path | None, stream: TextIO) -> bool:
 def _is_log4j_xml(log_config: Path | None) -> bool:
     """Whether ``--log-config`` names a log4j2 XML file; one that cannot be used is a
     ``ConfigError`` now (before a background start spawns the server)."""
-    if log_config is None or not log_config.is_file() or not log4j.is_log4j_xml(log_config):
+    if log_config is None:
+        return False
+    if not log_config.is_file():
+        raise ConfigError(f"--log-config file not found: {log_config}")
+    if not log4j.is_log4j_xml(log_config):
         return False
     log4j.read(log_config)
     return True

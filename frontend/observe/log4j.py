@@ -12,7 +12,9 @@ Python handlers and loggers from them. What maps:
   logs (``ServerLogs``, ``MetricLog``) instead of into ``log_location``. Any other name sets
   the Python logger of that name. Levels (``off`` and ``all`` too), ``additivity`` (Python's
   ``propagate``: as in log4j, an appender named by a logger and by its parent writes an
-  event twice), an ``AppenderRef``'s level.
+  event twice; TorchServe's default file names ts_log under both ``org.pytorch.serve`` and
+  ``Root``, so its ts_log.log holds each server line twice, in TorchServe too), an
+  ``AppenderRef``'s level. ``AsyncLogger`` and ``AsyncRoot`` are taken as the others.
 * Appenders: ``Console`` (``SYSTEM_OUT``, ``SYSTEM_ERR``), ``File``, ``RollingFile`` (its
   ``SizeBasedTriggeringPolicy`` and ``DefaultRolloverStrategy max`` as a
   ``RotatingFileHandler``'s ``maxBytes`` and ``backupCount``), their ``RandomAccess`` twins,
