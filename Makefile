@@ -30,6 +30,19 @@ $(TS_STAMP):
 		torch-model-archiver==0.12.0 torchserve==0.12.0
 	@touch $(TS_STAMP)
 
+# The SageMaker inference toolkit (sagemaker-pytorch-inference, which carries
+# sagemaker_inference) in a venv of its own, as SageMaker's containers run it: the SageMaker
+# tests (tests/integration/test_sagemaker.py) start its `serve` against batchserve. Its
+# pkg_resources needs a setuptools that still ships it. When it cannot be installed (no index)
+# those tests skip, saying why.
+SM_VENV := .venv-sagemaker
+SM_STAMP := $(SM_VENV)/.install-stamp-sagemaker-pytorch-inference-2.0.25
+$(SM_STAMP):
+	@test -x $(SM_VENV)/bin/python || $(PYTHON) -m venv $(SM_VENV)
+	$(SM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		sagemaker-pytorch-inference==2.0.25 "setuptools<81" && touch $(SM_STAMP) || \
+		echo "the SageMaker toolkit could not be installed: its tests will skip"
+
 # A real browser for the CORS test (tests/integration/test_cors_and_legacy.py): Debian's
 # chromium, installed with apt-get when missing and this runs as root; otherwise that one
 # test skips, saying why.
@@ -43,7 +56,7 @@ browser:
 
 # The checks first (seconds), then the suite: ruff, mypy --strict (its files and settings are
 # in pyproject.toml: frontend/, backend/, model_archiver/, protos/framing.py), pytest.
-test: lint $(TS_STAMP) browser
+test: lint $(TS_STAMP) $(SM_STAMP) browser
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
@@ -88,4 +101,4 @@ image: $(STAMP)
 	$(PY) -m docker.build $(IMAGE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(TS_VENV) model_store/*.mar logs
+	rm -rf $(VENV) $(TS_VENV) $(SM_VENV) model_store/*.mar logs

@@ -23,6 +23,31 @@ SEQUENCE_END_HEADER = "ts_request_sequence_end"
 CONTENT_TYPE = "content-type"
 
 
+class RequestHeaders(dict[str, str]):
+    """A request's headers as a dict, looked up whatever the case of the name: they reach the
+    worker lower-cased (HTTP/2 and our HTTP/1 parser give them so), and handlers written for
+    TorchServe, which keeps the client's case, look up ``"Content-Type"`` or
+    ``"X-Amzn-SageMaker-Custom-Attributes"``."""
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        super().__init__(headers)
+        self._lowered = {key.lower(): key for key in self}
+
+    def _key(self, key: str) -> str:
+        if not super().__contains__(key):
+            return self._lowered.get(key.lower(), key)
+        return key
+
+    def __getitem__(self, key: str) -> str:
+        return super().__getitem__(self._key(key))
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(self._key(key) if isinstance(key, str) else key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return super().get(self._key(key), default)
+
+
 class RequestProcessor:
     """One request of the current batch: its headers in, its status and headers out.
 
@@ -30,7 +55,7 @@ class RequestProcessor:
     """
 
     def __init__(self, request_header: Mapping[str, str]) -> None:
-        self._request_header = dict(request_header)
+        self._request_header = RequestHeaders(request_header)
         self._lowered = {key.lower(): value for key, value in self._request_header.items()}
         self._status_code = 200
         self._reason_phrase = ""

@@ -76,6 +76,11 @@ def load_entry_point(handler: str, model_dir: Path, context: Context) -> EntryPo
         )
 
     _add_to_sys_path(model_dir)
+    if path.parent.resolve() != model_dir.resolve():
+        # A handler file outside the model (default_service_handler=/path/service.py:handle,
+        # as the SageMaker toolkit sets it): its folder joins the path too, as TorchServe
+        # puts it on the worker's PYTHONPATH, so it imports its neighbours.
+        _add_to_sys_path(path.parent)
     module = import_handler_file(path)
     wanted = function_name or DEFAULT_FUNCTION
     function = getattr(module, wanted, None)
@@ -84,9 +89,16 @@ def load_entry_point(handler: str, model_dir: Path, context: Context) -> EntryPo
         function = run_coroutines(function)
         function(None, context)
         return EntryPoint(function, f"{path.name}:{wanted}")
-    if function_name is not None:
-        raise HandlerLoadError(f"handler {handler!r}: {path.name} has no function {wanted!r}")
-    cls = find_handler_class(module, path.name)
+    # No such function: the file's one handler class, as TorchServe falls back to it even
+    # when a function is named (the SageMaker toolkit names ``handle`` of a file that defines
+    # only its HandlerService class).
+    try:
+        cls = find_handler_class(module, path.name)
+    except HandlerLoadError as exc:
+        if function_name is None:
+            raise
+        raise HandlerLoadError(f"handler {handler!r}: {path.name} has no function {wanted!r} "
+                               f"and no handler class to use instead ({exc})") from None
     return _initialise_class(cls, context, f"{path.name}:{cls.__name__}")
 
 

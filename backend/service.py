@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend import open_inference, v2_outputs
+from backend import open_inference, sagemaker, v2_outputs
 from backend.codecs import (
     Codec,
     EnvelopeCodec,
@@ -360,7 +360,7 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
         metrics=metrics,
     )
     add_dependency_dirs(message.dependency_dirs)
-    entry_point = load_entry_point(message.handler, model_dir, context)
+    entry_point = sagemaker.adapt(load_entry_point(message.handler, model_dir, context), context)
     return ModelService(entry_point, context, decode_input_request=message.decode_input_request,
                         model_version=message.model_version,
                         response_timeout_s=message.response_timeout_ms / 1000 or 120.0,

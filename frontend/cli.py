@@ -50,6 +50,11 @@ LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s - %(message)s"
 #: Set by a container image: ``torchserve --start`` stays in the foreground ("1"/"true"), or
 #: goes to the background even as PID 1 ("0"/"false").
 FOREGROUND_ENV = "BATCHSERVE_FOREGROUND"
+#: An argument of the background-started server's command line, as TorchServe's Java main
+#: class is of its server's: tools find TorchServe's server among all processes by it (the
+#: SageMaker toolkit's ``serve`` waits on that process and forwards SIGTERM to it; scripts
+#: ``pkill -f`` it). The server drops it from its arguments.
+PROCESS_MARKER = "org.pytorch.serve.ModelServer"
 
 
 def state_dir() -> Path:
@@ -353,7 +358,8 @@ def start_background(argv: Sequence[str], config: ServerConfig, log4j_file: bool
     appenders write there (SageMaker's toolkit reads the server's log from it) and its file
     appenders write the files it names."""
     state_dir()  # fail early if it cannot be made
-    command = [*python_module(sys.executable, "frontend"), *argv, "--foreground"]
+    command = [*python_module(sys.executable, "frontend"), PROCESS_MARKER, *argv,
+               "--foreground"]
     log_path: Path | None = None
     if log4j_file:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -469,7 +475,7 @@ def _running(process: psutil.Process) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = [arg for arg in (sys.argv[1:] if argv is None else argv) if arg != PROCESS_MARKER]
     args = build_parser().parse_args(argv)
     if args.version:
         print(f"batchserve {__version__} (TorchServe-compatible)")

@@ -472,6 +472,71 @@ def read_properties(path: Path) -> dict[str, str]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
 
 
+#: TorchServe's reference to an environment variable in a config value: ``$$NAME$$``.
+_ENV_REFERENCE = re.compile(r"\$\$([^$]+[^$])\$\$")
+
+
+def resolve_env_references(values: Mapping[str, str], environ: Mapping[str, str]
+                           ) -> dict[str, str]:
+    """Replace each ``$$NAME$$`` in a config file's values with that variable's value, as
+    TorchServe does for every key (the SageMaker toolkit's multi-model config writes
+    ``default_service_handler=$$SAGEMAKER_HANDLER$$``); a variable that is not set is an
+    error, as there."""
+    resolved = dict(values)
+    for key, value in values.items():
+        def variable(match: re.Match[str], key: str = key) -> str:
+            name = match.group(1)
+            if name not in environ:
+                raise ConfigError(f"config key {key}: environment variable {name} (named as "
+                                  f"$${name}$$) is not set")
+            return environ[name]
+
+        resolved[key] = _ENV_REFERENCE.sub(variable, value)
+    return resolved
+
+
+def _known_key(key: str) -> bool:
+    return key in _PARSERS or key in NO_EFFECT or key in _ACCEPTED_WITHOUT_EFFECT
+
+
+def unglue_lines(values: Mapping[str, str], origin: str) -> dict[str, str]:
+    """Split values that hold a second ``key=value`` glued on: a file written by appending
+    lines to one that has no final newline (the SageMaker toolkit writes
+    ``enable_model_api=truedefault_response_timeout=60``). A value is split only where its
+    own key refuses it whole, the part before a known key is a valid value of its key, and
+    that key is not set elsewhere in the file; each split is logged. (TorchServe's Java
+    parsing reads such a boolean as false and loses the second key.)"""
+    result = dict(values)
+    pending = list(values.items())
+    while pending:
+        key, value = pending.pop()
+        if key not in _PARSERS or len(value) > 4096:
+            continue
+        parse = _PARSERS[key][1]
+        try:
+            parse(value.strip())
+            continue
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            pass
+        for start in range(1, len(value)):
+            glued, sep, rest = value[start:].partition("=")
+            if not sep or not _known_key(glued) or glued in values:
+                continue
+            head = value[:start]
+            try:
+                parse(head.strip())
+            except (ValueError, TypeError, OverflowError, RecursionError):
+                continue
+            logger.warning("config: %s: %s=%s reads as two lines, %s=%s and %s=%s (a line "
+                           "without its newline)", origin, key, _shown(value), key, head,
+                           glued, _shown(rest))
+            result[key] = head
+            result[glued] = rest
+            pending.append((glued, rest))
+            break
+    return result
+
+
 def env_overrides(environ: Mapping[str, str], enabled: bool,
                   allowed_urls_from_env: bool = False) -> dict[str, str]:
     """``TS_<KEY>`` variables, honoured only when ``enable_envvars_config=true``; as
@@ -619,8 +684,11 @@ def load_config(
     environ: Mapping[str, str] | None = None,
 ) -> ServerConfig:
     """The whole startup path: file, environment, then command-line flags."""
-    file_values = read_properties(config_file) if config_file is not None else {}
     environ = os.environ if environ is None else environ
+    file_values: dict[str, str] = {}
+    if config_file is not None:
+        file_values = unglue_lines(
+            resolve_env_references(read_properties(config_file), environ), str(config_file))
     envvars_on = parse_bool(file_values.get("enable_envvars_config", "false"))
     urls_from_env = parse_bool(file_values.get("use_env_allowed_urls", "false"))
     sources = [file_values, env_overrides(environ, envvars_on, urls_from_env),

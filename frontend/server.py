@@ -67,7 +67,8 @@ def startup_requests(config: ServerConfig, entries: tuple[str, ...]) -> list[Reg
             if config.model_store is None:
                 raise ConfigError("load_models=all needs a model store (--model-store)")
             for path in archives.list_store(config.model_store):
-                requests.append(RegisterRequest(url=path.name, loaded_at_startup=True))
+                requests.append(RegisterRequest(url=path.name, loaded_at_startup=True,
+                                                given_by_operator=True))
             continue
         name, sep, url = entry.partition("=")
         if not sep:
@@ -75,7 +76,7 @@ def startup_requests(config: ServerConfig, entries: tuple[str, ...]) -> list[Reg
         if not url.strip():
             raise ConfigError(f"load_models: {entry!r} names no archive")
         requests.append(RegisterRequest(url=url.strip(), model_name=name.strip() or None,
-                                        loaded_at_startup=True))
+                                        loaded_at_startup=True, given_by_operator=True))
     return requests
 
 
@@ -235,6 +236,8 @@ class Server:
         for request in requests:
             try:
                 models.append(await loader.register(replace(request, synchronous=False)))
+                if self.config.load_models:  # TorchServe's startupModels: not a snapshot's
+                    loader.registry.startup_models.add(models[-1].name)
             except ServeError as exc:
                 logger.error("cannot load startup model %s: %s", request.url, exc)
                 if request.model_name:

@@ -86,16 +86,31 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
         if not _exists(path):
             raise ArchiveError(f"Model archive {url!r} not found in the model store {model_store}")
         return path
-    require_allowed(url, allowed_urls)
     if parts.scheme not in ("", "file"):
+        require_allowed(url, allowed_urls)
         raise ArchiveError(f"unsupported url scheme {parts.scheme!r}")
     raw_path = unquote(parts.path) if parts.scheme == "file" else url
+    path = Path(raw_path)
+    # A path inside the model store is the store's, as a bare name is (a multi-model
+    # SageMaker endpoint sets model_store=/ and registers /opt/ml/models/<name>/model).
+    if not _inside(path, model_store):
+        require_allowed(url, allowed_urls)
     if ".." in PurePosixPath(raw_path).parts:
         raise ArchiveError(f"invalid model url {url!r}: '..' is not allowed")
-    path = Path(raw_path)
     if not _exists(path):
         raise ArchiveError(f"Model archive {url!r} not found")
     return path
+
+
+def _inside(path: Path, folder: Path | None) -> bool:
+    """Whether ``path`` (absolute, no ``..``), links resolved, lies in ``folder``."""
+    if folder is None or not path.is_absolute() or ".." in path.parts:
+        return False
+    try:
+        real, store = path.resolve(), folder.resolve()
+    except (OSError, RuntimeError):
+        return False
+    return real == store or store in real.parents
 
 
 def _exists(path: Path) -> bool:

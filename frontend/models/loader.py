@@ -105,6 +105,10 @@ class RegisterRequest:
     settings: SettingsLayer = field(default_factory=lambda: SettingsLayer())
     synchronous: bool = True
     loaded_at_startup: bool = False
+    #: Named by the operator (load_models, --models): a local path there needs no
+    #: allowed_urls, which guards what API clients may load (the SageMaker toolkit starts
+    #: ``--models model=/opt/ml/model``); a URL to download is still checked.
+    given_by_operator: bool = False
 
 
 def tensor_metadata(config: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
@@ -220,7 +224,8 @@ class ModelLoader:
             raise
 
     async def _register(self, request: RegisterRequest, url: str) -> Model:
-        source = archives.resolve_url(url, self.config.model_store, self.config.allowed_urls)
+        allowed = (".*",) if request.given_by_operator else self.config.allowed_urls
+        source = archives.resolve_url(url, self.config.model_store, allowed)
         unpacked = await asyncio.to_thread(archives.unpack, url, source, self.archive_dir)
         environment = NO_ENVIRONMENT
         try:

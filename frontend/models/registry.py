@@ -21,6 +21,10 @@ class ModelRegistry:
         #: Startup models (model_snapshot, load_models) that failed to register: while one is
         #: not registered, the server is not ready (KServe's readiness).
         self.failed_at_startup: set[str] = set()
+        #: The models loaded at start-up by ``load_models`` / ``--models`` (not a snapshot's),
+        #: while registered: SageMaker's ``/invocations`` without a model name means the one
+        #: model here when there is exactly one (TorchServe's ``startupModels``).
+        self.startup_models: set[str] = set()
 
     # ---- lookup -------------------------------------------------------------------------
 
@@ -88,6 +92,7 @@ class ModelRegistry:
         if not versions:
             del self._models[model.name]
             self._defaults.pop(model.name, None)
+            self.startup_models.discard(model.name)
         elif self._defaults.get(model.name) == model.version:
             self._defaults[model.name] = next(iter(versions))
 

@@ -285,7 +285,9 @@ def test_a_browser_fetches_across_origins_only_from_the_allowed_origin(
     with chromium_log.open("wb") as log:
         browser = subprocess.Popen(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+             "--no-first-run", "--disable-quic", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}",
              f"{served.origin}/main.html"],
             stdout=log, stderr=subprocess.STDOUT)
     try:

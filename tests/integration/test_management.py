@@ -272,6 +272,18 @@ def test_allowed_urls_gate_downloads_and_paths(build_mar, model_store: Path, sta
         assert "allowed_urls" in refused.json()["message"]
         assert _register(closed, url=str(outside / "remote.mar")).status_code == 403
         assert not (model_store / "remote.mar").exists()
+        # A path inside the model store is the store's, as its bare name is; a link there to
+        # a file outside is not.
+        (model_store / "nested").mkdir()
+        (model_store / "nested" / "inside.mar").hardlink_to(outside / "remote.mar")
+        (model_store / "nested" / "link.mar").symlink_to(outside / "remote.mar")
+        inside = _register(closed, url=str(model_store / "nested" / "inside.mar"),
+                           model_name="inside")
+        assert inside.status_code == 200, inside.text
+        assert closed.predict("inside", b"in the store").content == b"in the store"
+        linked = _register(closed, url=str(model_store / "nested" / "link.mar"),
+                           model_name="linked")
+        assert linked.status_code == 403, linked.text
 
         pattern = f"http://127\\.0\\.0\\.1:{httpd.server_address[1]}/.*"
         opened = start_server(allowed_urls=(pattern, f"{outside}/.*"))

@@ -233,3 +233,46 @@ def test_torchserve_metrics_keys() -> None:
         None, False, False, 60)
     with pytest.raises(ConfigError, match="metric_time_interval"):
         build_config({"metric_time_interval": "0"})
+
+
+# ---- files as the SageMaker toolkit writes them ----------------------------------------------
+
+
+def test_a_line_glued_to_the_next_reads_as_the_two_lines_it_meant(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The toolkit appends to a default file that has no final newline."""
+    path = tmp_path / "ts.properties"
+    path.write_text("disable_token_authorization=true\n"
+                    "enable_model_api=truedefault_response_timeout=60\n"
+                    "default_workers_per_model=3number_of_gpu=0\n")
+    config = load_config(path, {}, environ={})
+    assert config.enable_model_api is True
+    assert config.default_response_timeout_s == 60
+    assert config.default_workers_per_model == 3
+    assert config.number_of_gpu == 0
+    assert "reads as two lines" in caplog.text
+
+
+def test_a_value_is_split_only_where_its_key_refuses_it_whole(tmp_path: Path) -> None:
+    path = tmp_path / "ts.properties"
+    # A string key takes the whole value; an unknown key glued on is not split off.
+    path.write_text("default_service_handler=service.py:handledefault_response_timeout=60\n")
+    assert load_config(path, {}, environ={}).default_service_handler == \
+        "service.py:handledefault_response_timeout=60"
+    path.write_text("enable_model_api=truenot_a_key=1\n")
+    with pytest.raises(ConfigError, match="enable_model_api"):
+        load_config(path, {}, environ={})
+    # The glued key set on a line of its own too: which one was meant is unclear, so no split.
+    path.write_text("enable_model_api=truedefault_response_timeout=60\n"
+                    "default_response_timeout=30\n")
+    with pytest.raises(ConfigError, match="enable_model_api"):
+        load_config(path, {}, environ={})
+
+
+def test_environment_references_in_values_are_resolved(tmp_path: Path) -> None:
+    path = tmp_path / "ts.properties"
+    path.write_text("default_service_handler=$$SAGEMAKER_HANDLER$$:handle\n")
+    config = load_config(path, {}, environ={"SAGEMAKER_HANDLER": "/opt/service.py"})
+    assert config.default_service_handler == "/opt/service.py:handle"
+    with pytest.raises(ConfigError, match="SAGEMAKER_HANDLER"):
+        load_config(path, {}, environ={})

@@ -420,3 +420,21 @@ def test_single_node_service_reads_its_signature_and_runs_its_steps(tmp_path: Pa
                                    "inputs": [{"data_name": "x"}]}
     assert service.handle([{"x": b"[1, 2]"}], None) == [[1, 2, 1, 2]]
     assert service.ping() is None
+
+
+def test_request_headers_are_found_whatever_the_case_of_their_name() -> None:
+    """They reach the worker lower-cased; handlers written for TorchServe (which keeps the
+    client's case) look up "Content-Type" or SageMaker's custom attributes header."""
+    from backend.context import RequestProcessor
+
+    headers = RequestProcessor({"content-type": "application/x-npy",
+                                "x-amzn-sagemaker-custom-attributes": "trace=1"}
+                               ).get_request_properties()
+    assert headers.get("Content-Type") == "application/x-npy"
+    assert headers["X-Amzn-SageMaker-Custom-Attributes"] == "trace=1"
+    assert "CONTENT-TYPE" in headers and "accept" not in headers
+    assert headers.get("Accept") is None and headers.get("Accept", "*/*") == "*/*"
+    assert dict(headers) == {"content-type": "application/x-npy",
+                             "x-amzn-sagemaker-custom-attributes": "trace=1"}
+    with pytest.raises(KeyError):
+        headers["Accept"]

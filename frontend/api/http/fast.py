@@ -1,5 +1,6 @@
 """The /predictions fast path: a connection protocol that answers TorchServe predictions from
-httptools' parser callbacks, without an ASGI task per request.
+httptools' parser callbacks, without an ASGI task per request (/predictions, the legacy
+/{model}/predict routes, and SageMaker's /invocations and /models/{model}/invoke).
 
 Everything else on the inference port (``/ping``, KServe, the API description, pipelined or
 upgraded requests, other methods) goes through uvicorn's own ``HttpToolsProtocol``, which
@@ -105,7 +106,7 @@ class PredictionsProtocol(ServerProtocol):
     def handle_request(self) -> None:
         parser = self.parser
         cycle = self.cycle
-        if ((not self.url.startswith(_PREFIX) and not is_legacy_predict(self.url))
+        if ((not self.url.startswith(_PREFIX) and not is_other_prediction(self.url))
                 or parser.get_method() not in _FAST_METHODS or parser.should_upgrade()
                 or (cycle is not None and not cycle.response_complete)):
             # Anything else, and a request pipelined behind an unanswered one, goes the ASGI
@@ -367,12 +368,20 @@ class CorsPredictionsProtocol(PredictionsProtocol):
         return send_with_cors
 
 
-def is_legacy_predict(url: bytes) -> bool:
-    """TorchServe's legacy routes, ``/{model}/predict`` and ``/{model}/{version}/predict``
-    (checked only for a URL that is not /predictions: that path pays nothing for it)."""
+def is_other_prediction(url: bytes) -> bool:
+    """The prediction routes besides /predictions: TorchServe's legacy ``/{model}/predict``
+    and ``/{model}/{version}/predict``, SageMaker's ``/invocations`` and
+    ``/models/{model}/invoke`` (checked only for a URL that is not /predictions: that path
+    pays nothing for it)."""
     path = url.partition(b"?")[0]
-    return path.endswith(b"/predict") and InferenceApp.legacy_target(
-        [part for part in path.decode("latin-1").split("/") if part]) is not None
+    if path.endswith(b"/predict"):
+        return InferenceApp.legacy_target(_segments(path)) is not None
+    return path.endswith((b"/invocations", b"/invocations/", b"/invoke", b"/invoke/")) and \
+        InferenceApp.is_sagemaker(_segments(path))
+
+
+def _segments(path: bytes) -> list[str]:
+    return [part for part in path.decode("latin-1").split("/") if part]
 
 
 def protocol_for(inference: InferenceApp | None, header_timeout_s: float,

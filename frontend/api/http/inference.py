@@ -1,7 +1,9 @@
 """The inference API (port 8080): /ping, /predictions/{model}[/{version}],
 /explanations/{model}[/{version}] (a prediction with TorchServe's ``explain`` header),
 TorchServe's legacy /{model}/predict and /{model}/{version}/predict (a prediction whose query
-parameters are inputs too, as TorchServe passes them), and KServe's v1/v2 protocols
+parameters are inputs too, as TorchServe passes them), SageMaker's /invocations and
+/models/{model}/invoke (predictions as the legacy routes, the model named as
+frontend/ops/sagemaker.py says) and /execution-parameters, and KServe's v1/v2 protocols
 (frontend/api/http/kserve.py).
 
 This is the hot path: a request is read, turned into one worker_pb2.Request, queued on its
@@ -29,6 +31,7 @@ from frontend.errors import (
     torchserve_body,
     type_for_status,
 )
+from frontend.ops import sagemaker
 from frontend.ops.auth import KeyKind
 from frontend.ops.plane import SEQUENCE_ID_HEADER, Call, Model, ResponseStream
 from frontend.ops.services import Services
@@ -41,6 +44,8 @@ _INFERENCE_METHODS = ("POST", "PUT")
 _TORCHSERVE_PREFIXES = ("/predictions/", "/explanations/")
 #: First path segments TorchServe routes elsewhere, so never a model's legacy route.
 _NOT_LEGACY = frozenset({"predictions", "explanations", "ping", "models", "invocations"})
+#: SageMaker batch transform's question (frontend/ops/sagemaker.py).
+_EXECUTION_PARAMETERS = ["execution-parameters"]
 
 
 class InferenceApp(common.Routes):
@@ -66,9 +71,16 @@ class InferenceApp(common.Routes):
         if path == "/ping":
             await self.ping(send)
             return True
+        parts = common.path_parts(scope)
+        if self.is_sagemaker(parts):
+            await self.predict(scope, receive, send)
+            return True
+        if parts == _EXECUTION_PARAMETERS:
+            await self.execution_parameters(scope, send)
+            return True
         if await self.kserve.route(scope, receive, send):
             return True
-        if path.endswith("/predict") and self.legacy_target(common.path_parts(scope)):
+        if path.endswith("/predict") and self.legacy_target(parts):
             await self.predict(scope, receive, send)
             return True
         if common.is_api_description(scope):
@@ -81,13 +93,23 @@ class InferenceApp(common.Routes):
         status = "Healthy" if healthy else "Unhealthy"
         await common.send_json(send, 200 if healthy else 500, {"status": status})
 
+    async def execution_parameters(self, scope: common.Scope, send: common.Send) -> None:
+        """SageMaker batch transform's ``GET /execution-parameters`` (a key as /predictions)."""
+        if scope["method"] != "GET":
+            raise MethodNotAllowed()
+        if self.auth is not None:
+            self.auth.check(KeyKind.INFERENCE, scope["headers"])
+        await common.send_json(send, 200,
+                               sagemaker.execution_parameters(self.config, self.registry))
+
     # The two phases of a /predictions request, shared by the ASGI route below and by the
     # connection-level fast path (frontend/api/http/fast.py), which serves nearly all of
     # them; the inference plane does the rest.
 
-    def open(self, scope: common.Scope, call: Call) -> Model:
+    def open(self, scope: common.Scope, call: Call) -> Model | None:
         """Phase one of a /predictions request, before its body is read: the model it names
-        (ServeError: wrong method, token or name; a full queue; a body declared too big)."""
+        (ServeError: wrong method, token or name; a full queue; a body declared too big);
+        None for an /invocations request whose form body names it (``send`` opens it)."""
         if scope["method"] not in _INFERENCE_METHODS:
             raise MethodNotAllowed()
         if self.auth is not None:
@@ -97,6 +119,18 @@ class InferenceApp(common.Routes):
             if len(parts) not in (2, 3):
                 raise RouteNotFound()
             name, version = parts[1], parts[2] if len(parts) == 3 else None
+        elif self.is_sagemaker(parts):
+            if parts[0] == "models":  # /models/{name}/invoke
+                name, version = parts[1], None
+            else:
+                implied = sagemaker.implied_model(self.registry, self._query_model(scope))
+                if implied is None:
+                    # Only a form can still name it (a request parameter, as TorchServe).
+                    if not is_form(_content_type(scope)):
+                        raise BadRequest(sagemaker.MODEL_NAME_REQUIRED)
+                    common.check_content_length(scope, self.config.max_request_size_bytes)
+                    return None
+                name, version = implied, None
         else:
             target = self.legacy_target(parts)
             if target is None:
@@ -109,19 +143,36 @@ class InferenceApp(common.Routes):
     def send(self, scope: common.Scope, body: bytes, call: Call, explain: bool = False,
              loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Phase two, once the body is read: the call's inputs (form fields, or the body)
-        sent through the plane."""
-        content_type = ""
-        for name, value in scope["headers"]:
-            if name == b"content-type":
-                content_type = value.decode("latin-1")
+        sent through the plane (to the model a form names, when ``open`` left it to it)."""
+        content_type = _content_type(scope)
         inputs: Sequence[tuple[str, bytes, str | None]]
         if content_type and is_form(content_type):
             inputs = parse_form(content_type, body, self.config.max_request_inputs)
         else:
             inputs = [("body", body, content_type)]
+        if call.model is None:
+            self.plane.open(call, sagemaker.model_from_fields(inputs))
         if scope["query_string"] and not scope["path"].startswith(_TORCHSERVE_PREFIXES):
             inputs = [*self._query_inputs(scope["query_string"]), *inputs]
         self.plane.send(call, scope["headers"], inputs, explain=explain, loop=loop)
+
+    @staticmethod
+    def is_sagemaker(parts: list[str]) -> bool:
+        """SageMaker's prediction routes (``parts``: the path's segments): ``/invocations``
+        and ``/models/{name}/invoke``. Any other ``/models/...`` path is not the inference
+        API's: on a listener that serves management too, it is management's."""
+        if parts == ["invocations"]:
+            return True
+        return len(parts) == 3 and parts[0] == "models" and parts[2] == "invoke"
+
+    def _query_model(self, scope: common.Scope) -> str | None:
+        """The first ``model_name`` query parameter of an ``/invocations`` request."""
+        if not scope["query_string"]:
+            return None
+        for name, value, _ in self._query_inputs(scope["query_string"]):
+            if name == sagemaker.MODEL_NAME:
+                return value.decode()
+        return None
 
     @staticmethod
     def legacy_target(parts: list[str]) -> tuple[str, str | None] | None:
@@ -217,3 +268,12 @@ class InferenceApp(common.Routes):
                         "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return status
+
+
+def _content_type(scope: common.Scope) -> str:
+    """The request's Content-Type ("" without one; the last, when it has several)."""
+    content_type = ""
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            content_type = value.decode("latin-1")
+    return content_type
