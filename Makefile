@@ -6,8 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
 TS_VENV := .venv-torchserve-archiver
-# Named after what it holds, so a venv made before torchserve joined it is brought up to date.
-TS_STAMP := $(TS_VENV)/.install-stamp-torchserve-0.12.0
+# Named after what it holds, so a venv made before torchserve (then torch-workflow-archiver)
+# joined it is brought up to date.
+TS_STAMP := $(TS_VENV)/.install-stamp-torchserve-0.12.0-wfa
 DEMO_MODEL := model_store/resnet-152-batch_v2.mar
 EXAMPLE := examples/image_classifier/resnet_152_batch
 
@@ -23,11 +24,14 @@ $(STAMP): setup.py pyproject.toml
 # TorchServe's own torch-model-archiver (its package is also named model_archiver, so it
 # lives in a venv of its own); the compatibility tests build archives with it. TorchServe's
 # wheel joins it (its `ts` package, which needs no torch to install): the `ts` coverage test
-# reads its sources to compare with batchserve's `ts` (tests/unit/test_ts_coverage.py).
+# reads its sources to compare with batchserve's `ts` (tests/unit/test_ts_coverage.py). And
+# TorchServe's torch-workflow-archiver (0.2.15, the one TorchServe 0.12 ships with; its package
+# is named workflow_archiver, as ours is): tests/unit/test_workflow_archiver.py compares .war
+# files and the workflow tests serve archives it made.
 $(TS_STAMP):
 	@test -x $(TS_VENV)/bin/python || $(PYTHON) -m venv $(TS_VENV)
 	$(TS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
-		torch-model-archiver==0.12.0 torchserve==0.12.0
+		torch-model-archiver==0.12.0 torchserve==0.12.0 torch-workflow-archiver==0.2.15
 	@touch $(TS_STAMP)
 
 # The SageMaker inference toolkit (sagemaker-pytorch-inference, which carries

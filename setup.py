@@ -1,5 +1,6 @@
-"""Packaging for batchserve: console scripts ``torchserve`` and ``model-archiver`` (also
-as ``torch-model-archiver``, TorchServe's name for it)."""
+"""Packaging for batchserve: console scripts ``torchserve``, ``model-archiver`` and
+``workflow-archiver`` (also as ``torch-model-archiver`` and ``torch-workflow-archiver``,
+TorchServe's names for them)."""
 
 from setuptools import find_packages, setup
 
@@ -74,7 +75,8 @@ setup(
     version="0.1.0",
     description="A TorchServe-compatible multi-process model server that batches better",
     python_requires=">=3.10",
-    packages=find_packages(include=["frontend*", "backend*", "protos*", "model_archiver*"]),
+    packages=find_packages(include=["frontend*", "backend*", "protos*", "model_archiver*",
+                                    "workflow_archiver*"]),
     # frontend/observe/metrics.yaml: TorchServe's default metrics configuration (data).
     package_data={"protos": ["*.proto", "*.pyi"], "frontend.observe": ["*.yaml"],
                   "backend.compat.ts": ["version.txt"],
@@ -87,6 +89,8 @@ setup(
             "model-archiver=model_archiver.cli:main",
             # The name TorchServe users type: the same tool.
             "torch-model-archiver=model_archiver.cli:main",
+            "workflow-archiver=workflow_archiver.cli:main",
+            "torch-workflow-archiver=workflow_archiver.cli:main",
         ],
     },
 )

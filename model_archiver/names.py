@@ -24,9 +24,10 @@ RESERVED_NAMES = frozenset({"CON", "PRN", "AUX", "NUL",
 _CHARACTERS = "letters, digits, '_', '-' and '.', beginning with a letter or a digit"
 
 
-def name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name a model (None: it can)."""
-    return _problem("model name", name, MAX_NAME_CHARS)
+def name_problem(name: str, what: str = "model name") -> str | None:
+    """Why ``name`` cannot name a model (None: it can). ``what`` names it in the message: a
+    workflow's name follows the same rule (``workflow_archiver``)."""
+    return _problem(what, name, MAX_NAME_CHARS)
 
 
 def version_problem(version: str) -> str | None:

@@ -178,9 +178,11 @@ class Container:
                              headers={"Content-Type": content_type, "Accept": accept}, **kwargs)
 
     def output(self) -> str:
-        log = self.work / "logs" / "batchserve.log"
-        text = log.read_text(errors="replace") if log.exists() else ""
-        return (self.work / "serve.out").read_text(errors="replace")[-3000:] + text[-5000:]
+        """What ``serve`` and the server printed (the toolkit's log4j2 file puts the server's
+        log on the container's stdout, as TorchServe's), and the model log."""
+        model_log = self.work / "logs" / "model_log.log"
+        text = model_log.read_text(errors="replace") if model_log.exists() else ""
+        return (self.work / "serve.out").read_text(errors="replace")[-5000:] + text[-3000:]
 
     def wait_for(self, predicate: Callable[[], bool], what: str,
                  timeout_s: float = START_TIMEOUT_S) -> None:
@@ -273,6 +275,9 @@ def test_the_toolkit_finds_the_server_and_its_config_reads_as_it_meant(single: S
     assert description["handler"].endswith("handler_service.py:handle")
     output = single.container.output()
     assert "reads as two lines" in output
+    # The toolkit's log4j2 file is applied: the server's log on stdout and in ts_log.log.
+    assert "Model server started." in output
+    assert "reads as two lines" in (single.container.work / "logs" / "ts_log.log").read_text()
     # TorchServe's management API was on (enable_model_api=true), on the same port.
     assert requests.get(f"{single.container.url}/models", timeout=30).status_code == 200
 

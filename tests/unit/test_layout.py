@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 BANNED = {"frontend": {"backend", "torch", "torchvision"}, "backend": {"frontend"}}
 
 
-@pytest.mark.parametrize("package", sorted(BANNED))
-def test_frontend_and_backend_only_meet_in_protos(package: str) -> None:
+#: The archivers are tools of their own that the frontend imports (archive manifests, workflow
+#: specs): light, and never the server's.
+ARCHIVERS_BANNED = {"frontend", "backend", "torch", "torchvision"}
+
+
+def _absolute_imports(package: str) -> Iterator[tuple[Path, str]]:
     for path in (ROOT / package).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
@@ -26,14 +31,26 @@ def test_frontend_and_backend_only_meet_in_protos(package: str) -> None:
             else:
                 continue
             for name in names:
-                assert name.split(".")[0] not in BANNED[package], f"{path} imports {name}"
+                yield path, name
+
+
+@pytest.mark.parametrize("package", sorted(BANNED))
+def test_frontend_and_backend_only_meet_in_protos(package: str) -> None:
+    for path, name in _absolute_imports(package):
+        assert name.split(".")[0] not in BANNED[package], f"{path} imports {name}"
+
+
+@pytest.mark.parametrize("package", ["model_archiver", "workflow_archiver"])
+def test_the_archivers_import_neither_server_nor_torch(package: str) -> None:
+    for path, name in _absolute_imports(package):
+        assert name.split(".")[0] not in ARCHIVERS_BANNED, f"{path} imports {name}"
 
 
 def _module_imports() -> dict[str, set[str]]:
     """Each of our modules -> the modules of ours it imports anywhere (under TYPE_CHECKING
     and inside functions too)."""
     paths = {}
-    for package in ("frontend", "backend", "model_archiver", "protos"):
+    for package in ("frontend", "backend", "model_archiver", "workflow_archiver", "protos"):
         for path in (ROOT / package).rglob("*.py"):
             name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
             paths[name.removesuffix(".__init__")] = path
