@@ -11,7 +11,8 @@ toolkit binds 0.0.0.0, as SageMaker needs, so nothing else is exposed).
    torch ``Linear(4, 4)`` state_dict; ``code/inference.py``, docker/smoke_inference.py, with
    ``model_fn``/``input_fn``/``predict_fn``/``output_fn``) mounted read-only at /opt/ml/model.
    ``GET /ping``; ``POST /invocations`` with a JSON and an NPY body; the toolkit wrote
-   /etc/sagemaker-ts.properties; PID 1 is the toolkit's ``serve`` and it found exactly one
+   /etc/sagemaker-ts.properties; the server's log is on the container's output, as the
+   toolkit's log4j2 file says; PID 1 is the toolkit's ``serve`` and it found exactly one
    server process by its marker; no process runs as root; the model has the entry point's
    worker count (or the batch settings and workers that ``--env`` gives); SIGTERM ends it
    with status 0.
@@ -268,10 +269,22 @@ def single_model_checks(base: str, env: Sequence[str]) -> list[tuple[str, Check]
         return answer.status == 200 and got == wanted, f"nproc {cpus}; wanted {wanted}, " \
             f"got {got}"
 
+    def server_log_on_output() -> tuple[bool, str]:
+        # The toolkit's log4j2 file sends the server's log to the console, which SageMaker
+        # sends to CloudWatch: the workers' start is there, and in logs/ts_log.log.
+        wanted = "W-9000-model_1.0 loaded the model in"
+        output = subprocess.run(["podman", "logs", CONTAINER], capture_output=True, text=True)
+        ts_log = podman("exec", CONTAINER, "cat", "logs/ts_log.log")
+        where = [name for name, text in (("output", output.stdout + output.stderr),
+                                         ("logs/ts_log.log", ts_log)) if wanted in text]
+        return where == ["output", "logs/ts_log.log"], f"{wanted!r} in {where}"
+
     return [("GET /ping", ping),
             ("POST /invocations, JSON", invocations(json_body)),
             ("POST /invocations, NPY", invocations(npy_body)),
             ("the toolkit wrote /etc/sagemaker-ts.properties", config_written),
+            ("the server's log: on the container's output and in logs/ts_log.log",
+             server_log_on_output),
             ("PID 1 is the toolkit's serve; one server, found by its marker; no root; "
              "no BATCHSERVE_FOREGROUND", processes),
             ("the model's workers: the CPU count, or as the env says", settings),
