@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import configparser
 import json
 import logging
 import logging.config
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, TextIO
 from frontend import __version__
 from frontend.config import ServerConfig, load_config, parse_bool
 from frontend.errors import ConfigError
+from frontend.observe import log4j
 from frontend.observe.logs import EscapingLogRecord
 from frontend.processes import python_module
 from frontend.torchserve_keys import NO_EFFECT
@@ -109,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workflows", nargs="+", default=None, metavar="WORKFLOW",
                         help="workflows to load at startup: name=x.war, x.war, or all")
     parser.add_argument("--log-config", dest="log_config", type=Path,
-                        help="Python logging configuration file (ini format)")
+                        help="logging configuration: TorchServe's log4j2 XML file (mapped "
+                        "onto Python logging), or a Python logging file (ini format)")
     parser.add_argument("--foreground", action="store_true",
                         help="stay in the foreground and log to the terminal")
     parser.add_argument("--ncs", "--no-config-snapshots", dest="ncs", action="store_true",
@@ -249,29 +252,52 @@ def stays_in_foreground(args: argparse.Namespace, environ: Mapping[str, str], pi
                           "false") from None
 
 
-def setup_logging(log_config: Path | None, stream: TextIO) -> None:
+def setup_logging(log_config: Path | None, stream: TextIO) -> bool:
+    """Set up this process's logging: by ``log_config`` when given (TorchServe's log4j2 XML,
+    or Python's ini format), else to ``stream``. Returns whether a log4j2 file set up the
+    loggers of TorchServe's names (the server then writes its access, model and metric logs
+    through them). A file that cannot be used is a ``ConfigError``."""
     # Every message escaped, whatever writes it (a user's log config too): a client's bytes
     # in a logged value cannot forge a line.
     logging.setLogRecordFactory(EscapingLogRecord)
-    if log_config is not None and not _is_log4j_config(log_config):
-        logging.config.fileConfig(log_config, disable_existing_loggers=False)
-        return
+    if log_config is not None:
+        if not log_config.is_file():
+            raise ConfigError(f"--log-config file not found: {log_config}")
+        if log4j.is_log4j_xml(log_config):
+            log4j.configure(log4j.read(log_config), stream, sys.stderr,
+                            logging.Formatter(LOG_FORMAT))
+            return True
+        if not log4j.is_log4j_properties(log_config):
+            try:
+                logging.config.fileConfig(log_config, disable_existing_loggers=False)
+            except (KeyError, ValueError, RuntimeError, OSError, configparser.Error) as exc:
+                raise ConfigError(f"--log-config {log_config}: neither a log4j2 XML file nor "
+                                  f"a Python logging configuration (ini format): {exc!r}"
+                                  ) from exc
+            return False
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=stream)
     if log_config is not None:
-        logger.info("--log-config %s is a log4j2 file (TorchServe's Java logging): it has no "
-                    "effect here; give a Python logging file (ini format) instead", log_config)
+        logger.info("--log-config %s is a log4j properties file: its format is not read here "
+                    "(log4j2's XML format is, and Python's ini format)", log_config)
+    return False
 
 
-def _is_log4j_config(path: Path) -> bool:
-    """TorchServe's --log-config is a log4j2 XML file; ours is Python's ini format."""
-    try:
-        with path.open(encoding="utf-8", errors="replace") as fh:
-            return fh.read(4096).lstrip().startswith("<")
-    except OSError:
-        return False  # fileConfig says what is wrong with it
+def _is_log4j_xml(log_config: Path | None) -> bool:
+    """Whether ``--log-config`` names a log4j2 XML file; one that cannot be used is a
+    ``ConfigError`` now (before a background start spawns the server)."""
+    if log_config is None:
+        return False
+    if not log_config.is_file():
+        raise ConfigError(f"--log-config file not found: {log_config}")
+    if not log4j.is_log4j_xml(log_config):
+        return False
+    log4j.read(log_config)
+    return True
 
 
-def run_foreground(config: ServerConfig) -> int:
+def run_foreground(config: ServerConfig, named_loggers: bool = False) -> int:
+    """Serve until stopped; ``named_loggers``: a log4j2 --log-config set up the loggers the
+    access, model and metric logs go to (``setup_logging``)."""
     # NOTE: this process forks its workers while grpc.aio threads run; grpcio's fork handlers
     # would crash such a child before it can exec (SIGSEGV). We never use gRPC in a forked
     # child, so turn them off; grpcio reads this when it is first imported (frontend.server
@@ -299,7 +325,7 @@ def run_foreground(config: ServerConfig) -> int:
         print(f"Model server started.\nbatchserve is serving: inference {bound.inference}, "
               f"management {bound.management}, metrics {bound.metrics}", flush=True)
 
-    server = Server(config, on_started=announce)
+    server = Server(config, on_started=announce, named_loggers=named_loggers)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -334,40 +360,53 @@ def _run(coro: Coroutine[object, object, None]) -> None:
 
 # ---- background start and stop ----------------------------------------------------------
 
-def start_background(argv: Sequence[str], config: ServerConfig) -> int:
-    config.log_location.mkdir(parents=True, exist_ok=True)
-    log_path = config.log_location / "batchserve.log"
+def start_background(argv: Sequence[str], config: ServerConfig, log4j_file: bool = False
+                     ) -> int:
+    """Start the server in a process of its own and return once it answers. Its output goes
+    to ``log_location/batchserve.log``; with a log4j2 ``--log-config`` (``log4j_file``) it is
+    this command's own output, as TorchServe's Java server inherits it: that file's console
+    appenders write there (SageMaker's toolkit reads the server's log from it) and its file
+    appenders write the files it names."""
     state_dir()  # fail early if it cannot be made
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            [*python_module(sys.executable, "frontend"), PROCESS_MARKER, *argv,
-             "--foreground"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    command = [*python_module(sys.executable, "frontend"), PROCESS_MARKER, *argv,
+               "--foreground"]
+    log_path: Path | None = None
+    if log4j_file:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+    else:
+        config.log_location.mkdir(parents=True, exist_ok=True)
+        log_path = config.log_location / "batchserve.log"
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+    where = f"{log_path}" if log_path is not None else "the output above and the files of " \
+        "its --log-config"
     deadline = time.monotonic() + config.default_startup_timeout_s + 60
     while time.monotonic() < deadline:
         code = process.poll()
         if code is not None:
-            print(f"batchserve failed to start (exit code {code}). Last log lines from "
-                  f"{log_path}:\n{_tail(log_path)}", file=sys.stderr)
+            tail = f" Last log lines from {log_path}:\n{_tail(log_path)}" if log_path else \
+                f" See {where}."
+            print(f"batchserve failed to start (exit code {code}).{tail}", file=sys.stderr)
             return 2 if code == 2 else 1  # 2: its configuration
         state = read_state()
         if state is not None and state.get("pid") == process.pid and _ping(str(state["inference"])):
             keys = state.get("key_file") or f"off ({config.token_authorization_off_by})"
-            print("Model server started.\n"  # TorchServe's line, which its launcher awaits
-                  f"batchserve started (pid {process.pid}).\n"
+            # TorchServe's line, which its launcher awaits (the server wrote it already where
+            # its output is this command's).
+            started = "" if log4j_file else "Model server started.\n"
+            print(f"{started}batchserve started (pid {process.pid}).\n"
                   f"  inference API:  {state['inference']}\n"
                   f"  management API: {state['management']}\n"
                   f"  metrics API:    {state['metrics']}\n"
                   f"  gRPC ports:     {state.get('grpc_inference_port')} (inference), "
                   f"{state.get('grpc_management_port')} (management)\n"
                   f"  token keys:     {keys}\n"
-                  f"  logs:           {log_path}")
+                  f"  logs:           {log_path or 'as its --log-config says'}", flush=True)
             return 0
         time.sleep(0.2)
     process.terminate()
-    print(f"batchserve did not become ready in time; see {log_path}", file=sys.stderr)
+    print(f"batchserve did not become ready in time; see {where}", file=sys.stderr)
     return 1
 
 
@@ -458,11 +497,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"torchserve: error: {exc}", file=sys.stderr)
         return 2
-    # In the foreground the log is the server's stdout (a container's log); a background
-    # start reports on the terminal, the server logging to its file.
-    setup_logging(args.log_config if foreground else None,
-                  sys.stdout if foreground else sys.stderr)
     try:
+        log4j_file = _is_log4j_xml(args.log_config)
+        # In the foreground the log is the server's stdout (a container's log); a background
+        # start reports on the terminal, the server logging as its --log-config says, else
+        # to its file.
+        named_loggers = setup_logging(args.log_config if foreground else None,
+                                      sys.stdout if foreground else sys.stderr)
         config = resolve_config(args)
         running = read_state()
         if running is not None:
@@ -474,11 +515,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if foreground:
         for flag, reason in ignored_flags(args).items():
             logger.info("%s has no effect here: %s", flag, reason)
-        return run_foreground(config)
+        return run_foreground(config, named_loggers)
     child_argv = [a for a in argv if a != "--foreground"]
     if "--start" not in child_argv:  # started without --start, as TorchServe allows
         child_argv.insert(0, "--start")
-    return start_background(child_argv, config)
+    return start_background(child_argv, config, log4j_file)
 
 
 if __name__ == "__main__":

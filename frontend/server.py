@@ -105,24 +105,28 @@ def startup_workflows(config: ServerConfig, entries: tuple[str, ...]
     return found
 
 
-def server_metrics(config: ServerConfig, models: Iterable[Model], gpu_count: int
-                   ) -> ServerMetrics:
+def server_metrics(config: ServerConfig, models: Iterable[Model], gpu_count: int,
+                   named_loggers: bool = False) -> ServerMetrics:
     """The server's metrics, as its configuration says. Their log files go where TorchServe
     puts them: ``$METRICS_LOCATION`` when set (as TorchServe's log4j configuration), else the
-    log location."""
+    log location; with ``named_loggers``, where the log4j2 configuration given says."""
     location = os.environ.get("METRICS_LOCATION", "").strip()
     return ServerMetrics(
         models, mode=config.metrics_mode, config=load_metrics_config(config.metrics_config),
         auto_detect=config.model_metrics_auto_detect,
         log_dir=Path(location) if location else config.log_location,
         system_metrics=not config.disable_system_metrics, gpu_count=gpu_count,
-        interval_s=config.metric_time_interval_s)
+        interval_s=config.metric_time_interval_s, named_loggers=named_loggers)
 
 
 class Server:
     def __init__(self, config: ServerConfig,
-                 on_started: Callable[[Server], None] | None = None) -> None:
+                 on_started: Callable[[Server], None] | None = None, *,
+                 named_loggers: bool = False) -> None:
         self.config = config
+        #: The access, model and metric logs go to the Python loggers of TorchServe's names
+        #: (ACCESS_LOG, ...), which a log4j2 --log-config set up, not to log_location.
+        self.named_loggers = named_loggers
         self.bound: BoundAddresses | None = None
         self.services: Services | None = None
         self._stop: asyncio.Event | None = None
@@ -159,9 +163,9 @@ class Server:
         run_dir.chmod(0o700)
         registry = ModelRegistry()
         gpus = GpuAssigner.detect(config.number_of_gpu, config.visible_gpus)
-        metrics = server_metrics(config, registry, gpus.count)
+        metrics = server_metrics(config, registry, gpus.count, self.named_loggers)
         cpus = CpuAssigner.detect(config.cpu_cores_per_worker) if config.cpu_affinity else None
-        logs = ServerLogs(config.log_location, config.enable_access_log)
+        logs = ServerLogs(config.log_location, config.enable_access_log, self.named_loggers)
         loader = ModelLoader(config, run_dir, registry,
                              Placement(gpus, cpus, registry.worker_count),
                              metrics.record_batch, logs.model, events=metrics)

@@ -1,6 +1,10 @@
 r"""Log files: the access log (one line per request, written in bulk off the hot path), the
 model log; and the escaping that keeps client bytes from forging log lines.
 
+Both are files in ``log_location``, unless a logging configuration names them (TorchServe's
+log4j2 file, ``log4j.py``): then they are written through the Python loggers of TorchServe's
+names, ``ACCESS_LOG`` and ``MODEL_LOG``, whose handlers that configuration chose.
+
 The request path only appends a tuple to a list; the event loop formats and writes the
 collected lines every 0.2 s in one write. (TorchServe's default logging costs it half its
 echo throughput; benchmarks/RESULTS.md has ours with the access log on and off.)
@@ -23,11 +27,18 @@ from typing import Any, TextIO, cast
 
 ACCESS_LOG = "access_log.log"
 MODEL_LOG = "model_log.log"
+#: TorchServe's loggers of the access log and of its workers' output (log4j2 names).
+TS_ACCESS_LOGGER = "ACCESS_LOG"
+TS_MODEL_LOGGER = "MODEL_LOG"
 #: The parent of every server's model logger (a child per server, so that two servers in
 #: one process write their workers' output to their own model_log.log).
 MODEL_LOGGER = "batchserve.model"
 FLUSH_INTERVAL_S = 0.2
-_LINE = '%s %s "%s %s %s" %d %.1fms model=%s version=%s queue_ms=%.2f batch=%d'
+#: An access log entry, after its time.
+_ENTRY = '%s "%s %s %s" %d %.1fms model=%s version=%s queue_ms=%.2f batch=%d'
+_LINE = f"%s {_ENTRY}"
+#: Where a record's relativeCreated counts from (logging's own start time).
+_START_TIME: float = getattr(logging, "_startTime", time.time())
 
 
 def escape(text: str) -> str:
@@ -65,24 +76,32 @@ class EscapingLogRecord(logging.LogRecord):
 
 
 class BufferedLog:
-    """A log file written in one go every ``FLUSH_INTERVAL_S``: lines are collected on the
-    event loop (a tuple and a list append each) and formatted by ``_text`` when flushed; a
-    line is written at once where no loop runs."""
+    """A log written in one go every ``FLUSH_INTERVAL_S``: entries are collected on the
+    event loop (a tuple and a list append each) and formatted when flushed; an entry is
+    written at once where no loop runs. Written to the file ``path``, or, given a
+    ``logger``, as one record each through that logger (its handlers format and write them,
+    stamped with the entry's time)."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, logger: logging.Logger | None = None) -> None:
         self.path = path
+        self.logger = logger
         self._file: TextIO | None = None
+        self._on = False
         #: (unix time, then the entry's fields)
         self._pending: list[tuple[Any, ...]] = []
         self._flush_handle: asyncio.TimerHandle | None = None
 
     @property
     def enabled(self) -> bool:
-        return self._file is not None
+        return self._on
 
     def open(self) -> None:
-        if self.path is not None:
+        if self.logger is not None:
+            # Off where the configuration turns the logger off: nothing is even collected.
+            self._on = self.logger.isEnabledFor(logging.INFO)
+        elif self.path is not None:
             self._file = self.path.open("a", encoding="utf-8", buffering=1 << 16)
+            self._on = True
 
     def _schedule(self) -> None:
         """An entry was added: flush within FLUSH_INTERVAL_S (at once without a loop)."""
@@ -94,20 +113,36 @@ class BufferedLog:
         self._flush_handle = loop.call_later(FLUSH_INTERVAL_S, self.flush)
 
     def _text(self, entries: list[tuple[Any, ...]]) -> str:
+        """The entries as the file's lines."""
+        raise NotImplementedError
+
+    def _message(self, entry: tuple[Any, ...]) -> str:
+        """One entry as a record's message (the logger's handlers add the time)."""
         raise NotImplementedError
 
     def flush(self) -> None:
         self._flush_handle = None
-        if self._file is None or not self._pending:
+        if not self._on or not self._pending:
             return
         entries, self._pending = self._pending, []
-        self._file.write(self._text(entries))
-        self._file.flush()
+        if self._file is not None:
+            self._file.write(self._text(entries))
+            self._file.flush()
+            return
+        assert self.logger is not None
+        for entry in entries:
+            record = self.logger.makeRecord(self.logger.name, logging.INFO, "", 0,
+                                            self._message(entry), (), None)
+            stamp = cast(float, entry[0])  # when it happened, not when flushed
+            record.created, record.msecs = stamp, (stamp - int(stamp)) * 1000
+            record.relativeCreated = (stamp - _START_TIME) * 1000
+            self.logger.handle(record)
 
     def close(self) -> None:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
         self.flush()
+        self._on = False
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -117,8 +152,8 @@ class AccessLog(BufferedLog):
     """One line per request: TorchServe's first fields (client, request line, status,
     latency), then ours (model, version, queue wait, batch size)."""
 
-    def __init__(self, path: Path | None) -> None:
-        super().__init__(path)
+    def __init__(self, path: Path | None, logger: logging.Logger | None = None) -> None:
+        super().__init__(path, logger)
         self._stamp_second = -1
         self._stamp = ""
 
@@ -126,7 +161,7 @@ class AccessLog(BufferedLog):
               latency_s: float, model: str, version: str, queue_wait_s: float,
               batch_size: int) -> None:
         """Record one request; called on the event loop, costs a tuple and a list append."""
-        if self._file is None:
+        if not self._on:
             return
         self._pending.append((time.time(), client, method, path, protocol, status,
                               latency_s * 1000, model, version, queue_wait_s * 1000, batch_size))
@@ -152,24 +187,42 @@ class AccessLog(BufferedLog):
         lines.append("")
         return "\n".join(lines)
 
+    def _message(self, entry: tuple[Any, ...]) -> str:
+        message = _ENTRY % entry[1:]
+        if message.isprintable():
+            return message
+        return _ENTRY % tuple(escape(field) if type(field) is str else field
+                              for field in entry[1:])
+
 
 class ServerLogs:
-    """Opens the log files for one server run and closes them at the end."""
+    """Opens the log files for one server run and closes them at the end. With
+    ``named_loggers`` (a log4j2 configuration set them) there is no file of its own: the
+    access log and the workers' output go to the loggers ``ACCESS_LOG`` and ``MODEL_LOG``."""
 
-    def __init__(self, log_location: Path, access_log: bool) -> None:
+    def __init__(self, log_location: Path, access_log: bool, named_loggers: bool = False
+                 ) -> None:
         self.log_location = log_location
-        self.access = AccessLog(log_location / ACCESS_LOG if access_log else None)
-        #: This server's worker output (stdout and stderr, line by line).
-        self.model = logging.getLogger(f"{MODEL_LOGGER}.{id(self):x}")
+        self.named_loggers = named_loggers
+        if named_loggers:
+            self.access = AccessLog(None, logging.getLogger(TS_ACCESS_LOGGER)
+                                    if access_log else None)
+            #: This server's worker output (stdout and stderr, line by line).
+            self.model = logging.getLogger(TS_MODEL_LOGGER)
+        else:
+            self.access = AccessLog(log_location / ACCESS_LOG if access_log else None)
+            # A child per server: two servers in one process keep their model_log.log apart.
+            self.model = logging.getLogger(f"{MODEL_LOGGER}.{id(self):x}")
         self._model_file: logging.Handler | None = None
 
     def __enter__(self) -> ServerLogs:
-        self.log_location.mkdir(parents=True, exist_ok=True)
-        model_file = logging.FileHandler(self.log_location / MODEL_LOG, encoding="utf-8")
-        model_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-        self.model.addHandler(model_file)
-        self.model.setLevel(logging.INFO)  # worker output is the model log's content
-        self._model_file = model_file
+        if not self.named_loggers:
+            self.log_location.mkdir(parents=True, exist_ok=True)
+            model_file = logging.FileHandler(self.log_location / MODEL_LOG, encoding="utf-8")
+            model_file.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+            self.model.addHandler(model_file)
+            self.model.setLevel(logging.INFO)  # worker output is the model log's content
+            self._model_file = model_file
         self.access.open()
         return self
 

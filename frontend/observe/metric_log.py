@@ -13,37 +13,36 @@ metric as its ``LogMetric`` formats it::
 
 As the access log, the lines are collected on the event loop and written in one go every
 0.2 s (a line is written at once where no loop runs). Escaped: a label value a handler chose
-cannot start a forged line.
+cannot start a forged line. Where a logging configuration names them (TorchServe's log4j2
+file), they go through the Python loggers ``TS_METRICS`` and ``MODEL_METRICS`` instead.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from frontend.observe.logs import BufferedLog, escape
 
 TS_METRICS_LOG = "ts_metrics.log"
 MODEL_METRICS_LOG = "model_metrics.log"
+#: TorchServe's loggers of the two (log4j2 names).
+TS_METRICS_LOGGER = "TS_METRICS"
+TS_MODEL_METRICS_LOGGER = "MODEL_METRICS"
 
 
 class MetricLog(BufferedLog):
-    """One metric log file."""
-
-    path: Path
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
+    """One metric log: a file, or a logger (``logger``)."""
 
     def open(self) -> None:
         """Create the file (TorchServe's logging creates it at start, whatever the mode)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.logger is None and self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         super().open()
 
     def write(self, message: str) -> None:
         """Log one metric line (its timestamp is now)."""
-        if self._file is None:
+        if not self._on:
             return
         self._pending.append((time.time(), message))
         if self._flush_handle is None:
@@ -51,6 +50,9 @@ class MetricLog(BufferedLog):
 
     def _text(self, entries: list[tuple[Any, ...]]) -> str:
         return "".join(f"{_iso8601(stamp)} - {escape(message)}\n" for stamp, message in entries)
+
+    def _message(self, entry: tuple[Any, ...]) -> str:
+        return escape(cast(str, entry[1]))
 
 
 def _iso8601(seconds: float) -> str:

@@ -42,7 +42,13 @@ from frontend.observe import families as ts_families
 from frontend.observe.exposition import Family, java_double, render
 from frontend.observe.families import LEGACY as LEGACY
 from frontend.observe.families import TsMetric
-from frontend.observe.metric_log import MODEL_METRICS_LOG, TS_METRICS_LOG, MetricLog
+from frontend.observe.metric_log import (
+    MODEL_METRICS_LOG,
+    TS_METRICS_LOG,
+    TS_METRICS_LOGGER,
+    TS_MODEL_METRICS_LOGGER,
+    MetricLog,
+)
 from frontend.observe.metric_specs import (
     HOSTNAME_DIMENSION,
     METRIC_TYPES,
@@ -209,7 +215,9 @@ class ServerMetrics:
     def __init__(self, models: Iterable[Model], *, mode: str = "prometheus",
                  config: MetricsConfig | None = None, auto_detect: bool = False,
                  log_dir: Path | None = None, system_metrics: bool = True, gpu_count: int = 0,
-                 interval_s: float = 60.0) -> None:
+                 interval_s: float = 60.0, named_loggers: bool = False) -> None:
+        """``log_dir``: where the metric logs are (None: none); ``named_loggers``: they go to
+        the loggers TS_METRICS and MODEL_METRICS instead (a log4j2 configuration set them)."""
         if mode not in METRICS_MODES:
             raise ValueError(f"metrics_mode {mode!r}: expected one of {', '.join(METRICS_MODES)}")
         self.mode = mode
@@ -219,9 +227,13 @@ class ServerMetrics:
         self._interval_s = interval_s
         self._sampler = SystemSampler(gpu_count) if system_metrics else None
         self._system_task: asyncio.Task[None] | None = None
-        self._logs = (MetricLog((log_dir or Path("logs")) / TS_METRICS_LOG),
-                      MetricLog((log_dir or Path("logs")) / MODEL_METRICS_LOG))
-        self._log_dir = log_dir
+        if named_loggers:
+            self._logs = (MetricLog(None, logging.getLogger(TS_METRICS_LOGGER)),
+                          MetricLog(None, logging.getLogger(TS_MODEL_METRICS_LOGGER)))
+        else:
+            self._logs = (MetricLog((log_dir or Path("logs")) / TS_METRICS_LOG),
+                          MetricLog((log_dir or Path("logs")) / MODEL_METRICS_LOG))
+        self._open_logs = named_loggers or log_dir is not None
         self.frontend = {name: self._build(spec) for name, spec in self.config.ts_metrics.items()}
         self.model_metrics = {name: self._build(spec)
                               for name, spec in self.config.model_metrics.items()}
@@ -431,7 +443,7 @@ class ServerMetrics:
     async def start(self) -> None:
         """Open the metric logs (created whatever the mode, as TorchServe's are) and start
         measuring the host every ``metric_time_interval``."""
-        if self._log_dir is not None:
+        if self._open_logs:
             for log in self._logs:
                 log.open()
         if self._sampler is not None:
