@@ -194,12 +194,16 @@ class WorkflowRunner:
         attempts = 1 + settings.retry_attempts
         error: ServeError = InternalError("no attempt was made")
         made = 0
+        #: Whether the client's deadline, not the node's timeout-ms, bounds this attempt.
+        cut = False
         for attempt in range(1, attempts + 1):
             timeout_s = settings.timeout_ms / 1000
             if deadline is not None:
-                timeout_s = min(timeout_s, deadline - time.monotonic())
-                if timeout_s <= 0:
+                left = deadline - time.monotonic()
+                cut = left <= timeout_s
+                if left <= 0:
                     break
+                timeout_s = min(timeout_s, left)
             made = attempt
             try:
                 output = await self._attempt(node, origin, headers, inputs, timeout_s)
@@ -210,6 +214,8 @@ class WorkflowRunner:
                 error = exc
                 outcome = "timeout" if isinstance(exc, GatewayTimeout) else "error"
                 self.metrics.record_workflow_node(workflow.name, node.name, outcome)
+                if cut and outcome == "timeout":
+                    break  # the client's deadline passed: no time for another call
                 if attempt < attempts:
                     logger.warning("workflow %s: node %s failed attempt %d of %d (%s); "
                                    "calling it again", workflow.name, node.name, attempt,
@@ -217,7 +223,7 @@ class WorkflowRunner:
                 continue
             self.metrics.record_workflow_node(workflow.name, node.name, "ok")
             return output
-        if deadline is not None and time.monotonic() >= deadline:
+        if cut and (made == 0 or isinstance(error, GatewayTimeout)):
             # The client's own X-Request-Timeout: 504, as /predictions answers it.
             where = _where(workflow, node)
             raise NodeFailed(504, GatewayTimeout.type_name,
