@@ -239,7 +239,8 @@ class WorkflowRunner:
         call = plane.begin(origin, asyncio.get_running_loop())
         try:
             try:
-                plane.open(call, model.name, model.version)
+                # No version named, as TorchServe's node jobs (its metrics say "default").
+                plane.open(call, model.name)
                 plane.send(call, headers, inputs, deadline_s=timeout_s)
                 answer = await plane.outcome(call)
             except (NotFound, ServiceUnavailable) as exc:
