@@ -76,12 +76,14 @@ class ModelService:
     def __init__(
         self, entry_point: EntryPoint, context: Context, *, decode_input_request: bool = True,
         model_version: str = "", response_timeout_s: float = 120.0,
-        envelope: Envelope | None = None, one_request_per_call: bool = False,
+        envelope: Envelope | None = None, workflow_function: bool = False,
     ) -> None:
         self.entry_point = entry_point
-        #: Call the handler once per request of a batch (a workflow's function, as TorchServe
-        #: calls it: with a list of one request).
-        self.one_request_per_call = one_request_per_call
+        #: A workflow's function node: offered whole batches until it answers one with other
+        #: than one result per request (written for TorchServe, which calls it with a list of
+        #: one request); from then on it is called once per request (``per_request``).
+        self.workflow_function = workflow_function
+        self.per_request = False
         self.context = context
         #: service_envelope: every request's body is unwrapped into rows, its results wrapped.
         self.envelope = envelope
@@ -158,7 +160,7 @@ class ModelService:
         """The runs of a batch: its predictions, then its explanations; one per request with
         an envelope that does not join requests, or for a handler called one request at a
         time."""
-        if self.one_request_per_call or (
+        if self.per_request or (
                 self._enveloped is not None and not self._enveloped.envelope.joins_requests):
             return [[request] for request in (*predicted, *explained)]
         return [part for part in (predicted, explained) if part]
@@ -167,6 +169,19 @@ class ModelService:
                       isolation: _Isolation) -> _Merged:
         try:
             return self._run(run, prepared)
+        except (BatchSizeMismatch, InvalidHandlerOutput) as exc:
+            if not self.workflow_function or len(run) == 1 or self.context.partials_sent:
+                if not isolation.allowed or self.context.partials_sent:
+                    raise
+                return self._isolate(run, exc, isolation)
+            # A workflow function that does not take batches: one request per call from now.
+            logger.info("%s answered a batch of %d with %s; calling it one request at a "
+                        "time from now on", self.entry_point.name, len(run), describe(exc))
+            self.per_request = True
+            merged = _Merged()
+            for request in run:
+                merged.add(self._run_isolated([request], None, isolation))
+            return merged
         except Exception as exc:
             if not isolation.allowed or self.context.partials_sent:
                 raise
@@ -370,7 +385,7 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
                         model_version=message.model_version,
                         response_timeout_s=message.response_timeout_ms / 1000 or 120.0,
                         envelope=make_envelope(message.envelope, context),
-                        one_request_per_call=message.one_request_per_call)
+                        workflow_function=message.workflow_function)
 
 
 def model_metrics(metrics_config: str, model_name: str) -> MetricsCacheYamlImpl:

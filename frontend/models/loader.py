@@ -116,7 +116,7 @@ class RegisterRequest:
     workflow: str | None = None
     #: The handler is called with one request at a time, however many a batch holds (a
     #: workflow's function, as TorchServe calls them); its queue still forms batches.
-    one_request_per_call: bool = False
+    workflow_function: bool = False
 
 
 def tensor_metadata(config: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
@@ -288,7 +288,7 @@ class ModelLoader:
         name, version, settings = plan.name, plan.version, plan.settings
         model = Model(name, version, unpacked, plan.handler, settings,
                       self._launch(name, version, unpacked, plan.handler, settings,
-                                   environment, request.one_request_per_call),
+                                   environment, request.workflow_function),
                       self._placement, self._record_batch, self._model_log,
                       request.loaded_at_startup, plan.tensors, environment,
                       request.workflow)
@@ -302,7 +302,7 @@ class ModelLoader:
 
     def _launch(self, name: str, version: str, unpacked: archives.UnpackedArchive,
                 handler: str, settings: ModelSettings,
-                environment: ModelEnvironment, one_request_per_call: bool = False
+                environment: ModelEnvironment, workflow_function: bool = False
                 ) -> WorkerLaunch:
         config = self.config
         return WorkerLaunch(
@@ -311,9 +311,8 @@ class ModelLoader:
                 model_version=version,
                 model_dir=str(unpacked.model_dir),
                 handler=handler,
-                # A handler called one request at a time sees batches of one.
-                batch_size=1 if one_request_per_call else settings.batch_size,
-                one_request_per_call=one_request_per_call,
+                batch_size=settings.batch_size,
+                workflow_function=workflow_function,
                 manifest_json=unpacked.manifest_json,
                 limit_max_image_pixels=config.limit_max_image_pixels,
                 envelope=config.service_envelope,

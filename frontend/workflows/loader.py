@@ -127,15 +127,16 @@ class WorkflowLoader:
         if startup_timeout_s is not None:
             underlay["startup_timeout_s"] = startup_timeout_s
         if spec.is_function:
-            # The function is called one request at a time (TorchServe's batch size 1), but
-            # its queue gathers up to the workflow's batch size per trip to the worker.
+            # TorchServe gives a function batches of 1; here its queue gathers up to the
+            # workflow's batch size, and the function gets the batch whole unless it answers
+            # one with other than one result per request (backend/service.py).
             layer["batch_size"] = max(settings.batch_size, archive.spec.settings.batch_size)
             # The unpacked .war is the function's model folder (ours: no allowed_urls check).
             return RegisterRequest(url=str(archive.directory), model_name=spec.model_name,
                                    handler=f"{archive.handler}:{spec.name}", settings=layer,
                                    underlay=underlay, loaded_at_startup=at_startup,
                                    given_by_operator=True,
-                                   workflow=archive.name, one_request_per_call=True)
+                                   workflow=archive.name, workflow_function=True)
         assert spec.url is not None
         return RegisterRequest(url=spec.url, model_name=spec.model_name, settings=layer,
                                underlay=underlay, loaded_at_startup=at_startup,

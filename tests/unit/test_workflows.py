@@ -7,6 +7,7 @@ import json
 import textwrap
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,22 +191,53 @@ def test_the_model_api_switch_and_statuses_without_workers(tmp_path: Path) -> No
 
 # ---- a function node's worker ------------------------------------------------------------------
 
-@pytest.mark.usefixtures("restore_import_state")
-def test_a_function_node_is_called_one_request_at_a_time(tmp_path: Path) -> None:
+def _function_service(tmp_path: Path, source: str) -> Any:
     model_dir = tmp_path / "wf"
     model_dir.mkdir()
-    (model_dir / "wf.py").write_text(textwrap.dedent("""
+    (model_dir / "wf.py").write_text(textwrap.dedent(source))
+    return load_service(worker_pb2.LoadModel(
+        model_name="wf__pre", model_version="1.0", model_dir=str(model_dir),
+        handler="wf.py:pre", batch_size=4, gpu_id=-1, manifest_json="{}",
+        decode_input_request=True, workflow_function=True))
+
+
+def _batch(service: Any, batch_id: int, count: int) -> list[bytes]:
+    requests = [worker_pb2.Request(request_id=f"{batch_id}.{i}",
+                                   inputs={"body": f"r{i}".encode()}) for i in range(count)]
+    result = service.predict(worker_pb2.PredictBatch(batch_id=batch_id, requests=requests))
+    return [r.body for r in result.responses]
+
+
+@pytest.mark.usefixtures("restore_import_state")
+def test_a_function_node_that_takes_batches_gets_them_whole(tmp_path: Path) -> None:
+    service = _function_service(tmp_path, """
         def pre(data, context):
             if data is None:
                 return None
+            return [f"{len(data)}:{row['body'].decode()}" for row in data]
+    """)
+    assert _batch(service, 1, 3) == [b"3:r0", b"3:r1", b"3:r2"]
+    assert _batch(service, 2, 2) == [b"2:r0", b"2:r1"]
+
+
+@pytest.mark.usefixtures("restore_import_state")
+def test_a_function_written_for_one_request_is_called_one_request_at_a_time(
+        tmp_path: Path) -> None:
+    """TorchServe calls a workflow's functions with a list of one request; one that answers
+    a batch with a single result is called per request from then on, every request answered
+    with its own result."""
+    service = _function_service(tmp_path, """
+        calls = []
+
+        def pre(data, context):
+            if data is None:
+                return None
+            calls.append(len(data))
             return [f"{len(data)}:{data[0]['body'].decode()}"]
-    """))
-    message = worker_pb2.LoadModel(model_name="wf__pre", model_version="1.0",
-                                   model_dir=str(model_dir), handler="wf.py:pre", batch_size=1,
-                                   gpu_id=-1, manifest_json="{}", decode_input_request=True,
-                                   one_request_per_call=True)
-    service = load_service(message)
-    requests = [worker_pb2.Request(request_id=str(i), inputs={"body": f"r{i}".encode()})
-                for i in range(3)]
-    result = service.predict(worker_pb2.PredictBatch(batch_id=1, requests=requests))
-    assert [r.body for r in result.responses] == [b"1:r0", b"1:r1", b"1:r2"]
+    """)
+    assert _batch(service, 1, 3) == [b"1:r0", b"1:r1", b"1:r2"]
+    assert _batch(service, 2, 2) == [b"1:r0", b"1:r1"]
+    assert service.per_request
+    module = service.entry_point.handle.__module__
+    import sys
+    assert sys.modules[module].calls == [3, 1, 1, 1, 1, 1]
