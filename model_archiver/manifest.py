@@ -25,6 +25,7 @@ from typing import Any
 
 from model_archiver import __version__
 from model_archiver.errors import ManifestError
+from model_archiver.files import read_folder_member, read_zip_member
 
 __all__ = [
     "CREATED_ON_FORMAT",
@@ -38,6 +39,9 @@ MANIFEST_PATH = "MAR-INF/MANIFEST.json"
 
 CREATED_ON_FORMAT = "%d/%m/%Y %H:%M:%S"
 """``createdOn`` format, as torch-model-archiver writes it (local time, day first)."""
+
+MAX_MANIFEST_BYTES = 1 << 20
+"""A manifest is a few hundred bytes; ``read_manifest`` reads no further than this."""
 
 # Manifest attribute -> key inside "model", in the order TorchServe writes them.
 _MODEL_KEYS: tuple[tuple[str, str], ...] = (
@@ -173,30 +177,18 @@ def read_manifest(source: Path) -> Manifest:
 
 
 def _read_from_dir(source: Path) -> Manifest:
-    path = source / MANIFEST_PATH
-    try:
-        text = path.read_bytes()
-    except FileNotFoundError:
-        raise ManifestError(f"{source} has no {MANIFEST_PATH}") from None
-    except OSError as exc:
-        raise ManifestError(f"cannot read {path}: {exc}") from exc
-    return _parse(text, source)
+    return _parse(read_folder_member(source, MANIFEST_PATH, MAX_MANIFEST_BYTES, ManifestError),
+                  source)
 
 
 def _read_from_zip(source: Path) -> Manifest:
-    try:
-        with zipfile.ZipFile(source) as archive:
-            try:
-                text = archive.read(MANIFEST_PATH)
-            except KeyError:
-                raise ManifestError(f"{source} has no {MANIFEST_PATH}") from None
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise ManifestError(f"cannot read {source}: {exc}") from exc
-    return _parse(text, source)
+    return _parse(read_zip_member(source, MANIFEST_PATH, MAX_MANIFEST_BYTES, ManifestError),
+                  source)
 
 
 def _read_from_tar(source: Path) -> Manifest:
     manifest_parts = tuple(PurePosixPath(MANIFEST_PATH).parts)
+    text: bytes | None = None
     try:
         # Stream mode ("r|gz"): members are read once, front to back, and nothing is written.
         with tarfile.open(source, "r|gz") as archive:
@@ -204,12 +196,16 @@ def _read_from_tar(source: Path) -> Manifest:
                 parts = tuple(p for p in PurePosixPath(member.name).parts if p != ".")
                 if len(parts) == 3 and parts[1:] == manifest_parts and member.isfile():
                     stream = archive.extractfile(member)
-                    if stream is None:  # pragma: no cover - isfile() members always have data
-                        break
-                    return _parse(stream.read(), source)
+                    if stream is not None:  # pragma: no branch - isfile() members have data
+                        text = stream.read(MAX_MANIFEST_BYTES + 1)
+                    break
     except (OSError, tarfile.TarError, EOFError) as exc:
         raise ManifestError(f"cannot read {source}: {exc}") from exc
-    raise ManifestError(f"{source} has no <model-name>/{MANIFEST_PATH}")
+    if text is None:
+        raise ManifestError(f"{source} has no <model-name>/{MANIFEST_PATH}")
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{source}: {MANIFEST_PATH} is over {MAX_MANIFEST_BYTES} bytes")
+    return _parse(text, source)
 
 
 def _parse(text: bytes, source: Path) -> Manifest:

@@ -8,15 +8,13 @@ folder ``<name>/``) or an unpacked folder ``<name>/``.
 
 from __future__ import annotations
 
-import filecmp
 import os
 import re
-import secrets
 import shutil
 import tarfile
 import time
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from io import BytesIO
@@ -24,6 +22,7 @@ from pathlib import Path, PurePosixPath
 
 from model_archiver import names
 from model_archiver.errors import ModelArchiverError
+from model_archiver.files import ArchiveEntries, existing_file, temp_sibling, write_zip
 from model_archiver.manifest import MANIFEST_PATH, Manifest
 
 __all__ = [
@@ -37,8 +36,6 @@ __all__ = [
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 """Allowed model names; the name becomes a file name and part of URLs."""
 
-# Directories never worth shipping inside an archive (torch-model-archiver skips them too).
-_SKIPPED_DIRS = frozenset({"__pycache__", "__MACOSX"})
 _MAR_INF = PurePosixPath(MANIFEST_PATH).parts[0]
 
 
@@ -126,7 +123,7 @@ def build_archive(options: ArchiveOptions) -> Path:
     if not options.export_path.is_dir():
         raise ModelArchiverError(f"export path {options.export_path} is not an existing directory")
 
-    entries: dict[str, Path] = {}
+    entries = ArchiveEntries(_MAR_INF, ModelArchiverError)
     handler = _collect_inputs(options, entries)
     target = archive_path(options)
     if (target.exists() or target.is_symlink()) and not options.force:
@@ -142,7 +139,7 @@ def build_archive(options: ArchiveOptions) -> Path:
         config_file=_base_name(options.config_file),
         runtime=options.runtime,
     )
-    ordered = sorted(entries.items())
+    ordered = entries.sorted()
     try:
         if options.archive_format is ArchiveFormat.NO_ARCHIVE:
             _write_folder(target, ordered, manifest)
@@ -150,7 +147,8 @@ def build_archive(options: ArchiveOptions) -> Path:
             _write_tgz(target, options.model_name, ordered, manifest)
         else:
             stored = options.archive_format is ArchiveFormat.ZIP_STORE
-            _write_zip(target, ordered, manifest, zipfile.ZIP_STORED if stored else None)
+            write_zip(target, ordered, MANIFEST_PATH, manifest.to_json(),
+                      zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED)
     except OSError as exc:
         raise ModelArchiverError(f"cannot write {target}: {exc}") from exc
     return target
@@ -177,7 +175,7 @@ def _base_name(path: str | None) -> str | None:
     return os.path.basename(path) if path else None
 
 
-def _collect_inputs(options: ArchiveOptions, entries: dict[str, Path]) -> str:
+def _collect_inputs(options: ArchiveOptions, entries: ArchiveEntries) -> str:
     """Fill ``entries`` (archive name -> source file) and return the manifest's handler."""
     for flag, path in (
         ("--model-file", options.model_file),
@@ -186,31 +184,15 @@ def _collect_inputs(options: ArchiveOptions, entries: dict[str, Path]) -> str:
         ("--config-file", options.config_file),
     ):
         if path:
-            source = _existing_file(path, flag)
-            _add_entry(entries, source.name, source)
+            entries.add_file(existing_file(path, flag, ModelArchiverError))
 
     handler, handler_source = _resolve_handler(options.handler)
     if handler_source is not None:
-        _add_entry(entries, handler_source.name, handler_source)
-
-    for extra in options.extra_files:
-        source = Path(extra)
-        if source.is_dir():
-            for relative, file in _walk(source):
-                _add_entry(entries, relative, file)
-        elif source.is_file():
-            _add_entry(entries, source.name, source)
-        else:
-            raise ModelArchiverError(f"--extra-files: {extra} does not exist")
+        entries.add_file(handler_source)
+    # Links are followed wherever they lead: a Hugging Face snapshot folder, say, is links
+    # into its cache's blobs, and their contents are what the user means to ship.
+    entries.add_extra_files(options.extra_files, links_may_leave=True)
     return handler
-
-
-def _existing_file(path: str, flag: str) -> Path:
-    source = Path(path)
-    if not source.is_file():
-        what = "is not a file" if source.exists() else "does not exist"
-        raise ModelArchiverError(f"{flag}: {path} {what}")
-    return source
 
 
 def _resolve_handler(handler: str) -> tuple[str, Path | None]:
@@ -239,68 +221,10 @@ def _resolve_handler(handler: str) -> tuple[str, Path | None]:
     return handler, None  # a built-in handler name such as "image_classifier"
 
 
-def _walk(root: Path) -> Iterator[tuple[str, Path]]:
-    """Yield (archive name, file) for the files under ``root``, relative to it."""
-    # Symlinked folders are followed (their contents are what the user meant to ship);
-    # ``seen`` stops a link that points back up the tree from recursing forever.
-    seen: set[Path] = set()
-    for directory, subdirs, files in os.walk(root, followlinks=True):
-        real = Path(directory).resolve()
-        if real in seen:
-            subdirs[:] = []
-            continue
-        seen.add(real)
-        subdirs[:] = sorted(d for d in subdirs if d not in _SKIPPED_DIRS and not d.startswith("."))
-        for name in files:
-            file = Path(directory, name)
-            yield file.relative_to(root).as_posix(), file
-
-
-def _add_entry(entries: dict[str, Path], name: str, source: Path) -> None:
-    if PurePosixPath(name).parts[0] == _MAR_INF:
-        raise ModelArchiverError(f"{source}: {_MAR_INF}/ is reserved for the archive manifest")
-    previous = entries.get(name)
-    if previous is None:
-        entries[name] = source
-        return
-    # The same file given twice (say, the handler also listed in --extra-files) is harmless;
-    # two different files for one name would silently drop one of them.
-    if previous.resolve() != source.resolve() and not filecmp.cmp(previous, source, False):
-        raise ModelArchiverError(
-            f"{previous} and {source} would both be stored as {name!r} in the archive"
-        )
-
-
-def _temp_sibling(target: Path) -> Path:
-    # Same directory as the target so the final rename cannot cross file systems.
-    return target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-
-
-def _write_zip(
-    target: Path, entries: list[tuple[str, Path]], manifest: Manifest, compression: int | None
-) -> None:
-    tmp = _temp_sibling(target)
-    try:
-        with zipfile.ZipFile(
-            tmp,
-            "x",
-            compression=zipfile.ZIP_DEFLATED if compression is None else compression,
-            # Files dated before 1980 (some package managers reset mtimes) get 1980-01-01.
-            strict_timestamps=False,
-        ) as archive:
-            # The manifest goes first so that streaming readers find it without a full scan.
-            archive.writestr(MANIFEST_PATH, manifest.to_json())
-            for name, source in entries:
-                archive.write(source, name)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _write_tgz(
     target: Path, model_name: str, entries: list[tuple[str, Path]], manifest: Manifest
 ) -> None:
-    tmp = _temp_sibling(target)
+    tmp = temp_sibling(target)
     data = manifest.to_json().encode()
     info = tarfile.TarInfo(f"{model_name}/{MANIFEST_PATH}")
     info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
@@ -324,7 +248,7 @@ def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
 
 
 def _write_folder(target: Path, entries: list[tuple[str, Path]], manifest: Manifest) -> None:
-    tmp = _temp_sibling(target)
+    tmp = temp_sibling(target)
     tmp.mkdir()
     try:
         for name, source in entries:

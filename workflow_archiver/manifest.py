@@ -34,6 +34,7 @@ from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from model_archiver.files import read_folder_member, read_zip_member
 from workflow_archiver import __version__
 from workflow_archiver.errors import WorkflowManifestError
 
@@ -151,31 +152,14 @@ def read_manifest(source: Path, *, workflow_name: str | None = None) -> Workflow
     extracted (``workflow_name``: as ``WorkflowManifest.from_dict``)."""
     source = Path(source)
     if source.is_dir():
-        path = source / MANIFEST_PATH
-        try:
-            with path.open("rb") as stream:
-                text = stream.read(MAX_MANIFEST_BYTES + 1)
-        except FileNotFoundError:
-            raise WorkflowManifestError(f"{source} has no {MANIFEST_PATH}") from None
-        except OSError as exc:
-            raise WorkflowManifestError(f"cannot read {path}: {exc}") from exc
+        text = read_folder_member(source, MANIFEST_PATH, MAX_MANIFEST_BYTES,
+                                  WorkflowManifestError)
     elif zipfile.is_zipfile(source):
-        try:
-            with zipfile.ZipFile(source) as archive:
-                try:
-                    info = archive.getinfo(MANIFEST_PATH)
-                except KeyError:
-                    raise WorkflowManifestError(f"{source} has no {MANIFEST_PATH}") from None
-                with archive.open(info) as stream:
-                    text = stream.read(MAX_MANIFEST_BYTES + 1)
-        except (OSError, zipfile.BadZipFile) as exc:
-            raise WorkflowManifestError(f"cannot read {source}: {exc}") from exc
+        text = read_zip_member(source, MANIFEST_PATH, MAX_MANIFEST_BYTES, WorkflowManifestError)
     elif source.exists():
         raise WorkflowManifestError(f"{source} is not a workflow archive (a .war zip)")
     else:
         raise WorkflowManifestError(f"workflow archive not found: {source}")
-    if len(text) > MAX_MANIFEST_BYTES:
-        raise WorkflowManifestError(f"{source}: {MANIFEST_PATH} is over {MAX_MANIFEST_BYTES} bytes")
     try:
         return WorkflowManifest.from_json(text, workflow_name=workflow_name)
     except WorkflowManifestError as exc:

@@ -15,8 +15,9 @@ Where TorchServe's tool is careless, this one refuses or does better:
 - ``--handler`` is required and must be a ``.py`` file (TorchServe's tool accepts none and
   then fails with a traceback; its server cannot load one without it);
 - an ``--extra-files`` folder adds its files, sub-folders kept (TorchServe's tool fails on a
-  folder); links inside it are followed only while they stay inside it, and hidden folders and
-  ``__pycache__`` are left out;
+  folder); links inside it are followed only while they stay inside it, a broken link is an
+  error, and hidden folders, ``__pycache__``, sockets and pipes are left out
+  (``model_archiver.files``, which both archivers use);
 - two different files for one name in the archive are an error, not a silent overwrite, and
   ``WAR-INF/`` is reserved for the manifest;
 - nothing is written outside the export path (TorchServe's tool first copies the inputs into
@@ -27,14 +28,11 @@ Where TorchServe's tool is careless, this one refuses or does better:
 
 from __future__ import annotations
 
-import filecmp
-import os
-import secrets
-import zipfile
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from model_archiver import names
+from model_archiver.files import ArchiveEntries, existing_file, write_zip
 from workflow_archiver.errors import WorkflowArchiverError
 from workflow_archiver.manifest import MANIFEST_PATH, WAR_INF, WorkflowManifest
 from workflow_archiver.spec import MAX_SPEC_BYTES, WorkflowSpec, handler_names, parse_spec
@@ -43,7 +41,6 @@ __all__ = ["ARCHIVE_SUFFIX", "BuiltWorkflow", "WorkflowOptions", "archive_path",
            "build_workflow_archive"]
 
 ARCHIVE_SUFFIX = ".war"
-_SKIPPED_DIRS = frozenset({"__pycache__", "__MACOSX"})
 MAX_HANDLER_BYTES = 16 << 20
 """A handler file of functions bigger than this is not one (it is read to check the spec)."""
 
@@ -92,8 +89,8 @@ def build_workflow_archive(options: WorkflowOptions) -> BuiltWorkflow:
     if not export.is_dir():
         raise WorkflowArchiverError(f"export path {export} is not an existing directory")
 
-    spec_path = _existing_file(options.spec_file, "--spec-file")
-    handler_path = _existing_file(options.handler, "--handler")
+    spec_path = existing_file(options.spec_file, "--spec-file", WorkflowArchiverError)
+    handler_path = existing_file(options.handler, "--handler", WorkflowArchiverError)
     if handler_path.suffix != ".py":
         raise WorkflowArchiverError(
             f"--handler: {options.handler} is not a .py file (the server imports it as a "
@@ -102,18 +99,10 @@ def build_workflow_archive(options: WorkflowOptions) -> BuiltWorkflow:
     spec = parse_spec(_read(spec_path, MAX_SPEC_BYTES, "--spec-file"), options.workflow_name,
                       functions=handler_names(handler_source, handler_path.name))
 
-    entries: dict[str, Path] = {}
-    _add_entry(entries, spec_path.name, spec_path)
-    _add_entry(entries, handler_path.name, handler_path)
-    for extra in options.extra_files:
-        source = Path(extra)
-        if source.is_dir():
-            for name, file in _walk(source):
-                _add_entry(entries, name, file)
-        elif source.is_file():
-            _add_entry(entries, source.name, source)
-        else:
-            raise WorkflowArchiverError(f"--extra-files: {extra} does not exist")
+    entries = ArchiveEntries(WAR_INF, WorkflowArchiverError)
+    entries.add_file(spec_path)
+    entries.add_file(handler_path)
+    entries.add_extra_files(options.extra_files, links_may_leave=False)
 
     target = archive_path(options)
     if target.is_dir() and not target.is_symlink():
@@ -122,21 +111,14 @@ def build_workflow_archive(options: WorkflowOptions) -> BuiltWorkflow:
         raise WorkflowArchiverError(f"{target} already exists; use -f/--force to overwrite it")
     manifest = WorkflowManifest(workflow_name=options.workflow_name,
                                 spec_file=spec_path.name, handler=handler_path.name)
-    ordered = sorted(entries.items())
+    ordered = entries.sorted()
     try:
-        _write_zip(target, ordered, manifest)
+        # The manifest first (torch-workflow-archiver writes it last; readers do not care).
+        write_zip(target, ordered, MANIFEST_PATH, manifest.to_json())
     except OSError as exc:
         raise WorkflowArchiverError(f"cannot write {target}: {exc}") from exc
     return BuiltWorkflow(target, manifest, spec,
                          (MANIFEST_PATH, *(name for name, _ in ordered)))
-
-
-def _existing_file(path: str, flag: str) -> Path:
-    source = Path(path)
-    if not source.is_file():
-        what = "is not a file" if source.exists() else "does not exist"
-        raise WorkflowArchiverError(f"{flag}: {path} {what}")
-    return source
 
 
 def _read(path: Path, limit: int, flag: str) -> bytes:
@@ -148,68 +130,3 @@ def _read(path: Path, limit: int, flag: str) -> bytes:
     if len(data) > limit:
         raise WorkflowArchiverError(f"{flag}: {path} is over {limit} bytes")
     return data
-
-
-def _walk(root: Path) -> list[tuple[str, Path]]:
-    """(archive name, file) for the files under ``root``, relative to it.
-
-    A link is followed only when its target is inside ``root`` (a link out of the tree would
-    ship a file the user never put there: an error); a folder reached twice is walked once.
-    """
-    top = root.resolve()
-    found: list[tuple[str, Path]] = []
-    seen: set[Path] = set()
-    for directory, subdirs, files in os.walk(root, followlinks=True):
-        here = Path(directory)
-        real = here.resolve()
-        if not real.is_relative_to(top):
-            raise WorkflowArchiverError(
-                f"--extra-files: {here} links to {real}, outside {root}")
-        if real in seen:
-            subdirs[:] = []
-            continue
-        seen.add(real)
-        subdirs[:] = sorted(d for d in subdirs if d not in _SKIPPED_DIRS and not d.startswith("."))
-        for name in sorted(files):
-            file = here / name
-            if not file.resolve().is_relative_to(top):
-                raise WorkflowArchiverError(
-                    f"--extra-files: {file} links to {file.resolve()}, outside {root}")
-            if not file.is_file():
-                continue  # a broken link, a socket, a fifo: nothing to ship
-            found.append((file.relative_to(root).as_posix(), file))
-    return found
-
-
-def _add_entry(entries: dict[str, Path], name: str, source: Path) -> None:
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts:  # not from base names and walks; a guard
-        raise WorkflowArchiverError(f"{source}: {name!r} would land outside the archive")
-    if path.parts[0] == WAR_INF:
-        raise WorkflowArchiverError(f"{source}: {WAR_INF}/ is reserved for the manifest")
-    previous = entries.get(name)
-    if previous is None:
-        entries[name] = source
-        return
-    # The same file given twice (the handler also in --extra-files) is harmless; two
-    # different files for one name would silently drop one of them.
-    if previous.resolve() != source.resolve() and not filecmp.cmp(previous, source, False):
-        raise WorkflowArchiverError(
-            f"{previous} and {source} would both be stored as {name!r} in the archive")
-
-
-def _write_zip(target: Path, entries: list[tuple[str, Path]], manifest: WorkflowManifest
-               ) -> None:
-    # Beside the target, so that the rename cannot cross file systems.
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        with zipfile.ZipFile(tmp, "x", compression=zipfile.ZIP_DEFLATED,
-                             strict_timestamps=False) as archive:
-            # The manifest first (torch-workflow-archiver writes it last; readers do not care),
-            # so that a streaming reader finds it at once.
-            archive.writestr(MANIFEST_PATH, manifest.to_json())
-            for name, source in entries:
-                archive.write(source, name)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
