@@ -26,10 +26,17 @@ def _store(tmp_path: Path) -> Path:
     return store
 
 
+def startup(url: str, name: str | None = None) -> RegisterRequest:
+    """A startup entry's registration: loaded at startup, given by the operator (so that it
+    needs no allowed_urls)."""
+    return RegisterRequest(url=url, model_name=name, loaded_at_startup=True,
+                           given_by_operator=True)
+
+
 def test_all_registers_every_archive_of_the_model_store_by_name(tmp_path: Path) -> None:
     config = ServerConfig(model_store=_store(tmp_path))
     assert startup_requests(config, ("all",)) == [
-        RegisterRequest(url=name, loaded_at_startup=True)
+        startup(name)
         for name in ("a.tar.gz", "b.mar", "c.tgz", "d")]
 
 
@@ -44,23 +51,23 @@ def test_all_without_a_model_store_is_a_config_error() -> None:
 
 def test_an_archive_alone_takes_its_manifest_name() -> None:
     assert startup_requests(ServerConfig(), ("x.mar",)) == [
-        RegisterRequest(url="x.mar", model_name=None, loaded_at_startup=True)]
+        startup("x.mar")]
 
 
 def test_name_equals_archive_names_the_model() -> None:
     assert startup_requests(ServerConfig(), ("squeeze=x.mar", " y = y.tar.gz ")) == [
-        RegisterRequest(url="x.mar", model_name="squeeze", loaded_at_startup=True),
-        RegisterRequest(url="y.tar.gz", model_name="y", loaded_at_startup=True)]
+        startup("x.mar", "squeeze"),
+        startup("y.tar.gz", "y")]
 
 
 def test_whitespace_around_an_archive_is_dropped() -> None:
     assert startup_requests(ServerConfig(), ("  x.mar\t",)) == [
-        RegisterRequest(url="x.mar", loaded_at_startup=True)]
+        startup("x.mar")]
 
 
 def test_an_empty_name_is_no_name() -> None:
     assert startup_requests(ServerConfig(), ("=x.mar",)) == [
-        RegisterRequest(url="x.mar", model_name=None, loaded_at_startup=True)]
+        startup("x.mar")]
 
 
 def test_entries_keep_their_order_and_all_expands_in_place(tmp_path: Path) -> None:
