@@ -64,43 +64,45 @@ class BoundAddresses:
 def startup_requests(config: ServerConfig, entries: tuple[str, ...]) -> list[RegisterRequest]:
     """Turn ``load_models`` / ``--models`` entries (``all``, ``x.mar``, ``name=x.mar``)
     into registrations."""
-    requests: list[RegisterRequest] = []
-    for entry in (entry.strip() for entry in entries):
-        if entry == "all":
-            if config.model_store is None:
-                raise ConfigError("load_models=all needs a model store (--model-store)")
-            for path in archives.list_store(config.model_store):
-                requests.append(RegisterRequest(url=path.name, loaded_at_startup=True,
-                                                given_by_operator=True))
-            continue
-        name, sep, url = entry.partition("=")
-        if not sep:
-            name, url = "", entry
-        if not url.strip():
-            raise ConfigError(f"load_models: {entry!r} names no archive")
-        requests.append(RegisterRequest(url=url.strip(), model_name=name.strip() or None,
-                                        loaded_at_startup=True, given_by_operator=True))
-    return requests
+
+    def store() -> Iterable[Path]:
+        if config.model_store is None:
+            raise ConfigError("load_models=all needs a model store (--model-store)")
+        return archives.list_store(config.model_store)
+
+    return [RegisterRequest(url=url, model_name=name, loaded_at_startup=True,
+                            given_by_operator=True)
+            for name, url in _startup_entries(entries, "load_models", store)]
 
 
 def startup_workflows(config: ServerConfig, entries: tuple[str, ...]
                       ) -> list[tuple[str | None, str]]:
     """Turn ``load_workflows`` / ``--workflows`` entries (``all``, ``x.war``, ``name=x.war``)
     into (name or None, url) pairs."""
+
+    def store() -> Iterable[Path]:
+        if config.workflow_folder is None:
+            raise ConfigError("load_workflows=all needs a workflow store (--workflow-store "
+                              "or --model-store)")
+        return workflow_archives.list_store(config.workflow_folder)
+
+    return _startup_entries(entries, "load_workflows", store)
+
+
+def _startup_entries(entries: tuple[str, ...], key: str, store: Callable[[], Iterable[Path]]
+                     ) -> list[tuple[str | None, str]]:
+    """(name or None, url) for each of ``key``'s entries: ``all`` (every archive ``store``
+    lists, by file name), ``url`` or ``name=url``."""
     found: list[tuple[str | None, str]] = []
     for entry in (entry.strip() for entry in entries):
         if entry == "all":
-            store = config.workflow_folder
-            if store is None:
-                raise ConfigError("load_workflows=all needs a workflow store (--workflow-store "
-                                  "or --model-store)")
-            found.extend((None, path.name) for path in workflow_archives.list_store(store))
+            found.extend((None, path.name) for path in store())
             continue
         name, sep, url = entry.partition("=")
         if not sep:
             name, url = "", entry
         if not url.strip():
-            raise ConfigError(f"load_workflows: {entry!r} names no archive")
+            raise ConfigError(f"{key}: {entry!r} names no archive")
         found.append((name.strip() or None, url.strip()))
     return found
 
