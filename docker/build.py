@@ -409,6 +409,20 @@ FLAT_EXPECTED = [x for row in EXPECTED for x in row]
 V2_REQUEST = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 4],
                           "data": FLAT_INPUTS}]}
 Check = Callable[[], tuple[bool, str]]
+"""A smoke check: (passed, what it saw)."""
+
+
+def run_checks(checks: Sequence[tuple[str, Check]]) -> tuple[int, int]:
+    """Run each named check, print PASS or FAIL with what it saw; (passed, failed)."""
+    passed = failed = 0
+    for name, check in checks:
+        try:
+            ok, detail = check()
+        except Exception as exc:  # a check that cannot even ask has failed, and says so
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        passed, failed = passed + ok, failed + (not ok)
+        print(f"   {'PASS' if ok else 'FAIL'} {name}: {detail[:300]}", flush=True)
+    return passed, failed
 
 
 def numbers(body: Any) -> list[float] | None:
@@ -579,13 +593,7 @@ def smoke(options: SmokeOptions) -> tuple[int, int]:
             else f"/v2/models/{SMOKE_MODEL}/ready")
         wait_until(lambda: http("GET", ready_url, timeout=5)[0] == 200,
                    options.start_timeout_s, f"{ready_url} answering 200")
-        for name, check in smoke_checks(options):
-            try:
-                ok, detail = check()
-            except Exception as exc:  # a check that cannot even ask has failed, and says so
-                ok, detail = False, f"{type(exc).__name__}: {exc}"
-            passed, failed = passed + ok, failed + (not ok)
-            print(f"   {'PASS' if ok else 'FAIL'} {name}: {detail[:300]}", flush=True)
+        passed, failed = run_checks(smoke_checks(options))
         running = container_running()
         start = time.monotonic()
         podman("stop", "--time", str(STOP_GRACE_S), SMOKE_CONTAINER, timeout=STOP_GRACE_S + 60)

@@ -48,8 +48,10 @@ from docker.build import (
     STOP_GRACE_S,
     WORK,
     BuildError,
+    Check,
     container_processes,
     podman,
+    run_checks,
     ulimits,
     wait_until,
 )
@@ -86,9 +88,6 @@ class Affine:
 
 SINGLE = Affine(scale=2.0, shift=1.0)
 MULTI = {"alpha": Affine(scale=2.0, shift=1.0), "beta": Affine(scale=3.0, shift=-1.0)}
-
-Check = Callable[[], tuple[bool, str]]
-
 
 @dataclass(frozen=True)
 class Answer:
@@ -181,18 +180,6 @@ def keep_logs(phase: str) -> None:
         for path in sorted(Path(copy).rglob("*.log")):
             text += f"\n== {path.name}\n{path.read_text(errors='replace')}"
     (WORK / f"sagemaker-{phase}.log").write_text(text)
-
-
-def run_checks(checks: Sequence[tuple[str, Check]]) -> tuple[int, int]:
-    passed = failed = 0
-    for name, check in checks:
-        try:
-            ok, detail = check()
-        except Exception as exc:  # a check that cannot even ask has failed, and says so
-            ok, detail = False, f"{type(exc).__name__}: {exc}"
-        passed, failed = passed + ok, failed + (not ok)
-        print(f"   {'PASS' if ok else 'FAIL'} {name}: {detail[:300]}", flush=True)
-    return passed, failed
 
 
 def sigterm_exits_0() -> tuple[bool, str]:
