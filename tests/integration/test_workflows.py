@@ -30,15 +30,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from model_archiver.packaging import ArchiveOptions, build_archive
-from tests.conftest import HANDLERS, ROOT, RunningServer, launch_server
+from tests.conftest import HANDLERS, RunningServer, launch_server
+from tests.unit.test_workflow_archiver import PARALLEL, SEQUENTIAL, TS_ARCHIVER
 from workflow_archiver.packaging import WorkflowOptions, build_workflow_archive
-
-WORKFLOWS = ROOT / "tests" / "fixtures" / "workflows"
-SEQUENTIAL = (WORKFLOWS / "sequential" / "sequential.yaml",
-              WORKFLOWS / "sequential" / "sequential_handler.py")
-PARALLEL = (WORKFLOWS / "parallel" / "parallel.yaml",
-            WORKFLOWS / "parallel" / "parallel_handler.py")
-TS_ARCHIVER = ROOT / ".venv-torchserve-archiver" / "bin" / "torch-workflow-archiver"
 
 # Two workers on m1: a request that sleeps there holds one, the others use the other.
 SLOW = """
