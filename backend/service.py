@@ -76,9 +76,12 @@ class ModelService:
     def __init__(
         self, entry_point: EntryPoint, context: Context, *, decode_input_request: bool = True,
         model_version: str = "", response_timeout_s: float = 120.0,
-        envelope: Envelope | None = None,
+        envelope: Envelope | None = None, one_request_per_call: bool = False,
     ) -> None:
         self.entry_point = entry_point
+        #: Call the handler once per request of a batch (a workflow's function, as TorchServe
+        #: calls it: with a list of one request).
+        self.one_request_per_call = one_request_per_call
         self.context = context
         #: service_envelope: every request's body is unwrapped into rows, its results wrapped.
         self.envelope = envelope
@@ -153,8 +156,10 @@ class ModelService:
     def _plan(self, predicted: list[worker_pb2.Request], explained: list[worker_pb2.Request]
               ) -> list[list[worker_pb2.Request]]:
         """The runs of a batch: its predictions, then its explanations; one per request with
-        an envelope that does not join requests."""
-        if self._enveloped is not None and not self._enveloped.envelope.joins_requests:
+        an envelope that does not join requests, or for a handler called one request at a
+        time."""
+        if self.one_request_per_call or (
+                self._enveloped is not None and not self._enveloped.envelope.joins_requests):
             return [[request] for request in (*predicted, *explained)]
         return [part for part in (predicted, explained) if part]
 
@@ -364,7 +369,8 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
     return ModelService(entry_point, context, decode_input_request=message.decode_input_request,
                         model_version=message.model_version,
                         response_timeout_s=message.response_timeout_ms / 1000 or 120.0,
-                        envelope=make_envelope(message.envelope, context))
+                        envelope=make_envelope(message.envelope, context),
+                        one_request_per_call=message.one_request_per_call)
 
 
 def model_metrics(metrics_config: str, model_name: str) -> MetricsCacheYamlImpl:

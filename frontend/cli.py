@@ -76,7 +76,6 @@ def state_dir() -> Path:
 #: TorchServe 0.12's flags that mean nothing here: flag -> (its aliases, why; logged once at
 #: start). Those that are also config keys give the key's reason.
 IGNORED_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
-    "--workflow-store": ((), NO_EFFECT["workflow_store"]),
     "--cpp-log-config": ((), NO_EFFECT["cpp_log_config"]),
     "--plugins-path": (("--ppath",), NO_EFFECT["plugins_path"]),
     # TorchServe's backend worker's flags (ts/model_service_worker.py), which its Java
@@ -106,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder that holds the model archives")
     parser.add_argument("--models", nargs="+", default=None, metavar="MODEL",
                         help="models to load at startup: name=x.mar, x.mar, or all")
+    parser.add_argument("--workflow-store", dest="workflow_store", type=Path,
+                        help="folder that holds the workflow archives (.war); default: the "
+                             "model store")
+    parser.add_argument("--workflows", nargs="+", default=None, metavar="WORKFLOW",
+                        help="workflows to load at startup: name=x.war, x.war, or all")
     parser.add_argument("--log-config", dest="log_config", type=Path,
                         help="logging configuration: TorchServe's log4j2 XML file (mapped "
                         "onto Python logging), or a Python logging file (ini format)")
@@ -147,6 +151,10 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
         overrides["model_store"] = str(args.model_store)
     if args.models:
         overrides["load_models"] = ",".join(args.models)
+    if args.workflow_store is not None:
+        overrides["workflow_store"] = str(args.workflow_store)
+    if args.workflows:
+        overrides["load_workflows"] = ",".join(args.workflows)
     if args.enable_model_api:
         overrides["enable_model_api"] = "true"
     if args.disable_token_auth:
@@ -175,6 +183,8 @@ def resolve_config(args: argparse.Namespace) -> ServerConfig:
                           "config file)")
     if not config.model_store.is_dir():
         raise ConfigError(f"model store {config.model_store} is not a folder")
+    if config.workflow_store is not None and not config.workflow_store.is_dir():
+        raise ConfigError(f"workflow store {config.workflow_store} is not a folder")
     return config
 
 

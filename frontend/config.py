@@ -320,6 +320,14 @@ class ServerConfig:
     model_store: Path | None = option("model_store", parse=Path, default=None)
     #: ``load_models``: "all", "a.mar", "name=a.mar"; empty means none.
     load_models: tuple[str, ...] = option("load_models", parse=_parse_load_models, default=())
+    #: Where workflow archives (.war) are found and downloaded to (TorchServe's
+    #: ``workflow_store``); None: the model store, as TorchServe.
+    workflow_store: Path | None = option("workflow_store", parse=_parse_optional_path,
+                                         default=None)
+    #: ``load_workflows``: "all", "a.war", "name=a.war"; empty means none (the key TorchServe
+    #: users asked for, pytorch/serve#2615; TorchServe 0.12 has none).
+    load_workflows: tuple[str, ...] = option("load_workflows", parse=_parse_load_models,
+                                             default=())
     models: Mapping[str, Mapping[str, ConfiguredVersion]] = option(
         "models", parse=parse_models_json, default_factory=dict)
     #: 0 means one per GPU, or per CPU core when there is no GPU (TorchServe's rule).
@@ -444,6 +452,12 @@ class ServerConfig:
     #: workers are stopped.
     drain_timeout_s: float = option(
         "drain_timeout", parse=_parse_non_negative_float, default=DEFAULT_DRAIN_TIMEOUT_S)
+
+    @property
+    def workflow_folder(self) -> Path | None:
+        """Where workflow archives are looked up: ``workflow_store``, else the model store
+        (TorchServe's default)."""
+        return self.workflow_store if self.workflow_store is not None else self.model_store
 
 
 #: config.properties key -> (ServerConfig field, parser), from the fields' own declarations.

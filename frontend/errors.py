@@ -77,6 +77,10 @@ class ModelVersionNotFound(NotFound):
     type_name = "ModelVersionNotFoundException"
 
 
+class WorkflowNotFound(NotFound):
+    type_name = "WorkflowNotFoundException"
+
+
 class MethodNotAllowed(ServeError):
     http_status = 405
     type_name = "MethodNotAllowedException"
@@ -188,6 +192,26 @@ class DependencyInstallError(BadRequest):
     be installed at registration (TorchServe: 400 ModelException)."""
 
     type_name = "ModelException"
+
+
+class InvalidWorkflow(BadRequest):
+    """A workflow archive (.war) whose manifest, spec or handler cannot be used (TorchServe:
+    500 InvalidWorkflowException; a bad archive is the client's error here)."""
+
+    type_name = "InvalidWorkflowException"
+
+
+class InvalidDag(BadRequest):
+    """A workflow spec's ``dag`` is not one DAG with a single start node (TorchServe: 400)."""
+
+    type_name = "InvalidDAGException"
+
+
+class WorkflowFailed(InternalError):
+    """A node of a workflow could not be registered (the workflow is rolled back), as
+    TorchServe answers it: 500 WorkflowException."""
+
+    type_name = "WorkflowException"
 
 
 # ---- what a worker reports ------------------------------------------------------------------

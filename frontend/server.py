@@ -37,6 +37,9 @@ from frontend.ops.services import Services
 from frontend.serving.placement import CpuAssigner, GpuAssigner, Placement
 from frontend.serving.workers import start_failures
 from frontend.tls import load_certificate
+from frontend.workflows import archive as workflow_archives
+from frontend.workflows.loader import WorkflowLoader
+from frontend.workflows.registry import WorkflowRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +81,28 @@ def startup_requests(config: ServerConfig, entries: tuple[str, ...]) -> list[Reg
         requests.append(RegisterRequest(url=url.strip(), model_name=name.strip() or None,
                                         loaded_at_startup=True, given_by_operator=True))
     return requests
+
+
+def startup_workflows(config: ServerConfig, entries: tuple[str, ...]
+                      ) -> list[tuple[str | None, str]]:
+    """Turn ``load_workflows`` / ``--workflows`` entries (``all``, ``x.war``, ``name=x.war``)
+    into (name or None, url) pairs."""
+    found: list[tuple[str | None, str]] = []
+    for entry in (entry.strip() for entry in entries):
+        if entry == "all":
+            store = config.workflow_folder
+            if store is None:
+                raise ConfigError("load_workflows=all needs a workflow store (--workflow-store "
+                                  "or --model-store)")
+            found.extend((None, path.name) for path in workflow_archives.list_store(store))
+            continue
+        name, sep, url = entry.partition("=")
+        if not sep:
+            name, url = "", entry
+        if not url.strip():
+            raise ConfigError(f"load_workflows: {entry!r} names no archive")
+        found.append((name.strip() or None, url.strip()))
+    return found
 
 
 def server_metrics(config: ServerConfig, models: Iterable[Model], gpu_count: int,
@@ -149,7 +174,9 @@ class Server:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
         plane = InferencePlane(registry, metrics, logs.access)
-        self.services = Services(config, registry, loader, metrics, auth, snapshots, plane)
+        workflows = WorkflowLoader(config, loader, WorkflowRegistry(), run_dir / "workflows")
+        self.services = Services(config, registry, loader, metrics, auth, snapshots, plane,
+                                 workflows)
         grpc_servers = GrpcServers(
             self.services, certificate if config.enable_grpc_ssl else None
         ) if config.enable_grpc else None
@@ -157,10 +184,12 @@ class Server:
             await metrics.start()
             try:
                 await self._serve(http_services=self.services, loader=loader,
-                                  snapshots=snapshots, auth=auth, grpc_servers=grpc_servers)
+                                  snapshots=snapshots, auth=auth, grpc_servers=grpc_servers,
+                                  workflows=workflows)
             finally:
                 if grpc_servers is not None:
                     await grpc_servers.stop(grace_s=0)
+                await workflows.close()
                 await loader.close(drain_timeout_s=self._drain_left())
                 await metrics.close()
                 if auth is not None:
@@ -173,12 +202,13 @@ class Server:
 
     async def _serve(self, http_services: Services, loader: ModelLoader,
                      snapshots: Snapshots, auth: TokenAuthority | None,
-                     grpc_servers: GrpcServers | None) -> None:
+                     grpc_servers: GrpcServers | None, workflows: WorkflowLoader) -> None:
         """Bind, load the startup models, serve until asked to stop, stop accepting."""
         assert self._stop is not None
         async with serve_http(http_services, self._tls) as http:
             bound = http.bound
             await self._load_startup_models(loader, snapshots)
+            await self._load_startup_workflows(workflows)
             grpc_ports: dict[str, int] = {}
             if grpc_servers is not None:
                 await grpc_servers.start()
@@ -220,6 +250,15 @@ class Server:
         if self._drain_deadline is None:
             return self.config.drain_timeout_s
         return max(WORKER_EXIT_S, self._drain_deadline - time.monotonic())
+
+    async def _load_startup_workflows(self, workflows: WorkflowLoader) -> None:
+        """Load ``load_workflows`` / ``--workflows`` (after the models); one that fails is
+        logged, as a startup model is."""
+        for name, url in startup_workflows(self.config, self.config.load_workflows):
+            try:
+                await workflows.register(url, name, at_startup=True)
+            except ServeError as exc:
+                logger.error("cannot load startup workflow %s: %s", url, exc)
 
     async def _load_startup_models(self, loader: ModelLoader, snapshots: Snapshots) -> None:
         """Load ``load_models`` / ``--models``; without them, restore the latest snapshot."""

@@ -37,7 +37,6 @@ NO_EFFECT: dict[str, str] = {
                            "frontend over private Unix sockets",
     "initial_distribution_port": "torchrun's ports for models split across processes: "
                                  "batchserve runs one process per worker, without torchrun",
-    "workflow_store": "TorchServe's workflows (.war archives) are not served by batchserve",
     "cpp_log_config": "TorchServe's C++ backend is not part of batchserve",
     "system_metrics_cmd": "the server reads the host's CPU, memory, disk and GPU figures "
                           "itself (psutil, nvidia-ml-py) instead of running a collector script",

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cworker.proto\x12\x14\x62\x61tchserve.worker.v1\"\x14\n\x05Hello\x12\x0b\n\x03pid\x18\x01 \x01(\x05\"\xf3\x02\n\tLoadModel\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x11\n\tmodel_dir\x18\x03 \x01(\t\x12\x0f\n\x07handler\x18\x04 \x01(\t\x12\x12\n\nbatch_size\x18\x05 \x01(\x05\x12\x0e\n\x06gpu_id\x18\x06 \x01(\x05\x12\x15\n\rmanifest_json\x18\x07 \x01(\t\x12\x1e\n\x16limit_max_image_pixels\x18\x08 \x01(\x08\x12\x11\n\tworker_id\x18\t \x01(\t\x12\x10\n\x08\x65nvelope\x18\n \x01(\t\x12\x1c\n\x14\x64\x65\x63ode_input_request\x18\x0b \x01(\x08\x12\x16\n\x0eserver_version\x18\x0c \x01(\t\x12\x1b\n\x13response_timeout_ms\x18\r \x01(\r\x12\x13\n\x0b\x63pu_threads\x18\x0e \x01(\r\x12\x17\n\x0f\x64\x65pendency_dirs\x18\x0f \x03(\t\x12\x16\n\x0emetrics_config\x18\x10 \x01(\t\"M\n\x06Loaded\x12\x14\n\x0cload_time_ms\x18\x01 \x01(\x01\x12-\n\x07metrics\x18\x02 \x03(\x0b\x32\x1c.batchserve.worker.v1.Metric\"\xd1\x03\n\x07Request\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12;\n\x07headers\x18\x02 \x03(\x0b\x32*.batchserve.worker.v1.Request.HeadersEntry\x12\x39\n\x06inputs\x18\x03 \x03(\x0b\x32).batchserve.worker.v1.Request.InputsEntry\x12\x46\n\rcontent_types\x18\x04 \x03(\x0b\x32/.batchserve.worker.v1.Request.ContentTypesEntry\x12\x10\n\x08\x64\x65scribe\x18\x05 \x01(\x08\x12\x11\n\tinstances\x18\x06 \x01(\x08\x12\x39\n\rtensor_format\x18\x07 \x01(\x0e\x32\".batchserve.worker.v1.TensorFormat\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bInputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x1a\x33\n\x11\x43ontentTypesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Q\n\x0cPredictBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12/\n\x08requests\x18\x02 \x03(\x0b\x32\x1d.batchserve.worker.v1.Request\"\xf3\x01\n\x08Response\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x14\n\x0c\x63ontent_type\x18\x04 \x01(\t\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12<\n\x07headers\x18\x06 \x03(\x0b\x32+.batchserve.worker.v1.Response.HeadersEntry\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x12\n\nerror_type\x18\x08 \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa0\x01\n\x06Metric\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04unit\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\r\n\x05value\x18\x04 \x01(\x01\x12\x17\n\x0f\x64imension_names\x18\x06 \x03(\t\x12\x18\n\x10\x64imension_values\x18\x07 \x03(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x10\n\x08hostname\x18\t \x01(\tJ\x04\x08\x05\x10\x06\"\x9c\x01\n\rPredictResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x31\n\tresponses\x18\x02 \x03(\x0b\x32\x1e.batchserve.worker.v1.Response\x12\x17\n\x0fhandler_time_ms\x18\x03 \x01(\x01\x12-\n\x07metrics\x18\x04 \x03(\x0b\x32\x1c.batchserve.worker.v1.Metric\"Y\n\x05\x45rror\x12-\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x1f.batchserve.worker.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x04*V\n\x0cTensorFormat\x12\x16\n\x12TENSOR_FORMAT_NONE\x10\x00\x12\x16\n\x12TENSOR_FORMAT_REST\x10\x01\x12\x16\n\x12TENSOR_FORMAT_GRPC\x10\x02*\x93\x01\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x0c\n\x08INTERNAL\x10\x01\x12\x11\n\rINVALID_INPUT\x10\x02\x12\x11\n\rOUT_OF_MEMORY\x10\x03\x12\x0f\n\x0bLOAD_FAILED\x10\x04\x12\x17\n\x13\x42\x41TCH_SIZE_MISMATCH\x10\x05\x12\x0c\n\x08PROTOCOL\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cworker.proto\x12\x14\x62\x61tchserve.worker.v1\"\x14\n\x05Hello\x12\x0b\n\x03pid\x18\x01 \x01(\x05\"\x91\x03\n\tLoadModel\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x11\n\tmodel_dir\x18\x03 \x01(\t\x12\x0f\n\x07handler\x18\x04 \x01(\t\x12\x12\n\nbatch_size\x18\x05 \x01(\x05\x12\x0e\n\x06gpu_id\x18\x06 \x01(\x05\x12\x15\n\rmanifest_json\x18\x07 \x01(\t\x12\x1e\n\x16limit_max_image_pixels\x18\x08 \x01(\x08\x12\x11\n\tworker_id\x18\t \x01(\t\x12\x10\n\x08\x65nvelope\x18\n \x01(\t\x12\x1c\n\x14\x64\x65\x63ode_input_request\x18\x0b \x01(\x08\x12\x16\n\x0eserver_version\x18\x0c \x01(\t\x12\x1b\n\x13response_timeout_ms\x18\r \x01(\r\x12\x13\n\x0b\x63pu_threads\x18\x0e \x01(\r\x12\x17\n\x0f\x64\x65pendency_dirs\x18\x0f \x03(\t\x12\x16\n\x0emetrics_config\x18\x10 \x01(\t\x12\x1c\n\x14one_request_per_call\x18\x11 \x01(\x08\"M\n\x06Loaded\x12\x14\n\x0cload_time_ms\x18\x01 \x01(\x01\x12-\n\x07metrics\x18\x02 \x03(\x0b\x32\x1c.batchserve.worker.v1.Metric\"\xd1\x03\n\x07Request\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12;\n\x07headers\x18\x02 \x03(\x0b\x32*.batchserve.worker.v1.Request.HeadersEntry\x12\x39\n\x06inputs\x18\x03 \x03(\x0b\x32).batchserve.worker.v1.Request.InputsEntry\x12\x46\n\rcontent_types\x18\x04 \x03(\x0b\x32/.batchserve.worker.v1.Request.ContentTypesEntry\x12\x10\n\x08\x64\x65scribe\x18\x05 \x01(\x08\x12\x11\n\tinstances\x18\x06 \x01(\x08\x12\x39\n\rtensor_format\x18\x07 \x01(\x0e\x32\".batchserve.worker.v1.TensorFormat\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bInputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x1a\x33\n\x11\x43ontentTypesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Q\n\x0cPredictBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12/\n\x08requests\x18\x02 \x03(\x0b\x32\x1d.batchserve.worker.v1.Request\"\xf3\x01\n\x08Response\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x14\n\x0c\x63ontent_type\x18\x04 \x01(\t\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12<\n\x07headers\x18\x06 \x03(\x0b\x32+.batchserve.worker.v1.Response.HeadersEntry\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x12\n\nerror_type\x18\x08 \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa0\x01\n\x06Metric\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04unit\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\r\n\x05value\x18\x04 \x01(\x01\x12\x17\n\x0f\x64imension_names\x18\x06 \x03(\t\x12\x18\n\x10\x64imension_values\x18\x07 \x03(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x10\n\x08hostname\x18\t \x01(\tJ\x04\x08\x05\x10\x06\"\x9c\x01\n\rPredictResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x31\n\tresponses\x18\x02 \x03(\x0b\x32\x1e.batchserve.worker.v1.Response\x12\x17\n\x0fhandler_time_ms\x18\x03 \x01(\x01\x12-\n\x07metrics\x18\x04 \x03(\x0b\x32\x1c.batchserve.worker.v1.Metric\"Y\n\x05\x45rror\x12-\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x1f.batchserve.worker.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x04*V\n\x0cTensorFormat\x12\x16\n\x12TENSOR_FORMAT_NONE\x10\x00\x12\x16\n\x12TENSOR_FORMAT_REST\x10\x01\x12\x16\n\x12TENSOR_FORMAT_GRPC\x10\x02*\x93\x01\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x0c\n\x08INTERNAL\x10\x01\x12\x11\n\rINVALID_INPUT\x10\x02\x12\x11\n\rOUT_OF_MEMORY\x10\x03\x12\x0f\n\x0bLOAD_FAILED\x10\x04\x12\x17\n\x13\x42\x41TCH_SIZE_MISMATCH\x10\x05\x12\x0c\n\x08PROTOCOL\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,34 +39,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REQUEST_CONTENTTYPESENTRY']._serialized_options = b'8\001'
   _globals['_RESPONSE_HEADERSENTRY']._loaded_options = None
   _globals['_RESPONSE_HEADERSENTRY']._serialized_options = b'8\001'
-  _globals['_TENSORFORMAT']._serialized_start=1723
-  _globals['_TENSORFORMAT']._serialized_end=1809
-  _globals['_ERRORCODE']._serialized_start=1812
-  _globals['_ERRORCODE']._serialized_end=1959
+  _globals['_TENSORFORMAT']._serialized_start=1753
+  _globals['_TENSORFORMAT']._serialized_end=1839
+  _globals['_ERRORCODE']._serialized_start=1842
+  _globals['_ERRORCODE']._serialized_end=1989
   _globals['_HELLO']._serialized_start=38
   _globals['_HELLO']._serialized_end=58
   _globals['_LOADMODEL']._serialized_start=61
-  _globals['_LOADMODEL']._serialized_end=432
-  _globals['_LOADED']._serialized_start=434
-  _globals['_LOADED']._serialized_end=511
-  _globals['_REQUEST']._serialized_start=514
-  _globals['_REQUEST']._serialized_end=979
-  _globals['_REQUEST_HEADERSENTRY']._serialized_start=833
-  _globals['_REQUEST_HEADERSENTRY']._serialized_end=879
-  _globals['_REQUEST_INPUTSENTRY']._serialized_start=881
-  _globals['_REQUEST_INPUTSENTRY']._serialized_end=926
-  _globals['_REQUEST_CONTENTTYPESENTRY']._serialized_start=928
-  _globals['_REQUEST_CONTENTTYPESENTRY']._serialized_end=979
-  _globals['_PREDICTBATCH']._serialized_start=981
-  _globals['_PREDICTBATCH']._serialized_end=1062
-  _globals['_RESPONSE']._serialized_start=1065
-  _globals['_RESPONSE']._serialized_end=1308
-  _globals['_RESPONSE_HEADERSENTRY']._serialized_start=833
-  _globals['_RESPONSE_HEADERSENTRY']._serialized_end=879
-  _globals['_METRIC']._serialized_start=1311
-  _globals['_METRIC']._serialized_end=1471
-  _globals['_PREDICTRESULT']._serialized_start=1474
-  _globals['_PREDICTRESULT']._serialized_end=1630
-  _globals['_ERROR']._serialized_start=1632
-  _globals['_ERROR']._serialized_end=1721
+  _globals['_LOADMODEL']._serialized_end=462
+  _globals['_LOADED']._serialized_start=464
+  _globals['_LOADED']._serialized_end=541
+  _globals['_REQUEST']._serialized_start=544
+  _globals['_REQUEST']._serialized_end=1009
+  _globals['_REQUEST_HEADERSENTRY']._serialized_start=863
+  _globals['_REQUEST_HEADERSENTRY']._serialized_end=909
+  _globals['_REQUEST_INPUTSENTRY']._serialized_start=911
+  _globals['_REQUEST_INPUTSENTRY']._serialized_end=956
+  _globals['_REQUEST_CONTENTTYPESENTRY']._serialized_start=958
+  _globals['_REQUEST_CONTENTTYPESENTRY']._serialized_end=1009
+  _globals['_PREDICTBATCH']._serialized_start=1011
+  _globals['_PREDICTBATCH']._serialized_end=1092
+  _globals['_RESPONSE']._serialized_start=1095
+  _globals['_RESPONSE']._serialized_end=1338
+  _globals['_RESPONSE_HEADERSENTRY']._serialized_start=863
+  _globals['_RESPONSE_HEADERSENTRY']._serialized_end=909
+  _globals['_METRIC']._serialized_start=1341
+  _globals['_METRIC']._serialized_end=1501
+  _globals['_PREDICTRESULT']._serialized_start=1504
+  _globals['_PREDICTRESULT']._serialized_end=1660
+  _globals['_ERROR']._serialized_start=1662
+  _globals['_ERROR']._serialized_end=1751
 # @@protoc_insertion_point(module_scope)

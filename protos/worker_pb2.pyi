@@ -40,7 +40,7 @@ class Hello(_message.Message):
     def __init__(self, pid: _Optional[int] = ...) -> None: ...
 
 class LoadModel(_message.Message):
-    __slots__ = ("model_name", "model_version", "model_dir", "handler", "batch_size", "gpu_id", "manifest_json", "limit_max_image_pixels", "worker_id", "envelope", "decode_input_request", "server_version", "response_timeout_ms", "cpu_threads", "dependency_dirs", "metrics_config")
+    __slots__ = ("model_name", "model_version", "model_dir", "handler", "batch_size", "gpu_id", "manifest_json", "limit_max_image_pixels", "worker_id", "envelope", "decode_input_request", "server_version", "response_timeout_ms", "cpu_threads", "dependency_dirs", "metrics_config", "one_request_per_call")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class LoadModel(_message.Message):
     CPU_THREADS_FIELD_NUMBER: _ClassVar[int]
     DEPENDENCY_DIRS_FIELD_NUMBER: _ClassVar[int]
     METRICS_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    ONE_REQUEST_PER_CALL_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_version: str
     model_dir: str
@@ -73,7 +74,8 @@ class LoadModel(_message.Message):
     cpu_threads: int
     dependency_dirs: _containers.RepeatedScalarFieldContainer[str]
     metrics_config: str
-    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., model_dir: _Optional[str] = ..., handler: _Optional[str] = ..., batch_size: _Optional[int] = ..., gpu_id: _Optional[int] = ..., manifest_json: _Optional[str] = ..., limit_max_image_pixels: _Optional[bool] = ..., worker_id: _Optional[str] = ..., envelope: _Optional[str] = ..., decode_input_request: _Optional[bool] = ..., server_version: _Optional[str] = ..., response_timeout_ms: _Optional[int] = ..., cpu_threads: _Optional[int] = ..., dependency_dirs: _Optional[_Iterable[str]] = ..., metrics_config: _Optional[str] = ...) -> None: ...
+    one_request_per_call: bool
+    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., model_dir: _Optional[str] = ..., handler: _Optional[str] = ..., batch_size: _Optional[int] = ..., gpu_id: _Optional[int] = ..., manifest_json: _Optional[str] = ..., limit_max_image_pixels: _Optional[bool] = ..., worker_id: _Optional[str] = ..., envelope: _Optional[str] = ..., decode_input_request: _Optional[bool] = ..., server_version: _Optional[str] = ..., response_timeout_ms: _Optional[int] = ..., cpu_threads: _Optional[int] = ..., dependency_dirs: _Optional[_Iterable[str]] = ..., metrics_config: _Optional[str] = ..., one_request_per_call: _Optional[bool] = ...) -> None: ...
 
 class Loaded(_message.Message):
     __slots__ = ("load_time_ms", "metrics")

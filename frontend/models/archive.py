@@ -130,7 +130,9 @@ def _check_member(name: str, dest: Path) -> Path:
     return target
 
 
-def _extract_zip(source: Path, dest: Path) -> None:
+def extract_zip(source: Path, dest: Path, kind: str = ".mar") -> None:
+    """Extract the zip ``source`` into ``dest``, refusing links and paths out of it;
+    ArchiveError (naming it a ``kind`` archive) when it is not a zip."""
     try:
         with zipfile.ZipFile(source) as archive:
             for info in archive.infolist():
@@ -140,7 +142,7 @@ def _extract_zip(source: Path, dest: Path) -> None:
                 _check_member(info.filename, dest)
             archive.extractall(dest)
     except zipfile.BadZipFile as exc:
-        raise ArchiveError(f"{source.name} is not a valid .mar (zip) archive: {exc}") from exc
+        raise ArchiveError(f"{source.name} is not a valid {kind} (zip) archive: {exc}") from exc
     except (OSError, IndexError, ValueError) as exc:  # clashing, empty or too-long names
         raise ArchiveError(f"{source.name} has entries that cannot be unpacked: {exc}") from exc
 
@@ -210,7 +212,7 @@ def unpack(url: str, source: Path, work_dir: Path) -> UnpackedArchive:
         dest.mkdir(parents=True, mode=0o700)
         try:
             if source.name.endswith(".mar"):
-                _extract_zip(source, dest)
+                extract_zip(source, dest)
             else:
                 _extract_tar(source, dest)
         except BaseException:

@@ -152,7 +152,7 @@ def check_allowed(url: str, allowed_urls: tuple[str, ...]) -> str:
     return normalised
 
 
-def archive_name(url: str) -> str:
+def archive_name(url: str, suffixes: tuple[str, ...] = ARCHIVE_SUFFIXES) -> str:
     """The store file name for ``url``: its last path segment, unquoted, checked to be plain."""
     name = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
     # A leading dot is refused too: list_store skips hidden files, and the download's own
@@ -166,8 +166,9 @@ def archive_name(url: str) -> str:
     )
     if not is_plain:
         raise ArchiveError(f"url {url!r} does not end in a plain archive file name")
-    if not name.endswith(ARCHIVE_SUFFIXES):
-        raise ArchiveError(f"url {url!r}: expected a .mar, .tar.gz or .tgz archive, got {name!r}")
+    if not name.endswith(suffixes):
+        raise ArchiveError(f"url {url!r}: expected a {', '.join(suffixes)} archive, got "
+                           f"{name!r}")
     return name
 
 
@@ -264,6 +265,7 @@ def download_archive(
     allowed_urls: tuple[str, ...],
     max_bytes: int,
     timeout_s: float = 60.0,
+    suffixes: tuple[str, ...] = ARCHIVE_SUFFIXES,
 ) -> Path:
     """Download the archive at ``url`` into ``model_store`` and return its path.
 
@@ -272,7 +274,7 @@ def download_archive(
     ``allowed_urls`` admits the normalised URL and the store has no file of that name yet.
     """
     url = check_allowed(url, allowed_urls)
-    name = archive_name(url)
+    name = archive_name(url, suffixes)
     final = model_store / name
     conflict = f"archive {name!r} already exists in the model store"
     if os.path.lexists(final):

@@ -109,6 +109,11 @@ class RegisterRequest:
     #: allowed_urls, which guards what API clients may load (the SageMaker toolkit starts
     #: ``--models model=/opt/ml/model``); a URL to download is still checked.
     given_by_operator: bool = False
+    #: The workflow the model is a node of (frontend/workflows/), or None.
+    workflow: str | None = None
+    #: The handler is called with one request at a time, however many a batch holds (a
+    #: workflow's function, as TorchServe calls them); its queue still forms batches.
+    one_request_per_call: bool = False
 
 
 def tensor_metadata(config: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
@@ -280,9 +285,10 @@ class ModelLoader:
         name, version, settings = plan.name, plan.version, plan.settings
         model = Model(name, version, unpacked, plan.handler, settings,
                       self._launch(name, version, unpacked, plan.handler, settings,
-                                   environment),
+                                   environment, request.one_request_per_call),
                       self._placement, self._record_batch, self._model_log,
-                      request.loaded_at_startup, plan.tensors, environment)
+                      request.loaded_at_startup, plan.tensors, environment,
+                      request.workflow)
         self.registry.add(model,
                           make_default=self._configured(name, version).is_default_version)
         log_model_config(name, version, unpacked.model_config)
@@ -293,7 +299,8 @@ class ModelLoader:
 
     def _launch(self, name: str, version: str, unpacked: archives.UnpackedArchive,
                 handler: str, settings: ModelSettings,
-                environment: ModelEnvironment) -> WorkerLaunch:
+                environment: ModelEnvironment, one_request_per_call: bool = False
+                ) -> WorkerLaunch:
         config = self.config
         return WorkerLaunch(
             load=worker_pb2.LoadModel(
@@ -301,7 +308,9 @@ class ModelLoader:
                 model_version=version,
                 model_dir=str(unpacked.model_dir),
                 handler=handler,
-                batch_size=settings.batch_size,
+                # A handler called one request at a time sees batches of one.
+                batch_size=1 if one_request_per_call else settings.batch_size,
+                one_request_per_call=one_request_per_call,
                 manifest_json=unpacked.manifest_json,
                 limit_max_image_pixels=config.limit_max_image_pixels,
                 envelope=config.service_envelope,
@@ -328,6 +337,13 @@ class ModelLoader:
             raise Forbidden(f"Cannot remove default version {version} for model {name}")
         await self._remove(model, self.config.unregister_model_timeout_s)
         return model
+
+    async def remove(self, model: Model, drain_timeout_s: float | None) -> None:
+        """Unregister this very version (a workflow's node model), draining its queue within
+        ``drain_timeout_s``; nothing when it is gone already."""
+        if self.registry.has(model.name, model.version) and \
+                self.registry.get(model.name, model.version) is model:
+            await self._remove(model, drain_timeout_s)
 
     async def _remove(self, model: Model, drain_timeout_s: float | None) -> None:
         self.registry.remove(model)

@@ -56,8 +56,11 @@ class Model:
         loaded_at_startup: bool = False,
         tensors: TensorMetadata = TensorMetadata(),
         environment: ModelEnvironment = NO_ENVIRONMENT,
+        workflow: str | None = None,
     ) -> None:
         self.name = name
+        #: The workflow this model is a node of (registered and removed with it), or None.
+        self.workflow = workflow
         self.version = version
         self.archive = unpacked
         self.handler = handler

@@ -36,6 +36,8 @@ MAX_SNAPSHOT_BYTES = 16 * 1024 * 1024
 def snapshot_document(registry: ModelRegistry) -> dict[str, Any]:
     models: dict[str, dict[str, dict[str, Any]]] = {}
     for model in registry:
+        if model.workflow is not None:
+            continue  # a workflow's node: registered with its workflow (not in snapshots)
         s = model.settings
         models.setdefault(model.name, {})[model.version] = {
             "defaultVersion": registry.default_version(model.name) == model.version,

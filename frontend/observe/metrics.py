@@ -64,6 +64,7 @@ logger = logging.getLogger(__name__)
 
 HOSTNAME = socket.gethostname()
 MODEL_LABELS = ("model_name", "model_version")
+WORKFLOW_LABELS = ("workflow",)
 METRICS_MODES = ("prometheus", "log", "legacy")
 #: Metrics a handler may add to the configuration's (``model_metrics_auto_detect``).
 MAX_AUTO_DETECTED = 100
@@ -150,27 +151,30 @@ class _Series:
 
 
 class _Histogram:
-    """One of our histograms, per model version (labels ``model_name``, ``model_version``)."""
+    """One of our histograms, per model version (labels ``model_name``, ``model_version``, or
+    those given)."""
 
-    def __init__(self, name: str, documentation: str, bounds: tuple[float, ...]) -> None:
+    def __init__(self, name: str, documentation: str, bounds: tuple[float, ...],
+                 labels: tuple[str, ...] = MODEL_LABELS) -> None:
         self.name = name
         self.documentation = documentation
         self.bounds = bounds
+        self.labels = labels
         self._le = [*map(java_double, bounds), "+Inf"]
-        self.series: dict[tuple[str, str], _Series] = {}
+        self.series: dict[tuple[str, ...], _Series] = {}
 
-    def of(self, key: tuple[str, str]) -> _Series:
+    def of(self, key: tuple[str, ...]) -> _Series:
         series = self.series.get(key)
         if series is None:
             series = self.series[key] = _Series(len(self.bounds))
         return series
 
-    def observe(self, key: tuple[str, str], value: float) -> None:
+    def observe(self, key: tuple[str, ...], value: float) -> None:
         series = self.of(key)
         series.counts[bisect.bisect_left(self.bounds, value)] += 1
         series.total += value
 
-    def observe_all(self, key: tuple[str, str], values: Iterable[float]) -> None:
+    def observe_all(self, key: tuple[str, ...], values: Iterable[float]) -> None:
         """Observe each of ``values`` (one series lookup for them all)."""
         series, bounds = self.of(key), self.bounds
         counts, total = series.counts, 0.0
@@ -181,14 +185,14 @@ class _Histogram:
 
     def family(self) -> Family:
         family = Family(self.name, self.documentation, "histogram")
-        bucket_labels = (*MODEL_LABELS, "le")
+        bucket_labels = (*self.labels, "le")
         for key, series in list(self.series.items()):
             seen = 0
             for le, count in zip(self._le, series.counts, strict=True):
                 seen += count
                 family.add(bucket_labels, (*key, le), float(seen), "_bucket")
-            family.add(MODEL_LABELS, key, float(seen), "_count")
-            family.add(MODEL_LABELS, key, series.total, "_sum")
+            family.add(self.labels, key, float(seen), "_count")
+            family.add(self.labels, key, series.total, "_sum")
         return family
 
 
@@ -262,6 +266,16 @@ class ServerMetrics:
                                        _TIME_BUCKETS)
         #: (model, version, reason) -> requests answered without running.
         self.refused: dict[tuple[str, str, str], int] = {}
+        # Workflows: each /wfpredict request, and each call of a node (whose model's own
+        # metrics above count its requests, batches and latency as any model's).
+        self.workflow_latency = _Histogram(
+            "batchserve_workflow_latency_seconds",
+            "End-to-end latency of a workflow prediction (/wfpredict), in the server",
+            _TIME_BUCKETS, WORKFLOW_LABELS)
+        #: (workflow, status code) -> workflow predictions answered.
+        self.workflow_requests: dict[tuple[str, str], int] = {}
+        #: (workflow, node, outcome) -> calls of a node: ok, error, timeout, unavailable.
+        self.workflow_node_calls: dict[tuple[str, str, str], int] = {}
 
     def _build(self, spec: MetricSpec) -> TsMetric:
         if self.mode == "prometheus" or (self.mode == "legacy" and spec.name in LEGACY):
@@ -352,6 +366,17 @@ class ServerMetrics:
             self.handler_time.observe(key, result.handler_time_ms / 1000)
             if result.metrics:
                 self.record_model_metrics(result.metrics)
+
+    def record_workflow(self, workflow: str, status: int, latency_s: float) -> None:
+        """One workflow prediction answered with ``status`` (0: its client left)."""
+        key = (workflow, str(status))
+        self.workflow_requests[key] = self.workflow_requests.get(key, 0) + 1
+        self.workflow_latency.observe((workflow,), latency_s)
+
+    def record_workflow_node(self, workflow: str, node: str, outcome: str) -> None:
+        """One call of a workflow's node: "ok", "error", "timeout" or "unavailable"."""
+        key = (workflow, node, outcome)
+        self.workflow_node_calls[key] = self.workflow_node_calls.get(key, 0) + 1
 
     def worker_loaded(self, worker: str, load_ms: float,
                       metrics: Iterable[worker_pb2.Metric] = ()) -> None:
@@ -456,6 +481,20 @@ class ServerMetrics:
         yield self._refused_family()
         for histogram in (self.batch_size, self.queue_wait, self.latency, self.handler_time):
             yield histogram.family()
+        yield from self._workflow_families()
+
+    def _workflow_families(self) -> Iterator[Family]:
+        requests = Family("batchserve_workflow_requests_total",
+                          "Workflow predictions (/wfpredict) answered, by status (0: the "
+                          "client left first)", "counter")
+        for key, count in list(self.workflow_requests.items()):
+            requests.add((*WORKFLOW_LABELS, "code"), key, float(count))
+        calls = Family("batchserve_workflow_node_calls_total",
+                       "Calls of a workflow's node (retries included), by outcome: ok, error, "
+                       "timeout, unavailable", "counter")
+        for node_key, count in list(self.workflow_node_calls.items()):
+            calls.add((*WORKFLOW_LABELS, "node", "outcome"), node_key, float(count))
+        yield from (requests, calls, self.workflow_latency.family())
 
     def _model_gauges(self) -> Iterator[Family]:
         depth = Family("batchserve_queue_depth", "Requests waiting in a model's queue", "gauge")

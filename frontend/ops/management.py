@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import psutil
 
-from frontend.errors import BadRequest, InternalError, MethodNotAllowed
+from frontend.errors import BadRequest, Forbidden, InternalError, MethodNotAllowed
 from frontend.models.loader import RegisterRequest
 from frontend.models.model import Model
 from frontend.ops.params import bool_param, int_param
@@ -135,6 +135,10 @@ class ManagementOps:
 
     async def unregister(self, name: str, version: str | None) -> Body:
         self._require_model_api()
+        workflow = self.registry.get(name, version).workflow
+        if workflow is not None:
+            raise Forbidden(f"Model {name} is a node of workflow {workflow}: it goes with the "
+                            f"workflow (DELETE /workflows/{workflow})")
         model = await self.loader.unregister(name, version)
         self.snapshots.save(self.registry)
         suffix = f' version "{version}"' if version else ""

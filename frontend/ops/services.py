@@ -1,5 +1,5 @@
 """What the API layers share: config, registry, loader, the inference plane, metrics, token
-authority, snapshots."""
+authority, snapshots, workflows."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from frontend.models.snapshot import Snapshots
 from frontend.observe.metrics import ServerMetrics
 from frontend.ops.auth import TokenAuthority
 from frontend.ops.plane import InferencePlane
+from frontend.workflows.loader import WorkflowLoader
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,3 +24,5 @@ class Services:
     auth: TokenAuthority | None
     snapshots: Snapshots
     plane: InferencePlane
+    #: The workflows (their registry is ``workflows.registry``).
+    workflows: WorkflowLoader

@@ -404,7 +404,7 @@ def test_the_log_says_what_torchserve_keys_and_flags_do_here(served: Served) -> 
     log = served.server.log_text()
     for key in ("vmargs", "number_of_netty_threads", "async_logging"):
         assert len(re.findall(rf"config: {key} has no effect here: \S", log)) == 1, key
-    for flag in ("--plugins-path", "--workflow-store", "--async", "--sock-type"):
+    for flag in ("--plugins-path", "--async", "--sock-type"):
         assert len(re.findall(rf"{flag} has no effect here: \S", log)) == 1, flag
     for key in ("parallelType", "torchrun", "deviceType", "continuousBatching",
                 "asyncCommunication", "useJobTicket"):

@@ -23,6 +23,8 @@ from frontend.observe.metrics import ServerMetrics
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
 from frontend.serving.placement import GpuAssigner, Placement
+from frontend.workflows.loader import WorkflowLoader
+from frontend.workflows.registry import WorkflowRegistry
 
 T = TypeVar("T")
 _servers = itertools.count()
@@ -63,7 +65,8 @@ def make_services(tmp_path: Path, model_store: Path | None = None,
     snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
     access = AccessLog(None)
     plane = InferencePlane(registry, metrics, access)
-    return Services(config, registry, loader, metrics, None, snapshots, plane)
+    workflows = WorkflowLoader(config, loader, WorkflowRegistry(), run_dir / "workflows")
+    return Services(config, registry, loader, metrics, None, snapshots, plane, workflows)
 
 
 @dataclass

@@ -101,6 +101,7 @@ FRONTEND_FLOORS: list[tuple[str, ...]] = [
     ("frontend.__main__", "frontend.cli", "frontend.server"),  # start, assemble
     ("frontend.api",),  # transports: parse and render
     ("frontend.ops",),  # the use-cases: the plane, management, auth, params, ids, KServe
+    ("frontend.workflows",),  # workflow archives, specs, DAGs, their registry and loading
     ("frontend.models",),  # registry, a version at run time, archives, loading, snapshots
     ("frontend.serving",),  # batching, policies, sequences, dispatch, workers
     ("frontend.observe",),  # metrics, logs

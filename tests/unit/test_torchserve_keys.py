@@ -61,7 +61,7 @@ SAMPLES = {
     "cors_allowed_headers": "X-Custom", "decode_input_request": "false",
     "max_request_size": "1000", "max_response_size": "2000", "limit_max_image_pixels": "false",
     "default_service_handler": "image_classifier", "service_envelope": "json",
-    "model_store": "/srv/models", "allowed_urls": "https://models.example/.*",
+    "model_store": "/srv/models", "workflow_store": "/srv/workflows", "allowed_urls": "https://models.example/.*",
     "install_py_dep_per_model": "true", "enable_metrics_api": "false",
     "grpc_inference_address": "0.0.0.0", "grpc_management_address": "0.0.0.0",
     "grpc_inference_port": "9070", "grpc_management_port": "9071",
@@ -193,8 +193,12 @@ def test_flags_without_effect_are_accepted_with_their_reason() -> None:
                   "--cpp-log-config", "c", "--sock-type", "unix", "--sock-name", "n",
                   "--host", "h", "--port", "1", "--async")
     ignored = cli.ignored_flags(args)
-    assert set(ignored) == {"--plugins-path", "--workflow-store", "--cpp-log-config",
+    assert set(ignored) == {"--plugins-path", "--cpp-log-config",
                             "--sock-type", "--sock-name", "--host", "--port", "--async"}
+    # Workflows are served: --workflow-store is a setting, as is --workflows (ours).
+    assert cli.cli_overrides(args)["workflow_store"] == "w"
+    startup = _parse("--start", "--workflows", "a=a.war", "b.war")
+    assert cli.cli_overrides(startup)["load_workflows"] == "a=a.war,b.war"
     assert all(len(reason) > 30 for reason in ignored.values())
     assert cli.ignored_flags(_parse("--start")) == {}
     assert "--metrics-config" not in cli.IGNORED_FLAGS  # another part's flag

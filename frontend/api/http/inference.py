@@ -3,8 +3,9 @@
 TorchServe's legacy /{model}/predict and /{model}/{version}/predict (a prediction whose query
 parameters are inputs too, as TorchServe passes them), SageMaker's /invocations and
 /models/{model}/invoke (predictions as the legacy routes, the model named as
-frontend/ops/sagemaker.py says) and /execution-parameters, and KServe's v1/v2 protocols
-(frontend/api/http/kserve.py).
+frontend/ops/sagemaker.py says) and /execution-parameters, KServe's v1/v2 protocols
+(frontend/api/http/kserve.py), and TorchServe's workflow predictions, /wfpredict/{workflow}
+(frontend/ops/workflow_runs.py).
 
 This is the hot path: a request is read, turned into one worker_pb2.Request, queued on its
 model's batcher, and answered with the worker's bytes. No payload is decoded here.
@@ -35,6 +36,7 @@ from frontend.ops import sagemaker
 from frontend.ops.auth import KeyKind
 from frontend.ops.plane import SEQUENCE_ID_HEADER, Call, Model, ResponseStream
 from frontend.ops.services import Services
+from frontend.ops.workflow_runs import WorkflowRunner
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -43,7 +45,8 @@ _INFERENCE_METHODS = ("POST", "PUT")
 #: Paths of TorchServe's own routes: theirs, never a legacy /{model}/predict.
 _TORCHSERVE_PREFIXES = ("/predictions/", "/explanations/")
 #: First path segments TorchServe routes elsewhere, so never a model's legacy route.
-_NOT_LEGACY = frozenset({"predictions", "explanations", "ping", "models", "invocations"})
+_NOT_LEGACY = frozenset({"predictions", "explanations", "ping", "models", "invocations",
+                         "wfpredict"})
 #: SageMaker batch transform's question (frontend/ops/sagemaker.py).
 _EXECUTION_PARAMETERS = ["execution-parameters"]
 
@@ -57,6 +60,8 @@ class InferenceApp(common.Routes):
         self.auth = services.auth
         self.plane = services.plane
         self.kserve = KServeRoutes(services)
+        self.workflows = WorkflowRunner(services.workflows.registry, services.plane,
+                                        services.metrics, services.plane.access)
 
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:
@@ -72,6 +77,9 @@ class InferenceApp(common.Routes):
             await self.ping(send)
             return True
         parts = common.path_parts(scope)
+        if parts and parts[0] == "wfpredict":
+            await self.workflow_predict(scope, receive, send, parts)
+            return True
         if self.is_sagemaker(parts):
             await self.predict(scope, receive, send)
             return True
@@ -236,6 +244,39 @@ class InferenceApp(common.Routes):
                                                               call.sequence_id)
             await common.send_bytes(send, status, body, content_type, headers)
             call.status = status
+
+    async def workflow_predict(self, scope: common.Scope, receive: common.Receive,
+                               send: common.Send, parts: list[str]) -> None:
+        """``/wfpredict/{workflow}``: the same body forms as /predictions (a body, or form
+        fields), answered by running the workflow's DAG (frontend/ops/workflow_runs.py).
+        Any method, as TorchServe's route."""
+        if len(parts) != 2:
+            raise RouteNotFound()
+        if self.auth is not None:
+            self.auth.check(KeyKind.INFERENCE, scope["headers"])
+        workflow = self.workflows.open(parts[1])
+        common.check_content_length(scope, self.config.max_request_size_bytes)
+        body = await common.read_body(receive, self.config.max_request_size_bytes)
+        content_type = _content_type(scope)
+        inputs: Sequence[tuple[str, bytes, str | None]]
+        if content_type and is_form(content_type):
+            inputs = parse_form(content_type, body, self.config.max_request_inputs)
+        else:
+            inputs = [("body", body, content_type or None)]
+        run = asyncio.ensure_future(self.workflows.run(workflow, http_origin(scope),
+                                                       scope["headers"], inputs))
+        disconnected = asyncio.ensure_future(receive())
+        try:
+            await asyncio.wait({run, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            disconnected.cancel()
+            if not run.done():
+                run.cancel()  # the client went away: its node calls leave their queues
+        if run.cancelled():
+            return
+        answer = run.result()  # a ServeError is answered by the app
+        await common.send_bytes(send, 200, answer.body,
+                                answer.content_type.encode("latin-1", "replace"))
 
     async def respond_in_parts(self, stream: ResponseStream, request_id: str,
                                send: common.Send, sequence_id: str | None = None) -> int:

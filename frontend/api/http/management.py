@@ -2,10 +2,13 @@
 
 The operations themselves live in frontend/ops/management.py (shared with gRPC). Where we
 differ from TorchServe it is noted there (a duplicate registration is 409 here, 500 in
-TorchServe).
+TorchServe). TorchServe's workflow routes (/workflows) are here too; their operations are
+frontend/ops/workflow_management.py (TorchServe has no gRPC for workflows).
 """
 
 from __future__ import annotations
+
+import json
 
 from frontend.api.http import common
 from frontend.api.http.openapi import management_description
@@ -14,6 +17,10 @@ from frontend.ops.auth import KeyKind
 from frontend.ops.management import Body, ManagementOps
 from frontend.ops.params import bool_param
 from frontend.ops.services import Services
+from frontend.ops.workflow_management import WorkflowOps
+
+#: A workflow registration's JSON body is a few parameters.
+MAX_REGISTER_BODY_BYTES = 64 * 1024
 
 
 class ManagementApp(common.Routes):
@@ -22,6 +29,7 @@ class ManagementApp(common.Routes):
     def __init__(self, services: Services) -> None:
         self.auth = services.auth
         self.ops = ManagementOps(services)
+        self.workflows = WorkflowOps(services)
 
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:
@@ -31,6 +39,12 @@ class ManagementApp(common.Routes):
         parts = common.path_parts(scope)
         if parts == ["token"]:
             await self.token(scope, send)
+            return True
+        if parts and parts[0] == "workflows" and len(parts) <= 2:
+            if self.auth is not None:
+                self.auth.check(KeyKind.MANAGEMENT, scope["headers"])
+            status, body = await self._workflows(scope, receive, parts)
+            await common.send_json(send, status, body)
             return True
         if not parts or parts[0] != "models" or len(parts) > 4:
             raise RouteNotFound()
@@ -67,6 +81,41 @@ class ManagementApp(common.Routes):
         if method == "DELETE":
             return 200, await ops.unregister(name, version)
         raise MethodNotAllowed()
+
+    async def _workflows(self, scope: common.Scope, receive: common.Receive,
+                         parts: list[str]) -> tuple[int, Body]:
+        """TorchServe's /workflows routes (frontend/ops/workflow_management.py)."""
+        method = scope["method"]
+        ops = self.workflows
+        if len(parts) == 1:
+            if method == "GET":
+                return 200, ops.list_workflows(common.query_params(scope))
+            if method == "POST":
+                return 200, await ops.register(await self._register_params(scope, receive))
+            raise MethodNotAllowed()
+        if method == "GET":
+            return 200, ops.describe(parts[1])
+        if method == "DELETE":
+            return 200, await ops.unregister(parts[1])
+        raise MethodNotAllowed()
+
+    async def _register_params(self, scope: common.Scope, receive: common.Receive
+                               ) -> dict[str, str]:
+        """A registration's parameters: the query's, or a JSON body's (TorchServe reads
+        ``{"url": ..., "workflow_name": ...}`` when the Content-Type is application/json)."""
+        params = common.query_params(scope)
+        content_type = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
+        if not content_type.lower().startswith("application/json"):
+            return params
+        body = await common.read_body(receive, MAX_REGISTER_BODY_BYTES)
+        try:
+            document = json.loads(body) if body.strip() else {}
+        except (ValueError, RecursionError):
+            raise BadRequest("the registration body is not valid JSON") from None
+        if not isinstance(document, dict):
+            raise BadRequest("the registration body must be a JSON object")
+        return {**params, **{key: value if isinstance(value, str) else json.dumps(value)
+                             for key, value in document.items() if value is not None}}
 
     async def token(self, scope: common.Scope, send: common.Send) -> None:
         """Rotate the inference or management key (authorised by the API key)."""

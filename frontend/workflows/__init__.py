@@ -1,0 +1,1 @@
+"""Workflows (TorchServe's .war): archives, specs, DAGs, their registry and loading."""

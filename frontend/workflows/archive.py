@@ -1,0 +1,204 @@
+"""Find, fetch and unpack a workflow archive (.war), and read what it holds.
+
+A .war (TorchServe's ``torch-workflow-archiver``, or ours) is a zip of the spec file (YAML),
+the handler file of the workflow's functions, extra files, and ``WAR-INF/MANIFEST.json``::
+
+    {"createdOn": "...", "archiverVersion": "0.2.x",
+     "workflow": {"workflowName": "wf", "specFile": "wf.yaml", "handler": "wf_handler.py"}}
+
+Where a register ``url`` points, as TorchServe resolves it: a bare file name is the workflow
+store's (``workflow_store``, else the model store); an http(s) URL is downloaded into the
+store and a ``file://`` URL copied there (both only where ``allowed_urls`` admits them), and
+that copy is deleted again when the workflow goes; an absolute path is read where it is when
+it lies in the store or ``allowed_urls`` admits it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from frontend.errors import (
+    ArchiveError,
+    BadRequest,
+    Conflict,
+    InvalidWorkflow,
+    WorkflowNotFound,
+)
+from frontend.models import archive as archives
+from frontend.models.download import download_archive
+from frontend.workflows.spec import WorkflowSpec, parse_spec
+
+MANIFEST_PATH = "WAR-INF/MANIFEST.json"
+WAR_SUFFIX = ".war"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowArchive:
+    """An unpacked workflow archive."""
+
+    #: The register url as given (describe and list show it).
+    url: str
+    name: str
+    #: The unpacked archive (ours: removed with the workflow).
+    directory: Path
+    spec: WorkflowSpec
+    #: The handler file of its functions, relative to ``directory`` ("" when it has none).
+    handler: str
+    #: The store's copy of a downloaded or file:// archive (removed with the workflow).
+    fetched: Path | None = None
+
+    def remove(self) -> None:
+        """Delete what registering it put on disk: the unpacked archive, the fetched copy."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+        if self.fetched is not None:
+            self.fetched.unlink(missing_ok=True)
+
+
+def locate(url: str, store: Path | None, allowed_urls: tuple[str, ...],
+           max_bytes: int, *, given_by_operator: bool = False) -> tuple[Path, Path | None]:
+    """The local .war a register ``url`` names, and the store's copy when one was made for it
+    (blocking: a download; the caller runs it in a thread)."""
+    if not url:
+        raise BadRequest("Parameter url is required.")
+    if store is None:
+        raise WorkflowNotFound("Workflow store has not been configured.")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in ("http", "https"):
+        try:
+            path = download_archive(url, store, allowed_urls, max_bytes,
+                                    suffixes=(WAR_SUFFIX,))
+        except Conflict:
+            raise Conflict(f"Workflow archive file already exists in the workflow store: "
+                           f"{archives.archive_stem(Path(parts.path))}{WAR_SUFFIX}") from None
+        except ArchiveError as exc:
+            raise BadRequest(f"Failed to download archive from: {url} ({exc.message})"
+                             ) from None
+        return path, path
+    if ".." in PurePosixPath(unquote(parts.path) if scheme == "file" else url).parts:
+        raise WorkflowNotFound(f"Relative path is not allowed in url: {url}")
+    if scheme == "file":
+        return _copy_file_url(url, unquote(parts.path), store, allowed_urls, given_by_operator)
+    if scheme:
+        raise BadRequest(f"Failed to download archive from: {url} (unsupported url scheme "
+                         f"{scheme!r})")
+    if "/" not in url and "\\" not in url:
+        path = store / url
+    else:
+        path = Path(url)
+        if not given_by_operator and not _inside(path, store):
+            archives.require_allowed(url, allowed_urls)
+    if not path.is_file():
+        raise WorkflowNotFound(f"Workflow not found in workflow store: {url}")
+    return path, None
+
+
+def _copy_file_url(url: str, raw_path: str, store: Path, allowed_urls: tuple[str, ...],
+                   given_by_operator: bool) -> tuple[Path, Path | None]:
+    """A ``file://`` archive, copied into the store as TorchServe does (not when it is in the
+    store already)."""
+    source = Path(raw_path)
+    if _inside(source, store):
+        if not source.is_file():
+            raise WorkflowNotFound(f"Workflow not found in workflow store: {url}")
+        return source, None
+    if not given_by_operator:
+        archives.require_allowed(url, allowed_urls)
+    if not source.is_file():
+        raise BadRequest(f"Failed to download archive from: {url} (no such file)")
+    target = store / source.name
+    if target.exists():
+        raise Conflict(f"Workflow archive file already exists in the workflow store: "
+                       f"{source.name}")
+    shutil.copyfile(source, target)
+    return target, target
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    if not path.is_absolute():
+        return False
+    try:
+        real, store = path.resolve(), folder.resolve()
+    except (OSError, RuntimeError):
+        return False
+    return store in real.parents
+
+
+def unpack(url: str, source: Path, work_dir: Path, workflow_name: str | None,
+           fetched: Path | None = None) -> WorkflowArchive:
+    """Unpack ``source`` under ``work_dir`` and read its manifest, spec and handler
+    (``workflow_name`` overrides the manifest's name); whatever fails leaves nothing."""
+    directory = (work_dir / f"{archives.archive_stem(source)}-{uuid.uuid4().hex[:8]}").resolve()
+    directory.mkdir(parents=True, mode=0o700)
+    try:
+        try:
+            archives.extract_zip(source, directory, WAR_SUFFIX)
+        except ArchiveError as exc:
+            raise InvalidWorkflow(exc.message) from None
+        manifest = _read_manifest(directory)
+        workflow = manifest.get("workflow")
+        if not isinstance(workflow, dict):
+            raise InvalidWorkflow("Missing Workflow entry in manifest file.")
+        name = workflow_name or workflow.get("workflowName")
+        if not name or not isinstance(name, str):
+            raise InvalidWorkflow("Workflow name is not defined.")
+        if manifest.get("archiverVersion") is None:
+            raise InvalidWorkflow("Workflow archive version is not defined.")
+        if manifest.get("createdOn") is None:
+            raise InvalidWorkflow("Workflow archive createdOn is not defined.")
+        spec_text = _read_member(directory, workflow.get("specFile"), "specFile")
+        handler = workflow.get("handler") or ""
+        if handler:
+            _member(directory, handler, "handler")
+        spec = parse_spec(spec_text)
+        return WorkflowArchive(url, name, directory, spec, Path(handler).name if handler else "",
+                               fetched)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+
+
+def _read_manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST_PATH
+    if not path.is_file():
+        raise InvalidWorkflow(f"the archive has no {MANIFEST_PATH}: is it a workflow archive "
+                              "(.war)?")
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidWorkflow(f"Failed to parse {MANIFEST_PATH}: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise InvalidWorkflow(f"{MANIFEST_PATH} must hold a JSON object")
+    return loaded
+
+
+def _member(directory: Path, name: object, key: str) -> Path:
+    """A file the manifest names (TorchServe's archiver stores base names), in the archive."""
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidWorkflow(f"{MANIFEST_PATH} names no workflow {key}")
+    path = directory / Path(name).name
+    if not path.is_file():
+        raise InvalidWorkflow(f"the archive has no {key} {Path(name).name!r}")
+    return path
+
+
+def _read_member(directory: Path, name: object, key: str) -> str:
+    try:
+        return _member(directory, name, key).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InvalidWorkflow(f"the {key} is not UTF-8 text") from None
+
+
+def is_war(path: Path) -> bool:
+    return path.is_file() and path.name.endswith(WAR_SUFFIX) and not path.name.startswith(".")
+
+
+def list_store(store: Path) -> list[Path]:
+    """Every workflow archive of the store (``load_workflows=all``), sorted by name."""
+    return sorted(child for child in store.iterdir() if is_war(child))
