@@ -258,10 +258,10 @@ class TorchServe:
         with urllib.request.urlopen(f"{self.management}/models/{name}", timeout=60) as response:
             return json.loads(response.read())[0]  # type: ignore[no-any-return]
 
-    def register_workflow(self, url: str, name: str) -> None:
+    def register_workflow(self, url: str, name: str | None = None) -> None:
         """``POST /workflows``: registers the archive's models and scales them (TorchServe
         always registers a workflow synchronously)."""
-        query = urllib.parse.urlencode({"url": url, "workflow_name": name})
+        query = urllib.parse.urlencode({"url": url, **({"workflow_name": name} if name else {})})
         request = urllib.request.Request(f"{self.management}/workflows?{query}", method="POST")
         try:
             with urllib.request.urlopen(request, timeout=600) as response:

@@ -66,6 +66,12 @@ BATCH_SIZE, MAX_BATCH_DELAY_MS, TIMEOUT_MS = 8, 10, 10_000
 FEATURES = 64
 #: Requests sent to both servers before the load, whose answers must be the same.
 CHECKED_REQUESTS = 24
+#: How many times a request of that check that failed is sent again.
+ANSWER_RETRIES = 2
+#: Between two runs, the server just measured is given this long to finish its backlog (a
+#: TorchServe past its limit goes on working for requests already answered with an error),
+#: until its processes use less than IDLE_CORES: the next server is measured on a quiet machine.
+SETTLE_TIMEOUT_S, IDLE_CORES = 30.0, 0.1
 
 SPECS = {
     "wf_seq": """\
@@ -167,6 +173,38 @@ class Server:
     name: str
     inference: str
     metrics: str | None  # batchserve's Prometheus endpoint, for batch sizes
+    pid: int | None  # its main process (its workers are children)
+
+    def settle(self, timeout_s: float = SETTLE_TIMEOUT_S) -> float:
+        """Wait until the server's processes use less than ``IDLE_CORES`` of a core (the
+        last run's backlog is done), at most ``timeout_s``; the seconds waited."""
+        import psutil
+
+        started = time.monotonic()
+        if self.pid is None:
+            return 0.0
+        while time.monotonic() - started < timeout_s:
+            try:
+                root = psutil.Process(self.pid)
+                tree = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return 0.0
+            before = _cpu_seconds(tree)
+            time.sleep(0.5)
+            if (_cpu_seconds(tree) - before) / 0.5 < IDLE_CORES:
+                break
+        return time.monotonic() - started
+
+
+def _cpu_seconds(processes: Sequence[Any]) -> float:
+    import psutil
+
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 @contextlib.contextmanager
@@ -194,8 +232,10 @@ def started(servers: Sequence[str], model_store: Path, workflow_store: Path, poo
                 stack.enter_context(bs)
                 for workflow in SPECS:
                     bs.register_workflow(f"{workflow}.war", workflow)
+                pid = bs.state.get("pid")
                 up.append(Server(name, bs.inference,
-                                 f"{bs.metrics}/metrics" if bs.metrics else None))
+                                 f"{bs.metrics}/metrics" if bs.metrics else None,
+                                 pid if isinstance(pid, int) else None))
             else:
                 vmargs = (f"-Djava.util.concurrent.ForkJoinPool.common.parallelism={pool}"
                           if name == "torchserve-pool" else "")
@@ -204,7 +244,7 @@ def started(servers: Sequence[str], model_store: Path, workflow_store: Path, poo
                                   extra_vmargs=vmargs))
                 for workflow in SPECS:
                     server.register_workflow(f"{workflow}.war", workflow)
-                up.append(Server(name, server.inference, None))
+                up.append(Server(name, server.inference, None, server.pid))
             log(f"{name} is up with {', '.join(SPECS)} in {time.monotonic() - started_at:.0f} s")
         yield up
 
@@ -220,15 +260,22 @@ def post(url: str, body: bytes, timeout_s: float = 30.0) -> tuple[int, bytes]:
 
 
 def check_answers(servers: Sequence[Server], requests: Sequence[bytes],
-                  log: Callable[[str], None]) -> list[str]:
-    """Send the same requests to every server, one at a time; the differences found."""
-    problems = []
+                  log: Callable[[str], None]) -> tuple[list[str], list[str]]:
+    """Send the same requests to every server, one at a time; the differences found, and the
+    failures (a failed request is sent again, twice at most, and compared when it succeeds)."""
+    problems, failures = [], []
     for workflow in SPECS:
         answers: dict[str, list[Any]] = {}
         for server in servers:
             answers[server.name] = []
-            for body in requests:
-                status, text = post(f"{server.inference}/wfpredict/{workflow}", body)
+            for index, body in enumerate(requests):
+                for attempt in range(1 + ANSWER_RETRIES):
+                    status, text = post(f"{server.inference}/wfpredict/{workflow}", body)
+                    if status == 200:
+                        break
+                    failures.append(f"{server.name} {workflow} request {index} (attempt "
+                                    f"{attempt + 1}): {status} "
+                                    f"{text.decode(errors='replace').strip()}")
                 try:
                     answer: Any = json.loads(text)
                 except ValueError:
@@ -246,7 +293,7 @@ def check_answers(servers: Sequence[Server], requests: Sequence[bytes],
                 same += 1
         log(f"{workflow}: {same}/{len(reference)} answers identical on "
             f"{', '.join(answers)}; first: {reference[0][1]}")
-    return problems
+    return problems, failures
 
 
 def node_batch_means(metrics: str, workflow: str) -> dict[str, tuple[float, float]]:
@@ -342,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workflows", nargs="+", choices=sorted(SPECS), default=list(SPECS))
     parser.add_argument("--clients", type=int, nargs="*", default=[8, 16, 32, 64],
                         help="closed loops: concurrent clients")
-    parser.add_argument("--rates", type=float, nargs="*", default=[50, 100, 200],
+    parser.add_argument("--rates", type=float, nargs="*", default=[50, 100, 200, 400],
                         help="open loops: Poisson arrivals per second")
     parser.add_argument("--duration", type=float, default=10.0,
                         help="measured seconds a point (default 10: a node's timeout-ms, "
@@ -372,6 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_store.mkdir()
     workflow_store.mkdir()
     points: list[Point] = []
+    problems: list[str] = []
+    failures: list[str] = []
     started_at = time.monotonic()
     try:
         bin_dir = ts.ensure_venv()
@@ -380,18 +429,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_archives(bin_dir, model_store, workflow_store, scratch)
         requests = bodies(64, seed=0)
         with started(servers, model_store, workflow_store, args.torchserve_pool, log) as up:
-            problems = check_answers(up, requests[:CHECKED_REQUESTS], log)
+            problems, failures = check_answers(up, requests[:CHECKED_REQUESTS], log)
             for problem in problems:
                 log(f"DIFFERENT ANSWERS: {problem}")
+            for failure in failures:
+                log(f"failed, sent again: {failure}")
             for workflow in args.workflows:
                 points += [Point(workflow, f"{c} clients", clients=c) for c in args.clients]
                 points += [Point(workflow, f"{r:g}/s", rate=r) for r in args.rates]
+            for server in up:
+                server.settle()
             for index, point in enumerate(points):
                 shift = index % len(up)
                 for server in [*up[shift:], *up[:shift]]:
                     measure(point, server, requests, args, seed=index)
+                    waited = server.settle()
                     log(f"  {server.name} {point.workflow} {point.load}: "
-                        f"{point.results[server.name].summary()}")
+                        f"{point.results[server.name].summary()}  (settled in {waited:.1f} s)")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     header = (f"### Workflows: {', '.join(args.workflows)} ({time.strftime('%Y-%m-%d')})\n\n"
@@ -399,8 +453,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{args.duration:g} s a point; nodes B={BATCH_SIZE}, D={MAX_BATCH_DELAY_MS} ms, "
               f"one worker each; requests time out after {args.request_timeout:g} s; "
               f"{time.monotonic() - started_at:.0f} s in all)")
-    if problems:
-        header += "\n\nDIFFERENT ANSWERS:\n" + "\n".join(f"- {p}" for p in problems)
+    header += (f"\n\nAnswers: the same {CHECKED_REQUESTS} requests to each workflow, one at "
+               f"a time, on every server: " + ("all identical." if not problems else
+                                               f"{len(problems)} differ:"))
+    header += "".join(f"\n- {problem}" for problem in problems)
+    if failures:
+        header += (f"\n\nFailed during that check (and sent again, up to {ANSWER_RETRIES} "
+                   "times):" + "".join(f"\n- {failure}" for failure in failures))
     text = report(points, servers, header)
     print(text)
     if args.out:
