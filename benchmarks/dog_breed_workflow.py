@@ -18,6 +18,11 @@ copied into this repository). The script
 4. prints each server's answers and compares them: the same text, or the same labels in the
    same order with probabilities within ``--tolerance``.
 
+batchserve decodes and resizes ImageNet-style images on its tensor path by default, which
+agrees with Pillow's to within rounding (``backend/handlers/images.py``): the probabilities
+then differ from TorchServe's in the 4th decimal. ``--image-decode pil`` archives both models
+with a model-config.yaml that selects TorchServe's Pillow path (TorchServe ignores the key).
+
     .venv/bin/python -m benchmarks.dog_breed_workflow --serve-repo ~/src/serve \\
         --images ../shared/data/kitten.jpg ../shared/data/dog.jpg
 
@@ -108,17 +113,23 @@ def save_weights(example: Path, images: Sequence[Path]) -> dict[str, Path]:
 
 
 def build_archives(bin_dir: Path, example: Path, weights: dict[str, Path],
-                   model_store: Path, workflow_store: Path) -> None:
-    """The README's torch-model-archiver and torch-workflow-archiver commands."""
+                   model_store: Path, workflow_store: Path, image_decode: str | None) -> None:
+    """The README's torch-model-archiver and torch-workflow-archiver commands; with
+    ``image_decode``, both models also get a model-config.yaml that sets batchserve's
+    ``handler.image_decode`` (TorchServe ignores it)."""
+    config = None
+    if image_decode is not None:
+        config = example / "model-config.yaml"
+        config.write_text(f"handler:\n  image_decode: {image_decode}\n")
     ts.archive(bin_dir, model_store, "cat_dog_classification",
                example / "cat_dog_classification_handler.py",
                model_file=example / "cat_dog_classification_arch.py",
-               serialized_file=weights["cat_dog_classification"])
+               serialized_file=weights["cat_dog_classification"], config_file=config)
     ts.archive(bin_dir, model_store, "dog_breed_classification",
                example / "dog_breed_classification_handler.py",
                model_file=example / "dog_breed_classification_arch.py",
                serialized_file=weights["dog_breed_classification"],
-               extra_files=[example / "index_to_name.json"])
+               extra_files=[example / "index_to_name.json"], config_file=config)
     ts.workflow_archive(bin_dir, workflow_store, WORKFLOW,
                         example / "workflow_dog_breed_classification.yaml",
                         example / "workflow_dog_breed_classification_handler.py")
@@ -207,6 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds to wait for one answer")
     parser.add_argument("--tolerance", type=float, default=1e-5,
                         help="largest difference between two probabilities called the same")
+    parser.add_argument("--image-decode", choices=["tensor", "pil"],
+                        help="archive the models with a model-config.yaml that sets batchserve's "
+                             "handler.image_decode (default: none, as the README archives them, "
+                             "so batchserve decodes on its tensor path)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = parser.parse_args(argv)
 
@@ -223,7 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"two images have the same name: {names}")
         weights = save_weights(example, images)
         bin_dir = ts.ensure_venv()
-        build_archives(bin_dir, example, weights, model_store, workflow_store)
+        build_archives(bin_dir, example, weights, model_store, workflow_store,
+                       args.image_decode)
         print(f"archives: {sorted(p.name for p in model_store.iterdir())} "
               f"{sorted(p.name for p in workflow_store.iterdir())} (in {scratch})", flush=True)
         answers: dict[str, dict[str, str]] = {}

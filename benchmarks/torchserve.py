@@ -89,7 +89,7 @@ def ensure_venv(venv: Path = VENV, packages: Sequence[str] = PACKAGES) -> Path:
 
 def archive(bin_dir: Path, store: Path, name: str, handler: Path, *, version: str = "1.0",
             model_file: Path | None = None, serialized_file: Path | None = None,
-            extra_files: Sequence[Path] = ()) -> str:
+            extra_files: Sequence[Path] = (), config_file: Path | None = None) -> str:
     """Pack a ``.mar`` with TorchServe's own ``torch-model-archiver``; returns its file name."""
     command = [str(bin_dir / "torch-model-archiver"), "--model-name", name, "--version",
                version, "--handler", str(handler), "--export-path", str(store), "--force"]
@@ -99,6 +99,8 @@ def archive(bin_dir: Path, store: Path, name: str, handler: Path, *, version: st
         command += ["--serialized-file", str(serialized_file)]
     if extra_files:
         command += ["--extra-files", ",".join(str(path) for path in extra_files)]
+    if config_file is not None:
+        command += ["--config-file", str(config_file)]
     done = subprocess.run(command, timeout=600, capture_output=True, text=True, check=False,
                           env=clean_env())
     if done.returncode != 0:
