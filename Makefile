@@ -93,7 +93,8 @@ demo: $(STAMP) $(DEMO_MODEL)
 
 # The container image (docs/container.md), built here and smoke-tested: opt-in and slow (torch
 # goes into it), never part of `make test`. Needs root; installs mmdebstrap, podman and runc
-# with apt when missing. IMAGE_ARGS reach docker/build.py, e.g. IMAGE_ARGS="--variant cuda".
+# with apt when missing. IMAGE_ARGS reach docker/build.py, e.g. IMAGE_ARGS="--variant cuda",
+# or IMAGE_ARGS="--variant sagemaker" for the SageMaker image (docs/container.md).
 IMAGE_TOOLS := mmdebstrap podman runc
 IMAGE_ARGS ?=
 

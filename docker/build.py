@@ -18,13 +18,18 @@ Debian's mmdebstrap, podman and runc (``make image`` installs them with apt when
    default the container runs its CMD; ``--kserve v1|v2|grpc-v2`` runs it exactly as KServe's
    runtime does for that protocol (its args and env; REST on 8080, gRPC on 8081).
 
-Usage: python -m docker.build [--variant cpu|cuda] [--no-smoke | --smoke-only] [--kserve P];
---help tells the rest.
+``--variant sagemaker`` builds docker/Dockerfile.sagemaker instead: the SageMaker PyTorch
+inference toolkit beside batchserve (CPU torch), started as SageMaker starts a container
+(``IMAGE serve``); docker/sagemaker_smoke.py is its smoke test (single model and multi-model).
+
+Usage: python -m docker.build [--variant cpu|cuda|sagemaker] [--no-smoke | --smoke-only]
+[--kserve P]; --help tells the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import shutil
@@ -57,6 +62,8 @@ WORK = ROOT / "build" / "image"
 LOG = WORK / "build.log"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 SMOKE_HANDLER = ROOT / "docker" / "smoke_handler.py"
+SAGEMAKER_DOCKERFILE = ROOT / "docker" / "Dockerfile.sagemaker"
+SAGEMAKER_ENTRYPOINT = ROOT / "docker" / "sagemaker-entrypoint.sh"
 
 BASE_IMAGE = "localhost/batchserve-base:bookworm"
 SUITE = "bookworm"  # its python3 is 3.11, as this host's: the wheels built here fit it
@@ -72,7 +79,17 @@ class Variant:
     torch: str
     torchvision: str | None
     """None: the image has no torchvision (the built-in image handlers cannot load)."""
+    dockerfile: Path = DOCKERFILE
+    requirements: tuple[str, ...] = ()
+    """What the image holds beside batchserve, torch and the extras."""
+    files: tuple[Path, ...] = ()
+    """Put in the build context beside wheels/, for the Dockerfile's COPY."""
 
+
+# The SageMaker PyTorch inference toolkit (its `serve` and handler service, with
+# sagemaker-inference bundled). It reads its files through pkg_resources, which setuptools 82
+# no longer has.
+SAGEMAKER_REQUIREMENTS = ("sagemaker-pytorch-inference>=2.0.25,<2.1", "setuptools<82")
 
 VARIANTS = {
     # The CPU build of torch that this machine's pip has on disk. torchvision's CPU wheels come
@@ -82,6 +99,11 @@ VARIANTS = {
     "cpu": Variant(torch="torch==2.13.0+cpu", torchvision=None),
     # PyPI's torch is the CUDA build; its CUDA libraries come as nvidia-* wheels (~5.5 GB).
     "cuda": Variant(torch="torch==2.14.1", torchvision="torchvision==0.29.1"),
+    # SageMaker's serving container (docker/Dockerfile.sagemaker): the CPU variant's torch with
+    # the toolkit; --torch/--torchvision make a GPU one as they do for cpu.
+    "sagemaker": Variant(torch="torch==2.13.0+cpu", torchvision=None,
+                         dockerfile=SAGEMAKER_DOCKERFILE, requirements=SAGEMAKER_REQUIREMENTS,
+                         files=(SAGEMAKER_ENTRYPOINT,)),
 }
 # torch's tensor/numpy bridge and most handlers use numpy; torch leaves it optional and, without
 # torchvision, nothing else brings it.
@@ -229,7 +251,8 @@ def build_base(mirrors: Sequence[str], rebuild: bool) -> None:
 
 def requirements(wheel: Path, variant: Variant, extras: Sequence[str]) -> list[str]:
     """batchserve's own requirements (no extras), torch and torchvision pinned as the variant
-    says (torchvision dropped when it has none), and the extra packages."""
+    says (torchvision dropped when it has none), the variant's own requirements and the extra
+    packages."""
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         metadata = Parser().parsestr(archive.read(name).decode())
@@ -245,7 +268,7 @@ def requirements(wheel: Path, variant: Variant, extras: Sequence[str]) -> list[s
                 result.append(spec)
             continue
         result.append(line)
-    return [*result, *extras]
+    return [*result, *variant.requirements, *extras]
 
 
 def source_tree(target: Path) -> Path:
@@ -274,18 +297,20 @@ def build_wheels(variant: Variant, context: Path, extras: Sequence[str],
     shutil.rmtree(source)
     own = next(wheels.glob("batchserve-*.whl"))
     run([*pip, *requirements(own, variant, extras)], timeout=PIP_TIMEOUT_S)
+    for path in variant.files:
+        shutil.copy2(path, context / path.name)
     return sorted(wheels.glob("*.whl"))
 
 
 # ---- 3. image --------------------------------------------------------------------------
 
-def build_image(tag: str, variant: str, context: Path) -> None:
+def build_image(tag: str, name: str, variant: Variant, context: Path) -> None:
     previous = image_id(tag)
     # --layers=false: no cached intermediate images (the install stage alone is the size of
     # the image) are left behind.
     podman("build", "--layers=false", "--network", "host", *ulimits(),
-           "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--build-arg", f"VARIANT={variant}",
-           "--file", str(DOCKERFILE), "--tag", tag, str(context),
+           "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--build-arg", f"VARIANT={name}",
+           "--file", str(variant.dockerfile), "--tag", tag, str(context),
            timeout=BUILD_TIMEOUT_S, capture=False)
     drop_replaced(previous, tag)
 
@@ -356,16 +381,17 @@ def http(method: str, url: str, body: Any = None, *, content_type: str = "applic
         return status, raw.decode(errors="replace")
 
 
-def container_running() -> bool:
+def container_running(container: str = SMOKE_CONTAINER) -> bool:
     out = subprocess.run(["podman", "inspect", "--format", "{{.State.Running}}",
-                          SMOKE_CONTAINER], capture_output=True, text=True).stdout
+                          container], capture_output=True, text=True).stdout
     return out.strip() == "true"
 
 
-def wait_until(ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+def wait_until(ready: Callable[[], bool], timeout_s: float, what: str,
+               container: str = SMOKE_CONTAINER) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not container_running():
+        if not container_running(container):
             raise BuildError(f"the container exited while waiting for {what}")
         try:
             if ready():
@@ -466,13 +492,7 @@ def smoke_checks(options: SmokeOptions) -> list[tuple[str, Check]]:
         # The server itself must be PID 1, as uid 1000: its workers are its own children.
         # (`torchserve --start` that went to the background would be PID 1 only until the
         # server it spawned answers, and the container would end with it.)
-        listing = podman("exec", SMOKE_CONTAINER, "sh", "-c",
-                         'for p in /proc/[0-9]*; do echo "${p#/proc/}'
-                         ' $(cut -d" " -f4 $p/stat) $(stat -c %u $p)'
-                         ' $(tr "\\0" " " < $p/cmdline)"; done')
-        # A process that ended during the listing leaves empty fields: not counted.
-        processes = [fields for fields in (line.split(" ", 3) for line in listing.splitlines())
-                     if len(fields) == 4 and all(fields[:3])]
+        processes = container_processes(SMOKE_CONTAINER)
         pid1 = next((p for p in processes if p[0] == "1"), None)
         workers = [p for p in processes if "-m backend" in p[3]]
         ok = pid1 is not None and "torchserve" in pid1[3] and bool(workers) \
@@ -487,6 +507,17 @@ def smoke_checks(options: SmokeOptions) -> list[tuple[str, Check]]:
     protocols = {None: v1 + v2, "v1": v1, "v2": v2, "grpc-v2": v2}[options.protocol]
     return [("TorchServe /ping", ping), ("TorchServe /predictions", predictions), *protocols,
             ("metrics", metrics), ("PID 1 is the server, as uid 1000", pid1_is_the_server)]
+
+
+def container_processes(container: str) -> list[list[str]]:
+    """The container's processes as [pid, parent pid, uid, command line (spaces for NULs)]."""
+    listing = podman("exec", container, "sh", "-c",
+                     'for p in /proc/[0-9]*; do echo "${p#/proc/}'
+                     ' $(cut -d" " -f4 $p/stat) $(stat -c %u $p)'
+                     ' $(tr "\\0" " " < $p/cmdline)"; done')
+    # A process that ended during the listing leaves empty fields: not counted.
+    return [fields for fields in (line.split(" ", 3) for line in listing.splitlines())
+            if len(fields) == 4 and all(fields[:3])]
 
 
 def tensor_values(tensor: Any, raw: bytes | None) -> list[float]:
@@ -580,7 +611,9 @@ def smoke(options: SmokeOptions) -> tuple[int, int]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m docker.build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variant", choices=sorted(VARIANTS), default="cpu")
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="cpu",
+                        help="cpu, cuda: the KServe image with that torch; sagemaker: the "
+                        "SageMaker image (CPU torch unless --torch says otherwise)")
     parser.add_argument("--tag", help="image tag (default localhost/batchserve:<version>-"
                         "<variant>)")
     parser.add_argument("--torch", help="torch requirement (default: the variant's)")
@@ -612,13 +645,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="where Open Inference gRPC is checked (default: with --kserve "
                         f"{KSERVE_GRPC_PORT}, else --grpc-port)")
     parser.add_argument("--env", action="append", default=[],
-                        help="KEY=VALUE for the container")
+                        help="KEY=VALUE for the container (each container, for sagemaker)")
     parser.add_argument("--kserve-args", action="store_true",
                         help="run with KServe's args (no --foreground) instead of the CMD")
     parser.add_argument("--bind", default="127.0.0.1",
                         help="the config's bind host: host network here, so loopback; a pod "
                         "binds 0.0.0.0")
-    parser.add_argument("--start-timeout", type=float, default=180.0)
+    parser.add_argument("--start-timeout", type=float, default=180.0,
+                        help="seconds the server may take to answer /ping")
     return parser.parse_args(argv)
 
 
@@ -626,8 +660,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     default = VARIANTS[args.variant]
     torchvision = args.torchvision or default.torchvision
-    variant = Variant(torch=args.torch or default.torch,
-                      torchvision=None if torchvision == "none" else torchvision)
+    variant = dataclasses.replace(default, torch=args.torch or default.torch,
+                                  torchvision=None if torchvision == "none" else torchvision)
+    sagemaker = variant.dockerfile == SAGEMAKER_DOCKERFILE
+    if sagemaker and (args.protocol or args.kserve_args):
+        print("--kserve and --kserve-args are for the KServe image, not --variant sagemaker",
+              file=sys.stderr)
+        return 2
     tag = args.tag or f"localhost/batchserve:{__version__}-{args.variant}"
     missing = [tool for tool in ("mmdebstrap", "podman", "runc") if shutil.which(tool) is None]
     if missing:
@@ -651,23 +690,30 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if variant.torchvision is None:
                     print("   no torchvision: the built-in image handlers cannot load")
             with step("image", timings):
-                build_image(tag, args.variant, context)
+                build_image(tag, args.variant, variant, context)
             shutil.rmtree(context)
         print(f"   {tag}: {image_size(tag) / 1e6:.0f} MB")
         if not args.no_smoke:
             with step("smoke", timings):
-                passed, failed = smoke(SmokeOptions(
-                    tag=tag, port=args.port, metrics_port=args.metrics_port,
-                    grpc_port=args.grpc_port,
-                    kserve_rest_port=args.kserve_rest_port or (
-                        KSERVE_REST_PORT if args.protocol else args.port),
-                    kserve_grpc_port=args.kserve_grpc_port or (
-                        KSERVE_GRPC_PORT if args.protocol else args.grpc_port),
-                    bind=args.bind, env=tuple(args.env), kserve_args=args.kserve_args,
-                    start_timeout_s=args.start_timeout, protocol=args.protocol))
+                if sagemaker:
+                    # Imported here: it takes its podman helpers from this module.
+                    from docker import sagemaker_smoke
+                    passed, failed = sagemaker_smoke.smoke(tag, args.start_timeout,
+                                                           tuple(args.env))
+                else:
+                    passed, failed = smoke(SmokeOptions(
+                        tag=tag, port=args.port, metrics_port=args.metrics_port,
+                        grpc_port=args.grpc_port,
+                        kserve_rest_port=args.kserve_rest_port or (
+                            KSERVE_REST_PORT if args.protocol else args.port),
+                        kserve_grpc_port=args.kserve_grpc_port or (
+                            KSERVE_GRPC_PORT if args.protocol else args.grpc_port),
+                        bind=args.bind, env=tuple(args.env), kserve_args=args.kserve_args,
+                        start_timeout_s=args.start_timeout, protocol=args.protocol))
             print(f"{passed} passed, {failed} failed")
             if failed:
-                print(f"(the container's log: {WORK / 'smoke-container.log'})")
+                logs = "sagemaker-*.log" if sagemaker else "smoke-container.log"
+                print(f"(the container's log: {WORK / logs})")
                 return 1
     except BuildError as exc:
         print(f"failed: {exc}\n(logs: {LOG}, {WORK / 'smoke-container.log'})", file=sys.stderr)

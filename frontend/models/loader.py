@@ -103,6 +103,9 @@ class RegisterRequest:
     handler: str | None = None
     #: The settings the request sets (above model-config.yaml).
     settings: SettingsLayer = field(default_factory=lambda: SettingsLayer())
+    #: Settings proposed below config.properties ``models=`` and model-config.yaml (a
+    #: workflow's node workers and timeouts, which TorchServe lets the archive override).
+    underlay: SettingsLayer = field(default_factory=lambda: SettingsLayer())
     synchronous: bool = True
     loaded_at_startup: bool = False
     #: Named by the operator (load_models, --models): a local path there needs no
@@ -193,7 +196,7 @@ class ModelLoader:
             from_yaml = read_layer(model_config, Source.YAML)
         except ValueError as exc:
             raise BadRequest(f"model-config.yaml: {exc}") from None
-        settings = resolve(self.server_defaults(request.loaded_at_startup),
+        settings = resolve(self.server_defaults(request.loaded_at_startup), request.underlay,
                            configured.settings, from_yaml, request.settings)
         if settings.sequence_batching and not settings.sequence_max_idle_ms:
             # TorchServe registers such a model and then refuses every request (503).

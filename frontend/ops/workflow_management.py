@@ -24,6 +24,7 @@ from frontend.ops.management import describe_model
 from frontend.ops.params import int_param
 from frontend.ops.services import Services
 from frontend.workflows.registry import Workflow
+from frontend.workflows.spec import dag_text
 
 MAX_LIST_LIMIT = 100
 _MODEL_FIELDS = ("modelVersion", "minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
@@ -80,34 +81,32 @@ class WorkflowOps:
 
 def describe_workflow(workflow: Workflow) -> dict[str, object]:
     """TorchServe's describe body for a workflow, with each node's model and workers."""
-    spec, dag = workflow.archive.spec, workflow.dag
+    spec = workflow.spec
     nodes = []
-    for name in dag.order:
-        node = workflow.nodes[name]
+    for name, node in workflow.nodes.items():
         model = describe_model(node.model)
         nodes.append({
             "name": name,
-            "type": "function" if node.spec.is_function else "model",
+            "type": node.spec.kind.value,
             "modelName": node.model.name,
             **({"url": node.spec.url} if node.spec.url is not None else {}),
-            **({"batchedFunction": node.spec.batched} if node.spec.is_function else {}),
-            "parents": list(dag.parents[name]),
-            "children": list(dag.children[name]),
+            "parents": list(node.spec.parents),
+            "children": list(node.spec.children),
             "retryAttempts": node.spec.settings.retry_attempts,
             "timeoutMs": node.spec.settings.timeout_ms,
             **{key: model[key] for key in _MODEL_FIELDS if key in model},
         })
-    defaults = spec.defaults
+    settings = spec.settings
     return {
         "workflowName": workflow.name,
         "workflowUrl": workflow.archive.url,
-        "minWorkers": defaults.min_workers,
-        "maxWorkers": defaults.max_workers,
-        "batchSize": defaults.batch_size,
-        "maxBatchDelay": defaults.max_batch_delay_ms,
-        "workflowDag": spec.dag_text(),
-        "retryAttempts": defaults.retry_attempts,
-        "timeoutMs": defaults.timeout_ms,
+        "minWorkers": settings.min_workers,
+        "maxWorkers": settings.max_workers,
+        "batchSize": settings.batch_size,
+        "maxBatchDelay": settings.max_batch_delay_ms,
+        "workflowDag": dag_text(workflow.archive.spec_text),
+        "retryAttempts": settings.retry_attempts,
+        "timeoutMs": settings.timeout_ms,
         "running": workflow.running,
         "nodes": nodes,
     }

@@ -20,7 +20,7 @@ A node call that fails or outlives the node's ``timeout-ms`` is made again, up t
 queue is full, or its model is going away. Then the request alone fails, with an error naming
 the node (500, as TorchServe; 503 when the node could not take it); the other requests in the
 node's batches are not touched, and nodes still running for the failed request are cancelled.
-A client's ``X-Request-Timeout`` bounds the whole workflow.
+A client's ``X-Request-Timeout`` bounds the whole workflow (504 when it passes).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from frontend.observe.metrics import ServerMetrics
 from frontend.ops.plane import REQUEST_TIMEOUT_HEADER, InferencePlane, Origin, parse_timeout
 from frontend.serving.streams import ResponseStream
 from frontend.workflows.registry import Workflow, WorkflowNode, WorkflowRegistry
+from frontend.workflows.spec import NodeSpec
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class WorkflowRunner:
         workflow = self.registry.get(name)
         if not workflow.accepting:
             raise ServiceUnavailable(f"Workflow {name} is being unregistered")
-        workflow.nodes[workflow.dag.start].model.batcher.refuse_if_full()
+        workflow.nodes[workflow.spec.root].model.batcher.refuse_if_full()
         return workflow
 
     async def run(self, workflow: Workflow, origin: Origin, headers: Headers,
@@ -142,11 +143,11 @@ class WorkflowRunner:
 
     async def _execute(self, workflow: Workflow, origin: Origin, headers: Headers,
                        inputs: Inputs, deadline: float | None) -> WorkflowAnswer:
-        dag = workflow.dag
+        spec = workflow.spec
         outputs: dict[str, NodeOutput] = {}
-        waiting = {node: len(parents) for node, parents in dag.parents.items()}
+        waiting = {node.name: len(node.parents) for node in spec}
         running: dict[asyncio.Task[NodeOutput], str] = {}
-        ready: list[tuple[str, Inputs]] = [(dag.start, inputs)]
+        ready: list[tuple[str, Inputs]] = [(spec.root, inputs)]
         try:
             while ready or running:
                 if len(ready) == 1 and not running:
@@ -175,16 +176,16 @@ class WorkflowRunner:
                         raise failure
                 for node, output in finished:
                     outputs[node] = output
-                    for child in dag.children[node]:
+                    for child in spec[node].children:
                         waiting[child] -= 1
                         if not waiting[child]:
-                            ready.append((child, _child_inputs(dag.parents[child], outputs)))
+                            ready.append((child, _child_inputs(spec[child], outputs)))
         finally:
             for task in running:
                 task.cancel()
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
-        return _answer(dag.leaves, outputs)
+        return _answer(spec.leaves, outputs)
 
     async def _call(self, workflow: Workflow, node: WorkflowNode, origin: Origin,
                     headers: Headers, inputs: Inputs, deadline: float | None) -> NodeOutput:
@@ -192,13 +193,18 @@ class WorkflowRunner:
         settings = node.spec.settings
         attempts = 1 + settings.retry_attempts
         error: ServeError = InternalError("no attempt was made")
+        made = 0
+        #: Whether the client's deadline, not the node's timeout-ms, bounds this attempt.
+        cut = False
         for attempt in range(1, attempts + 1):
             timeout_s = settings.timeout_ms / 1000
             if deadline is not None:
-                timeout_s = min(timeout_s, deadline - time.monotonic())
-                if timeout_s <= 0:
-                    error = GatewayTimeout("the request's X-Request-Timeout passed")
+                left = deadline - time.monotonic()
+                cut = left <= timeout_s
+                if left <= 0:
                     break
+                timeout_s = min(timeout_s, left)
+            made = attempt
             try:
                 output = await self._attempt(node, origin, headers, inputs, timeout_s)
             except _NoRetry as stop:
@@ -208,6 +214,8 @@ class WorkflowRunner:
                 error = exc
                 outcome = "timeout" if isinstance(exc, GatewayTimeout) else "error"
                 self.metrics.record_workflow_node(workflow.name, node.name, outcome)
+                if cut and outcome == "timeout":
+                    break  # the client's deadline passed: no time for another call
                 if attempt < attempts:
                     logger.warning("workflow %s: node %s failed attempt %d of %d (%s); "
                                    "calling it again", workflow.name, node.name, attempt,
@@ -215,7 +223,13 @@ class WorkflowRunner:
                 continue
             self.metrics.record_workflow_node(workflow.name, node.name, "ok")
             return output
-        raise _failure(workflow, node, error, attempts)
+        if cut and (made == 0 or isinstance(error, GatewayTimeout)):
+            # The client's own X-Request-Timeout: 504, as /predictions answers it.
+            where = _where(workflow, node)
+            raise NodeFailed(504, GatewayTimeout.type_name,
+                             f"{where}: the request's X-Request-Timeout passed after "
+                             f"{_attempts(made)} ({error.message})")
+        raise _failure(workflow, node, error, made)
 
     async def _attempt(self, node: WorkflowNode, origin: Origin, headers: Headers,
                        inputs: Inputs, timeout_s: float) -> NodeOutput:
@@ -225,7 +239,8 @@ class WorkflowRunner:
         call = plane.begin(origin, asyncio.get_running_loop())
         try:
             try:
-                plane.open(call, model.name, model.version)
+                # No version named, as TorchServe's node jobs (its metrics say "default").
+                plane.open(call, model.name)
                 plane.send(call, headers, inputs, deadline_s=timeout_s)
                 answer = await plane.outcome(call)
             except (NotFound, ServiceUnavailable) as exc:
@@ -261,10 +276,10 @@ async def _whole(stream: ResponseStream) -> worker_pb2.Response:
                                body=b"".join(part.body for part in parts))
 
 
-def _child_inputs(parents: tuple[str, ...], outputs: dict[str, NodeOutput]) -> Inputs:
-    if len(parents) == 1:
-        return [("body", outputs[parents[0]].body, NODE_OUTPUT_TYPE)]
-    return [(parent, outputs[parent].body, NODE_OUTPUT_TYPE) for parent in parents]
+def _child_inputs(node: NodeSpec, outputs: dict[str, NodeOutput]) -> Inputs:
+    """A node's inputs: ``body`` from its one parent, else one per parent, by its name."""
+    return [(node.input_name(parent), outputs[parent].body, NODE_OUTPUT_TYPE)
+            for parent in node.parents]
 
 
 def _answer(leaves: tuple[str, ...], outputs: dict[str, NodeOutput]) -> WorkflowAnswer:
@@ -283,12 +298,20 @@ def _answer(leaves: tuple[str, ...], outputs: dict[str, NodeOutput]) -> Workflow
     return WorkflowAnswer((json.dumps(combined, indent=2) + "\n").encode(), JSON_TYPE)
 
 
+def _where(workflow: Workflow, node: WorkflowNode) -> str:
+    return f"Error executing {node.name} (workflow {workflow.name}, model {node.model.name})"
+
+
+def _attempts(count: int) -> str:
+    return f"{count} attempt{'s' if count != 1 else ''}"
+
+
 def _failure(workflow: Workflow, node: WorkflowNode, error: ServeError, attempts: int
              ) -> NodeFailed:
     """The answer of a request a node failed: 500 as TorchServe's (its message starts as
     TorchServe's, "Error executing <node>"), or 503 when the node could not take it."""
-    where = f"Error executing {node.name} (workflow {workflow.name}, model {node.model.name})"
+    where = _where(workflow, node)
     if isinstance(error, ServiceUnavailable):
         return NodeFailed(503, ServiceUnavailable.type_name, f"{where}: {error.message}")
-    tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
-    return NodeFailed(500, InternalError.type_name, f"{where} after {tries}: {error.message}")
+    return NodeFailed(500, InternalError.type_name,
+                      f"{where} after {_attempts(attempts)}: {error.message}")

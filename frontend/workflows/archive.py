@@ -1,7 +1,8 @@
 """Find, fetch and unpack a workflow archive (.war), and read what it holds.
 
 A .war (TorchServe's ``torch-workflow-archiver``, or ours) is a zip of the spec file (YAML),
-the handler file of the workflow's functions, extra files, and ``WAR-INF/MANIFEST.json``::
+the handler file of the workflow's functions, extra files, and ``WAR-INF/MANIFEST.json``
+(read by ``workflow_archiver.manifest``, with TorchServe's checks and messages)::
 
     {"createdOn": "...", "archiverVersion": "0.2.x",
      "workflow": {"workflowName": "wf", "specFile": "wf.yaml", "handler": "wf_handler.py"}}
@@ -15,12 +16,10 @@ it lies in the store or ``allowed_urls`` admits it.
 
 from __future__ import annotations
 
-import json
 import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from frontend.errors import (
@@ -32,9 +31,10 @@ from frontend.errors import (
 )
 from frontend.models import archive as archives
 from frontend.models.download import download_archive
-from frontend.workflows.spec import WorkflowSpec, parse_spec
+from frontend.workflows.spec import WorkflowSpec, read_spec
+from workflow_archiver import WorkflowArchiverError
+from workflow_archiver.manifest import MANIFEST_PATH, WorkflowManifest
 
-MANIFEST_PATH = "WAR-INF/MANIFEST.json"
 WAR_SUFFIX = ".war"
 
 
@@ -48,7 +48,9 @@ class WorkflowArchive:
     #: The unpacked archive (ours: removed with the workflow).
     directory: Path
     spec: WorkflowSpec
-    #: The handler file of its functions, relative to ``directory`` ("" when it has none).
+    #: The spec file's text (describe shows its ``dag`` as TorchServe does).
+    spec_text: str
+    #: The handler file of its functions, relative to ``directory``.
     handler: str
     #: The store's copy of a downloaded or file:// archive (removed with the workflow).
     fetched: Path | None = None
@@ -141,58 +143,34 @@ def unpack(url: str, source: Path, work_dir: Path, workflow_name: str | None,
             archives.extract_zip(source, directory, WAR_SUFFIX)
         except ArchiveError as exc:
             raise InvalidWorkflow(exc.message) from None
-        manifest = _read_manifest(directory)
-        workflow = manifest.get("workflow")
-        if not isinstance(workflow, dict):
-            raise InvalidWorkflow("Missing Workflow entry in manifest file.")
-        name = workflow_name or workflow.get("workflowName")
-        if not name or not isinstance(name, str):
-            raise InvalidWorkflow("Workflow name is not defined.")
-        if manifest.get("archiverVersion") is None:
-            raise InvalidWorkflow("Workflow archive version is not defined.")
-        if manifest.get("createdOn") is None:
-            raise InvalidWorkflow("Workflow archive createdOn is not defined.")
-        spec_text = _read_member(directory, workflow.get("specFile"), "specFile")
-        handler = workflow.get("handler") or ""
-        if handler:
-            _member(directory, handler, "handler")
-        spec = parse_spec(spec_text)
-        return WorkflowArchive(url, name, directory, spec, Path(handler).name if handler else "",
-                               fetched)
+        path = directory / MANIFEST_PATH
+        if not path.is_file():
+            raise InvalidWorkflow(f"the archive has no {MANIFEST_PATH}: is it a workflow "
+                                  "archive (.war)?")
+        try:
+            manifest = WorkflowManifest.from_json(path.read_bytes(),
+                                                  workflow_name=workflow_name or None)
+        except WorkflowArchiverError as exc:
+            raise InvalidWorkflow(str(exc)) from None
+        spec_text = _read_member(directory, manifest.spec_file, "specFile")
+        handler_source = _read_member(directory, manifest.handler, "handler")
+        spec = read_spec(spec_text, manifest.workflow_name, handler_source)
+        return WorkflowArchive(url, manifest.workflow_name, directory, spec, spec_text,
+                               manifest.handler, fetched)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
 
 
-def _read_manifest(directory: Path) -> dict[str, Any]:
-    path = directory / MANIFEST_PATH
+def _read_member(directory: Path, name: str, key: str) -> str:
+    """A file the manifest names (a path inside the archive, as the manifest reader checked)."""
+    path = directory / name
     if not path.is_file():
-        raise InvalidWorkflow(f"the archive has no {MANIFEST_PATH}: is it a workflow archive "
-                              "(.war)?")
+        raise InvalidWorkflow(f"the archive has no {key} {name!r}")
     try:
-        loaded = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidWorkflow(f"Failed to parse {MANIFEST_PATH}: {exc}") from None
-    if not isinstance(loaded, dict):
-        raise InvalidWorkflow(f"{MANIFEST_PATH} must hold a JSON object")
-    return loaded
-
-
-def _member(directory: Path, name: object, key: str) -> Path:
-    """A file the manifest names (TorchServe's archiver stores base names), in the archive."""
-    if not isinstance(name, str) or not name.strip():
-        raise InvalidWorkflow(f"{MANIFEST_PATH} names no workflow {key}")
-    path = directory / Path(name).name
-    if not path.is_file():
-        raise InvalidWorkflow(f"the archive has no {key} {Path(name).name!r}")
-    return path
-
-
-def _read_member(directory: Path, name: object, key: str) -> str:
-    try:
-        return _member(directory, name, key).read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise InvalidWorkflow(f"the {key} is not UTF-8 text") from None
+        raise InvalidWorkflow(f"the {key} {name!r} is not UTF-8 text") from None
 
 
 def is_war(path: Path) -> bool:

@@ -5,7 +5,9 @@ As TorchServe 0.12 (its ``WorkflowManager``): each DAG node becomes a model name
 registration's: the model store, or a download ``allowed_urls`` admits), served with the
 node's batch size, batch delay and workers (TorchServe starts ``max-workers`` workers); a
 function node is the archive's handler file's function, served from the unpacked .war by one
-worker. The nodes register concurrently and each waits for its workers; when one fails, the
+worker, which calls it one request at a time, as TorchServe does (its queue still gathers
+the waiting requests into batches of up to the workflow's batch size, one trip to the worker
+each). The nodes register concurrently and each waits for its workers; when one fails, the
 others are removed again and so is the archive (nothing stays half-registered), and the answer
 lists every failure.
 
@@ -21,20 +23,13 @@ import logging
 from pathlib import Path
 
 from frontend.config import ServerConfig
-from frontend.errors import BadRequest, InvalidWorkflow, ServeError, WorkflowFailed
+from frontend.errors import ServeError, WorkflowFailed
 from frontend.models.loader import ModelLoader, RegisterRequest
 from frontend.models.model import Model
 from frontend.settings import SettingsLayer
 from frontend.workflows import archive as archives
-from frontend.workflows.dag import build_dag
-from frontend.workflows.registry import (
-    Workflow,
-    WorkflowNode,
-    WorkflowRegistry,
-    node_model_name,
-)
+from frontend.workflows.registry import Workflow, WorkflowNode, WorkflowRegistry
 from frontend.workflows.spec import NodeSpec
-from model_archiver import names
 
 logger = logging.getLogger(__name__)
 
@@ -72,19 +67,9 @@ class WorkflowLoader:
             if fetched is not None:
                 fetched.unlink(missing_ok=True)
             raise
+        for warning in archive.spec.warnings:
+            logger.warning("workflow %s: %s", archive.name, warning)
         try:
-            for name in (archive.name, *(node_model_name(archive.name, node)
-                                         for node in archive.spec.nodes)):
-                problem = names.name_problem(name)
-                if problem:
-                    raise BadRequest(f"workflow {archive.name!r}: {problem}")
-            dag = build_dag(archive.spec.edges)
-            functions = [node.name for node in archive.spec.nodes.values() if node.is_function]
-            if functions and not archive.handler:
-                raise InvalidWorkflow(
-                    f"the DAG's node(s) {', '.join(functions)} are not models of the spec's "
-                    "'models' (no url), so they must be functions of the archive's handler "
-                    "file, and the archive has none")
             self.registry.reserve(archive.name)
         except BaseException:
             archive.remove()
@@ -96,7 +81,7 @@ class WorkflowLoader:
             self.registry.release(archive.name)
             archive.remove()
             raise
-        workflow = Workflow(archive, dag, nodes)
+        workflow = Workflow(archive, nodes)
         self.registry.add(workflow)
         logger.info("registered workflow %s (%s): nodes %s", archive.name, url,
                     ", ".join(f"{node.name} -> {node.model.name}" for node in nodes.values()))
@@ -105,7 +90,7 @@ class WorkflowLoader:
     async def _register_nodes(self, archive: archives.WorkflowArchive,
                               response_timeout_s: int | None, startup_timeout_s: int | None,
                               at_startup: bool) -> dict[str, WorkflowNode]:
-        specs = list(archive.spec.nodes.values())
+        specs = list(archive.spec)
         requests = [self._request(archive, spec, response_timeout_s, startup_timeout_s,
                                   at_startup) for spec in specs]
         outcomes = await asyncio.gather(*(self.models.register(request) for request in requests),
@@ -130,28 +115,31 @@ class WorkflowLoader:
                  response_timeout_s: int | None, startup_timeout_s: int | None,
                  at_startup: bool) -> RegisterRequest:
         settings = spec.settings
-        layer: SettingsLayer = {
-            "batch_size": settings.batch_size,
-            "max_batch_delay_ms": settings.max_batch_delay_ms,
-            # TorchServe starts max-workers workers for a node.
-            "min_workers": settings.max_workers,
-            "max_workers": settings.max_workers,
-        }
+        # As TorchServe: the spec's batch size and delay win over the archive's; its workers
+        # (TorchServe starts max-workers) and the register call's timeouts are what the
+        # archive's model-config.yaml does not set.
+        layer: SettingsLayer = {"batch_size": settings.batch_size,
+                                "max_batch_delay_ms": settings.max_batch_delay_ms}
+        underlay: SettingsLayer = {"min_workers": settings.max_workers,
+                                   "max_workers": settings.max_workers}
         if response_timeout_s is not None:
-            layer["response_timeout_s"] = response_timeout_s
+            underlay["response_timeout_s"] = response_timeout_s
         if startup_timeout_s is not None:
-            layer["startup_timeout_s"] = startup_timeout_s
-        name = node_model_name(archive.name, spec.name)
-        if spec.url is None:
+            underlay["startup_timeout_s"] = startup_timeout_s
+        if spec.is_function:
+            # The function is called one request at a time (TorchServe's batch size 1), but
+            # its queue gathers up to the workflow's batch size per trip to the worker.
+            layer["batch_size"] = max(settings.batch_size, archive.spec.settings.batch_size)
             # The unpacked .war is the function's model folder (ours: no allowed_urls check).
-            return RegisterRequest(url=str(archive.directory), model_name=name,
+            return RegisterRequest(url=str(archive.directory), model_name=spec.model_name,
                                    handler=f"{archive.handler}:{spec.name}", settings=layer,
-                                   loaded_at_startup=at_startup, given_by_operator=True,
-                                   workflow=archive.name,
-                                   one_request_per_call=not spec.batched)
-        return RegisterRequest(url=spec.url, model_name=name, settings=layer,
-                               loaded_at_startup=at_startup, given_by_operator=at_startup,
-                               workflow=archive.name)
+                                   underlay=underlay, loaded_at_startup=at_startup,
+                                   given_by_operator=True,
+                                   workflow=archive.name, one_request_per_call=True)
+        assert spec.url is not None
+        return RegisterRequest(url=spec.url, model_name=spec.model_name, settings=layer,
+                               underlay=underlay, loaded_at_startup=at_startup,
+                               given_by_operator=at_startup, workflow=archive.name)
 
     async def unregister(self, name: str) -> Workflow:
         """Remove the workflow ``name``: no new prediction starts, the running ones finish

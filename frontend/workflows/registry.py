@@ -13,15 +13,7 @@ from dataclasses import dataclass
 from frontend.errors import Conflict, WorkflowNotFound
 from frontend.models.model import Model
 from frontend.workflows.archive import WorkflowArchive
-from frontend.workflows.dag import Dag
-from frontend.workflows.spec import NodeSpec
-
-#: How a node's model is named: TorchServe's ``{workflow}__{node}``.
-NODE_SEPARATOR = "__"
-
-
-def node_model_name(workflow: str, node: str) -> str:
-    return f"{workflow}{NODE_SEPARATOR}{node}"
+from frontend.workflows.spec import NodeSpec, WorkflowSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +31,14 @@ class WorkflowNode:
 class Workflow:
     """A registered workflow: what describe shows, what a prediction runs."""
 
-    def __init__(self, archive: WorkflowArchive, dag: Dag, nodes: dict[str, WorkflowNode]
-                 ) -> None:
+    @property
+    def spec(self) -> WorkflowSpec:
+        return self.archive.spec
+
+    def __init__(self, archive: WorkflowArchive, nodes: dict[str, WorkflowNode]) -> None:
         self.name = archive.name
         self.archive = archive
-        self.dag = dag
+        #: The nodes (their parents, children, settings) by name, in the DAG's order.
         self.nodes = nodes
         #: Predictions running now; ``idle`` is set whenever there are none.
         self.running = 0

@@ -408,7 +408,7 @@ def test_mlserver_and_kserve_batch_setting_names(build_mar, start_server,
 def test_registration_starts_default_workers_per_model_or_none(build_mar, start_server) -> None:
     """TorchServe's rule: a model registered through the API without initial_workers gets
     default_workers_per_model when it is set, else no worker until scaled; a model loaded at
-    start-up gets one per CPU core without the key."""
+    start-up gets one per CPU core without the key. The same for a JSON body."""
     build_mar("echo", "echo")
     server = start_server("echo.mar", default_workers_per_model=0)
     assert len(server.describe("echo")["workers"]) >= 1  # type: ignore[arg-type]
@@ -426,6 +426,17 @@ def test_registration_starts_default_workers_per_model_or_none(build_mar, start_
     two = _register(configured, url="echo.mar", model_name="two")
     assert two.json()["status"].endswith("registered with 2 initial workers"), two.text
     assert len(configured.describe("two")["workers"]) == 2  # type: ignore[arg-type]
+    # A JSON body, as SageMaker's agent registers a multi-model endpoint's models: the same
+    # rule (TorchServe reads the body instead of the query; synchronous by default).
+    sagemaker = requests.post(_models(configured), timeout=120, params={"url": "ignored.mar"},
+                              json={"model_name": "json", "url": "echo.mar"})
+    assert sagemaker.status_code == 200, sagemaker.text
+    assert sagemaker.json()["status"].endswith("registered with 2 initial workers")
+    assert len(configured.describe("json")["workers"]) == 2  # type: ignore[arg-type]
+    for bad in (b"[1]", b"{not json", b'{"url": ["echo.mar"]}'):
+        refused = requests.post(_models(configured), data=bad, timeout=30,
+                                headers={"Content-Type": "application/json"})
+        assert refused.status_code == 400, (bad, refused.text)
 
 
 def test_an_invalid_handler_registers_and_scaling_it_up_fails(build_mar, start_server) -> None:

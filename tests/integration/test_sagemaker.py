@@ -22,9 +22,11 @@ toolkit's own ``handle``.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import requests
 import torch
@@ -132,6 +135,18 @@ def side_venv() -> Path:
     return SIDE_VENV
 
 
+@functools.cache
+def pid_namespace() -> tuple[str, ...]:
+    """``unshare`` into a PID namespace of its own, as a container is, where this machine
+    allows it: the toolkit looks for the server among all processes it can see and refuses
+    to go on when it sees two (another TorchServe or batchserve on the machine); else none."""
+    command = ("unshare", "--pid", "--fork", "--mount-proc")
+    if shutil.which("unshare") is None:
+        return ()
+    probe = subprocess.run([*command, "true"], capture_output=True, timeout=30, check=False)
+    return command if probe.returncode == 0 else ()
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -171,6 +186,8 @@ class Container:
     serve: subprocess.Popen[bytes]
     url: str
     work: Path
+    env: dict[str, str]
+    isolated: bool
 
     def post(self, path: str, body: bytes, content_type: str = "application/json",
              accept: str = "application/json", **kwargs: Any) -> requests.Response:
@@ -196,15 +213,26 @@ class Container:
             time.sleep(0.05)
 
     def stop(self, timeout_s: float = 90) -> int:
-        """SIGTERM to ``serve``, as SageMaker stops a container; its exit code."""
+        """SIGTERM to ``serve``, as SageMaker stops a container; its exit code. (In a PID
+        namespace of its own, ``serve`` is the child of ``unshare``.) Whatever is left of
+        the server afterwards (none should be) is stopped with ``torchserve --stop``."""
         if self.serve.poll() is None:
-            self.serve.send_signal(signal.SIGTERM)
+            target = self.serve.pid
+            if self.isolated:
+                try:
+                    children = psutil.Process(self.serve.pid).children()
+                except psutil.NoSuchProcess:
+                    children = []
+                target = children[0].pid if children else target
+            os.kill(target, signal.SIGTERM)
         try:
             return self.serve.wait(timeout=timeout_s)
         finally:
             if self.serve.poll() is None:
                 self.serve.kill()
                 self.serve.wait(timeout=30)
+            subprocess.run([str(SIDE_VENV / "bin" / "torchserve"), "--stop"], env=self.env,
+                           cwd=self.work, capture_output=True, timeout=240, check=False)
 
 
 def start_serve(work: Path, base_dir: Path, **environ: str) -> Container:
@@ -222,11 +250,12 @@ def start_serve(work: Path, base_dir: Path, **environ: str) -> Container:
            "BATCHSERVE_STATE_DIR": str(work / "state"), **environ}
     env.pop("BATCHSERVE_FOREGROUND", None)
     env.pop("PYTHONPATH", None)
+    prefix = pid_namespace()
     with (work / "serve.out").open("wb") as out:
-        serve = subprocess.Popen([str(venv / "bin" / "python"), str(work / "serve.py"),
+        serve = subprocess.Popen([*prefix, str(venv / "bin" / "python"), str(work / "serve.py"),
                                   str(work / "sagemaker-ts.properties")],
                                  cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
-    container = Container(serve, f"http://127.0.0.1:{port}", work)
+    container = Container(serve, f"http://127.0.0.1:{port}", work, env, bool(prefix))
 
     def pinged() -> bool:
         try:
@@ -364,10 +393,10 @@ def test_multi_model_endpoint_loads_invokes_and_unloads_two_models(tmp_path: Pat
         url = container.url
         assert requests.get(f"{url}/models", timeout=30).json()["models"] == []
         for name in ("plain", "batched"):
-            # As SageMaker's agent registers a model of a multi-model endpoint.
-            answer = requests.post(f"{url}/models", timeout=120, params={
+            # As SageMaker's agent registers a model of a multi-model endpoint: a JSON body.
+            answer = requests.post(f"{url}/models", timeout=120, json={
                 "url": str(models / name / "model"), "model_name": name,
-                "initial_workers": "1", "batch_size": "4", "max_batch_delay": "300"})
+                "initial_workers": 1, "batch_size": 4, "max_batch_delay": 300})
             assert answer.status_code == 200, answer.text
         listed = {m["modelName"] for m in requests.get(f"{url}/models", timeout=30).json()
                   ["models"]}

@@ -1,11 +1,13 @@
-"""Workflows against the real server: real worker processes, .war archives laid out as
-TorchServe's torch-workflow-archiver writes them, real HTTP clients.
+"""Workflows against the real server: real worker processes, real HTTP clients, .war
+archives made by our workflow-archiver and by TorchServe's torch-workflow-archiver.
 
 One server serves the module (token authorization on, so every call carries its key): the
-sequential workflow ``seq`` (pre -> add -> double) is loaded at start-up (``load_workflows``),
-the parallel ``par`` (pre -> plus, times -> agg) and ``slow`` (pre -> double, a short
-timeout-ms) are registered through the management API. The model nodes run
-tests/fixtures/handlers/wf_stage.py, whose answers trace the batch each request rode in.
+sequential workflow ``seq`` (pre -> m1 -> post; our archiver) is loaded at start-up
+(``load_workflows``), the parallel ``par`` (pre -> m1, m2 -> aggregate; TorchServe's archiver
+when installed) and ``slow`` (pre -> m1 with two workers and a short timeout-ms) are
+registered through the management API. The workflows are tests/fixtures/workflows; the model
+nodes run tests/fixtures/handlers/tagger.py, whose answers trace the batch each request rode
+in.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -26,90 +31,73 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from model_archiver.packaging import ArchiveOptions, build_archive
 from tests.conftest import HANDLERS, ROOT, RunningServer, launch_server
+from workflow_archiver.packaging import WorkflowOptions, build_workflow_archive
 
-FUNCTIONS = ROOT / "tests" / "fixtures" / "workflows" / "core_functions.py"
+WORKFLOWS = ROOT / "tests" / "fixtures" / "workflows"
+SEQUENTIAL = (WORKFLOWS / "sequential" / "sequential.yaml",
+              WORKFLOWS / "sequential" / "sequential_handler.py")
+PARALLEL = (WORKFLOWS / "parallel" / "parallel.yaml",
+            WORKFLOWS / "parallel" / "parallel_handler.py")
+TS_ARCHIVER = ROOT / ".venv-torchserve-archiver" / "bin" / "torch-workflow-archiver"
 
-SEQ = """
-models:
-  min-workers: 1
-  max-workers: 1
-  batch-size: 8
-  max-batch-delay: 20
-  timeout-ms: 20000
-  add:
-    url: wf_stage.mar
-  double:
-    url: wf_stage.mar
-dag:
-  pre: [add]
-  add: [double]
-"""
-
-PAR = """
-models:
-  batch-size: 8
-  max-batch-delay: 20
-  timeout-ms: 20000
-  plus:
-    url: wf_stage.mar
-  times:
-    url: wf_stage.mar
-  agg:
-    batch-size: 8
-dag:
-  pre: [plus, times]
-  plus: [agg]
-  times: [agg]
-"""
-
-# Two workers on double: a request that sleeps there holds one, the others use the other.
+# Two workers on m1: a request that sleeps there holds one, the others use the other.
 SLOW = """
 models:
   batch-size: 4
   max-batch-delay: 5
-  double:
-    url: wf_stage.mar
+  m1:
+    url: m1.mar
     max-workers: 2
     timeout-ms: 700
     retry-attempts: 0
 dag:
-  pre: [double]
+  pre: [m1]
 """
 
 BAD_DAG = """
 models:
-  add:
-    url: wf_stage.mar
+  m1:
+    url: m1.mar
 dag:
-  pre: [add]
-  other: [add]
+  pre: [m1]
+  post: [m1]
 """
 
 BAD_NODE = """
 models:
-  add:
-    url: wf_stage.mar
-  gone:
+  m1:
+    url: m1.mar
+  m2:
     url: missing.mar
 dag:
-  pre: [add]
-  add: [gone]
+  pre: [m1]
+  m1: [m2]
 """
 
 
-def build_war(store: Path, name: str, spec: str, handler: Path | None = FUNCTIONS) -> Path:
-    """A .war as TorchServe's torch-workflow-archiver writes it: the spec, the handler file
-    and WAR-INF/MANIFEST.json, flat in a zip."""
-    workflow: dict[str, str] = {"workflowName": name, "specFile": f"{name}.yaml"}
+def ours(store: Path, name: str, spec: Path, handler: Path) -> Path:
+    return build_workflow_archive(WorkflowOptions(
+        workflow_name=name, spec_file=str(spec), handler=str(handler), export_path=store,
+        force=True)).path
+
+
+def torchserves(store: Path, name: str, spec: Path, handler: Path) -> Path:
+    subprocess.run([str(TS_ARCHIVER), "--workflow-name", name, "--spec-file", str(spec),
+                    "--handler", str(handler), "--export-path", str(store), "-f"],
+                   check=True, capture_output=True, timeout=60)
+    return store / f"{name}.war"
+
+
+def zipped(store: Path, name: str, spec: str, handler: Path) -> Path:
+    """A .war laid out as the archivers lay it out, for a spec neither would accept."""
     path = store / f"{name}.war"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as war:
+    with zipfile.ZipFile(path, "w") as war:
         war.writestr(f"{name}.yaml", spec)
-        if handler is not None:
-            war.write(handler, handler.name)
-            workflow["handler"] = handler.name
+        war.write(handler, handler.name)
         war.writestr("WAR-INF/MANIFEST.json", json.dumps(
-            {"createdOn": "01/01/2025 00:00:00", "archiverVersion": "0.2.1",
-             "workflow": workflow}))
+            {"createdOn": "01/01/2025 00:00:00", "archiverVersion": "0.2.15",
+             "workflow": {"workflowName": name, "specFile": f"{name}.yaml",
+                          "handler": handler.name}}))
     return path
 
 
@@ -118,6 +106,8 @@ class Served:
     server: RunningServer
     store: Path
     keys: dict[str, str]
+    #: Which archiver made par.war.
+    par_archiver: str
 
     def auth(self, kind: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[kind]}"}
@@ -126,14 +116,18 @@ class Served:
         return requests.request(method, f"{self.server.management}{path}", params=params,
                                 headers=self.auth("management"), timeout=120)
 
-    def predict(self, workflow: str, document: dict[str, object]) -> requests.Response:
-        return requests.post(f"{self.server.inference}/wfpredict/{workflow}",
-                             json=document, headers=self.auth("inference"), timeout=60)
+    def predict(self, workflow: str, text: str) -> requests.Response:
+        return requests.post(f"{self.server.inference}/wfpredict/{workflow}", data=text,
+                             headers={**self.auth("inference"), "Content-Type": "text/plain"},
+                             timeout=60)
 
-    def describe(self, workflow: str) -> dict[str, object]:
+    def describe(self, workflow: str) -> dict[str, Any]:
         response = self.manage("GET", f"/workflows/{workflow}")
         assert response.status_code == 200, response.text
         return response.json()[0]  # type: ignore[no-any-return]
+
+    def node(self, workflow: str, name: str) -> dict[str, Any]:
+        return next(n for n in self.describe(workflow)["nodes"] if n["name"] == name)
 
     def models(self) -> list[str]:
         return [m["modelName"] for m in self.manage("GET", "/models", limit=100).json()["models"]]
@@ -144,23 +138,30 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("workflows")
     store = root / "model_store"
     store.mkdir()
-    build_archive(ArchiveOptions(model_name="wf_stage", version="1.0",
-                                 handler=str(HANDLERS / "wf_stage.py"), export_path=store,
-                                 force=True))
-    for name, spec in (("seq", SEQ), ("par", PAR), ("slow", SLOW), ("bad_dag", BAD_DAG),
-                       ("bad_node", BAD_NODE)):
-        build_war(store, name, spec)
-    build_war(store, "no_handler", SEQ, handler=None)
+    for model in ("m1", "m2"):
+        build_archive(ArchiveOptions(model_name=model, version="1.0",
+                                     handler=str(HANDLERS / "tagger.py"), export_path=store,
+                                     force=True))
+    ours(store, "seq", *SEQUENTIAL)
+    par_archiver = "torch-workflow-archiver" if TS_ARCHIVER.exists() else "workflow-archiver"
+    (torchserves if TS_ARCHIVER.exists() else ours)(store, "par", *PARALLEL)
+    (root / "slow.yaml").write_text(SLOW)
+    ours(store, "slow", root / "slow.yaml", SEQUENTIAL[1])
+    (root / "bad_node.yaml").write_text(BAD_NODE)
+    ours(store, "bad_node", root / "bad_node.yaml", SEQUENTIAL[1])
+    zipped(store, "bad_dag", BAD_DAG, SEQUENTIAL[1])
     key_file = root / "key_file.json"
     server = launch_server(store, load_workflows=("seq.war",), disable_token_authorization=False,
-                           key_file=key_file, job_queue_size=1000, batches_in_flight=1,
+                           key_file=key_file, batches_in_flight=1,
+                           # a burst of 200 is never refused, even on a loaded machine
+                           job_queue_size=500,
                            log_location=root / "logs")
     keys = {kind: entry["key"] for kind, entry in json.loads(key_file.read_text()).items()}
-    served = Served(server, store, keys)
-    for name in ("par", "slow"):
-        response = served.manage("POST", "/workflows", url=f"{name}.war")
-        assert response.status_code == 200, response.text
+    served = Served(server, store, keys, par_archiver)
     try:
+        for name in ("par", "slow"):
+            response = served.manage("POST", "/workflows", url=f"{name}.war")
+            assert response.status_code == 200, response.text
         yield served
     finally:
         server.stop()
@@ -173,7 +174,7 @@ class Answer:
     status: int
     body: bytes
 
-    def json(self) -> object:
+    def json(self) -> Any:
         return json.loads(self.body)
 
 
@@ -184,7 +185,7 @@ async def _exchange(port: int, path: str, body: bytes, headers: dict[str, str]) 
     try:
         head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                     f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                     f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
                      f"{head}\r\n".encode() + body)
         await writer.drain()
         raw = await asyncio.wait_for(reader.read(), 60)
@@ -199,132 +200,27 @@ async def _exchange(port: int, path: str, body: bytes, headers: dict[str, str]) 
     return Answer(status, rest)
 
 
-def run_all(served: Served, calls: list[tuple[str, dict[str, object]]],
-            between: float = 0.0) -> list[Answer]:
-    """POST each (workflow, document) to /wfpredict at once (``between``: seconds between
-    starts); the answers in the same order."""
+async def _send_all(served: Served, calls: list[tuple[str, str]]) -> list[Answer]:
     port = urlsplit(served.server.inference).port
     assert port is not None
     headers = served.auth("inference")
-
-    async def main() -> list[Answer]:
-        tasks = []
-        for workflow, document in calls:
-            tasks.append(asyncio.ensure_future(_exchange(
-                port, f"/wfpredict/{workflow}", json.dumps(document).encode(), headers)))
-            if between:
-                await asyncio.sleep(between)
-        return list(await asyncio.gather(*tasks))
-
-    return asyncio.run(main())
+    return list(await asyncio.gather(*(
+        _exchange(port, f"/wfpredict/{workflow}", text.encode(), headers)
+        for workflow, text in calls)))
 
 
-def _expected(workflow: str, x: int) -> int:
-    return (x + 1) * 2 if workflow == "seq" else (x + 10) + x * 3
+def send_all(served: Served, calls: list[tuple[str, str]]) -> list[Answer]:
+    """POST each (workflow, text) to /wfpredict at once; the answers in the same order."""
+    return asyncio.run(_send_all(served, calls))
 
 
-# ---- the tests ---------------------------------------------------------------------------------
-
-def test_200_concurrent_predictions_are_right_and_batch_at_every_node(served: Served) -> None:
-    calls: list[tuple[str, dict[str, object]]] = [
-        ("seq" if i % 2 else "par", {"x": i}) for i in range(200)]
-    answers = run_all(served, calls)
-    batches: dict[str, int] = {}
-    for (workflow, document), answer in zip(calls, answers, strict=True):
-        assert answer.status == 200, answer.body
-        result = answer.json()
-        assert isinstance(result, dict)
-        assert result["x"] == _expected(workflow, int(document["x"]))  # type: ignore[call-overload]
-        for node, size in result["trace"]:
-            key = f"{workflow}.{node}"
-            batches[key] = max(batches.get(key, 0), size)
-    # Every model node took batches; the functions: pre one request per call (TorchServe's
-    # contract), agg whole batches (listed under models without a url).
-    for node in ("seq.add", "seq.double", "par.plus", "par.times", "par.agg"):
-        assert batches[node] > 1, (node, batches)
-    assert batches["seq.pre"] == batches["par.pre"] == 1
-    # ...while pre's own queue still gathered the calls into batches of several.
-    pre = next(n for n in served.describe("seq")["nodes"] if n["name"] == "pre")  # type: ignore[union-attr, index]
-    assert max(pre["batching"]["recentBatchSizes"]) > 1, pre["batching"]
-
-
-def test_the_same_body_forms_as_predictions(served: Served) -> None:
-    url = f"{served.server.inference}/wfpredict/seq"
-    auth = served.auth("inference")
-    form = requests.post(url, files={"data": ("x.json", b'{"x": 4}')}, headers=auth,
-                         timeout=60)
-    assert form.status_code == 200, form.text
-    assert form.json()["x"] == 10
-    raw = requests.put(url, data=b'{"x": 5}', headers=auth, timeout=60)
-    assert raw.json()["x"] == 12
-    urlencoded = requests.post(url, data={"data": '{"x": 6}'}, headers=auth, timeout=60)
-    assert urlencoded.json()["x"] == 14
-
-
-def test_a_failing_and_a_timing_out_node_fail_only_their_requests(served: Served) -> None:
-    # The slow request first, alone, so that it holds one of double's two workers.
-    slow = run_all_async_start(served, ("slow", {"x": 1, "sleep": {"double": 2.0}}))
-    served.server.wait_for(
-        lambda: sum(w["status"] == "READY" for n in served.describe("slow")["nodes"]  # type: ignore[union-attr]
-                    if n["name"] == "double" for w in n["workers"]) == 2
-        and _in_flight(served, "slow", "double") == 1, "the slow request to reach double")
-    calls: list[tuple[str, dict[str, object]]] = [("slow", {"x": i}) for i in range(6)]
-    calls += [("seq", {"x": i}) for i in range(6)]
-    calls.append(("seq", {"x": 100, "fail": "add"}))
-    answers = run_all(served, calls)
-    for (workflow, document), answer in zip(calls, answers, strict=True):
-        if "fail" in document:
-            assert answer.status == 500
-            error = answer.json()
-            assert isinstance(error, dict)
-            assert error["type"] == "InternalServerException"
-            assert error["message"].startswith("Error executing add (workflow seq")
-            assert "after 2 attempts" in error["message"]  # retry-attempts: 1 by default
-            assert "asked to fail at node add" in error["message"]
-        else:
-            assert answer.status == 200, answer.body
-            doubled = int(document["x"]) * 2  # type: ignore[call-overload]
-            assert answer.json()["x"] == (doubled + 2 if workflow == "seq" else doubled)  # type: ignore[index]
-    timed_out = slow.result()
-    assert timed_out.status == 500
-    message = timed_out.json()["message"]  # type: ignore[index]
-    assert message.startswith("Error executing double (workflow slow"), message
-    assert "after 1 attempt:" in message and "no answer within 0.7 s" in message
-    samples = _samples(served)
-    assert samples[("batchserve_workflow_node_calls_total",
-                    (("node", "double"), ("outcome", "timeout"), ("workflow", "slow")))] == 1
-    assert samples[("batchserve_workflow_node_calls_total",
-                    (("node", "add"), ("outcome", "error"), ("workflow", "seq")))] == 2
-
-
-class _Pending:
-    def __init__(self) -> None:
-        import threading
-        self.done = threading.Event()
-        self.answer: Answer | None = None
-
-    def result(self) -> Answer:
-        assert self.done.wait(60), "no answer"
-        assert self.answer is not None
-        return self.answer
-
-
-def run_all_async_start(served: Served, call: tuple[str, dict[str, object]]) -> _Pending:
-    """Start one request in the background; its answer later."""
-    import threading
-    pending = _Pending()
-
-    def run() -> None:
-        pending.answer = run_all(served, [call])[0]
-        pending.done.set()
-
-    threading.Thread(target=run, daemon=True).start()
-    return pending
-
-
-def _in_flight(served: Served, workflow: str, node: str) -> int:
-    described = next(n for n in served.describe(workflow)["nodes"] if n["name"] == node)  # type: ignore[union-attr]
-    return int(described["batching"]["inFlightBatches"])
+def send_in_background(served: Served, call: tuple[str, str]) -> tuple[threading.Thread,
+                                                                          list[Answer]]:
+    answers: list[Answer] = []
+    thread = threading.Thread(target=lambda: answers.extend(send_all(served, [call])),
+                              daemon=True)
+    thread.start()
+    return thread, answers
 
 
 def _samples(served: Served) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -333,9 +229,122 @@ def _samples(served: Served) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
+def _batch_of(trail: list[dict[str, Any]], model: str) -> int:
+    return next(step["batch"] for step in trail if step["node"] == model)
+
+
+# ---- the tests ---------------------------------------------------------------------------------
+
+def test_200_concurrent_predictions_are_right_and_batch_at_every_node(served: Served) -> None:
+    calls = [("seq" if i % 2 else "par", f"r{i}") for i in range(200)]
+    answers = send_all(served, calls)
+    batches: dict[str, int] = {}
+    for (workflow, text), answer in zip(calls, answers, strict=True):
+        assert answer.status == 200, answer.body
+        result = answer.json()
+        if workflow == "seq":
+            assert result["text"] == f"{text}|m1|post"
+            trail = result["trail"]
+            # m1's output reached post as its one input, "body" (TorchServe's naming).
+            assert trail[-1]["inputs"] == ["body"]
+        else:
+            assert result["text"] == f"{text}|m1 + {text}|m2|aggregate"
+            # Several parents: one input each, named by the parent node.
+            assert result["trail"][-1]["inputs"] == ["m1", "m2"]
+            trail = [*result["branches"]["m1"]["trail"], result["branches"]["m2"]["trail"][-1],
+                     *result["trail"]]
+        for step in trail:
+            batches[step["node"]] = max(batches.get(step["node"], 0), step["batch"])
+    # Every model node took batches of several requests...
+    for model in ("seq__m1", "par__m1", "par__m2"):
+        assert batches[model] > 1, (model, batches)
+    # ...the functions were called one request at a time (TorchServe's contract)...
+    for function in ("seq__pre", "seq__post", "par__pre", "par__aggregate"):
+        assert batches[function] == 1, (function, batches)
+    # ...while their queues still gathered the calls into batches (one trip to the worker).
+    for workflow, node in (("seq", "pre"), ("par", "aggregate")):
+        assert max(served.node(workflow, node)["batching"]["recentBatchSizes"]) > 1
+
+
+def test_the_same_body_forms_as_predictions(served: Served) -> None:
+    url = f"{served.server.inference}/wfpredict/seq"
+    auth = served.auth("inference")
+    form = requests.post(url, files={"data": ("a.txt", b"multipart")}, headers=auth, timeout=60)
+    assert (form.status_code, form.json()["text"]) == (200, "multipart|m1|post"), form.text
+    assert form.json()["trail"][0]["inputs"] == ["data"]  # the start node got the form field
+    raw = requests.put(url, data=b"raw bytes", headers=auth, timeout=60)
+    assert raw.json()["text"] == "raw bytes|m1|post"
+    urlencoded = requests.post(url, data={"data": "urlencoded"}, headers=auth, timeout=60)
+    assert urlencoded.json()["text"] == "urlencoded|m1|post"
+
+
+def test_a_clients_deadline_bounds_the_whole_workflow(served: Served) -> None:
+    url = f"{served.server.inference}/wfpredict/slow"
+    headers = served.auth("inference")
+    late = requests.post(url, data=b"sleep@m1=0.4", timeout=60,
+                         headers={**headers, "X-Request-Timeout": "0.2"})
+    assert late.status_code == 504, late.text
+    assert late.json()["message"].startswith("Error executing m1 (workflow slow")
+    assert "X-Request-Timeout passed" in late.json()["message"]
+    bad = requests.post(url, data=b"x", timeout=60,
+                        headers={**headers, "X-Request-Timeout": "soon"})
+    assert bad.status_code == 400
+    # The worker still sleeps out its batch: let it, before the next test counts on m1.
+    served.server.wait_for(lambda: served.node("slow", "m1")["batching"]["inFlightBatches"]
+                           == 0, "slow's m1 to be idle")
+
+
+def test_par_was_archived_by_torchserves_own_archiver(served: Served) -> None:
+    """``par`` (served by the other tests) was made by TorchServe's torch-workflow-archiver."""
+    if served.par_archiver != "torch-workflow-archiver":
+        pytest.skip(f"{TS_ARCHIVER} is missing: `make test` installs torch-workflow-archiver "
+                    "0.2.15 (the other tests served par.war made by our archiver instead)")
+    with zipfile.ZipFile(served.store / "par.war") as war:
+        manifest = json.loads(war.read("WAR-INF/MANIFEST.json"))
+    assert manifest["archiverVersion"] == "0.2.15"
+    assert served.describe("par")["workflowUrl"] == "par.war"
+
+
+def test_a_failing_and_a_timing_out_node_fail_only_their_requests(served: Served) -> None:
+    timeouts = ("batchserve_workflow_node_calls_total",
+                (("node", "m1"), ("outcome", "timeout"), ("workflow", "slow")))
+    errors = ("batchserve_workflow_node_calls_total",
+              (("node", "m1"), ("outcome", "error"), ("workflow", "seq")))
+    before = _samples(served)
+    # The slow request first, alone, so that it holds one of m1's two workers.
+    thread, slow = send_in_background(served, ("slow", "sleep@m1=2"))
+    served.server.wait_for(
+        lambda: sum(w["status"] == "READY" for w in served.node("slow", "m1")["workers"]) == 2
+        and served.node("slow", "m1")["batching"]["inFlightBatches"] == 1,
+        "the slow request to reach m1")
+    calls = [("slow", f"s{i}") for i in range(6)] + [("seq", f"q{i}") for i in range(6)]
+    calls.append(("seq", "fail@m1"))
+    answers = send_all(served, calls)
+    for (workflow, text), answer in zip(calls, answers, strict=True):
+        if text == "fail@m1":
+            assert answer.status == 500
+            error = answer.json()
+            assert error["type"] == "InternalServerException"
+            assert error["message"].startswith("Error executing m1 (workflow seq, model "
+                                               "seq__m1) after 2 attempts: "), error
+            assert "m1 was asked to fail" in error["message"]
+        else:
+            assert answer.status == 200, answer.body
+            assert answer.json()["text"] == (f"{text}|m1|post" if workflow == "seq"
+                                             else f"{text}|m1")
+    thread.join(30)
+    assert len(slow) == 1 and slow[0].status == 500
+    message = slow[0].json()["message"]
+    assert message.startswith("Error executing m1 (workflow slow, model slow__m1) after 1 "
+                              "attempt: no answer within 0.7 s"), message
+    after = _samples(served)
+    assert after[timeouts] - before.get(timeouts, 0) == 1
+    assert after[errors] - before.get(errors, 0) == 2  # retry-attempts: 1, so two calls
+
+
 def test_management_bodies_and_statuses(served: Served) -> None:
     # Loaded at start-up, its nodes as TorchServe names their models.
-    assert {"seq__pre", "seq__add", "seq__double", "par__agg"} <= set(served.models())
+    assert {"seq__pre", "seq__m1", "seq__post", "par__aggregate"} <= set(served.models())
     listed = served.manage("GET", "/workflows", limit=1)
     assert listed.json() == {"nextPageToken": "1",
                              "workflows": [{"workflowName": "par", "workflowUrl": "par.war"}]}
@@ -346,12 +355,16 @@ def test_management_bodies_and_statuses(served: Served) -> None:
                                             "maxWorkers", "batchSize", "maxBatchDelay",
                                             "workflowDag")} == {
         "workflowName": "par", "workflowUrl": "par.war", "minWorkers": 1, "maxWorkers": 1,
-        "batchSize": 8, "maxBatchDelay": 20,
-        "workflowDag": "{pre=[plus, times], plus=[agg], times=[agg]}"}
-    nodes = {node["name"]: node for node in described["nodes"]}  # type: ignore[union-attr]
-    assert nodes["plus"]["modelName"] == "par__plus" and nodes["plus"]["type"] == "model"
-    assert nodes["agg"]["parents"] == ["plus", "times"] and nodes["agg"]["type"] == "function"
-    assert len(nodes["times"]["workers"]) == 1 and nodes["times"]["workers"][0]["pid"] > 0
+        "batchSize": 8, "maxBatchDelay": 50,
+        "workflowDag": "{pre=[m1, m2], m1=[aggregate], m2=[aggregate]}"}
+    nodes = {node["name"]: node for node in described["nodes"]}
+    assert (nodes["m2"]["modelName"], nodes["m2"]["type"], nodes["m2"]["url"]) == (
+        "par__m2", "model", "m2.mar")
+    assert (nodes["m2"]["batchSize"], nodes["m2"]["maxBatchDelay"]) == (4, 20)
+    assert nodes["aggregate"]["parents"] == ["m1", "m2"]
+    assert nodes["aggregate"]["type"] == "function"
+    assert nodes["aggregate"]["handler"] == "parallel_handler.py:aggregate"
+    assert len(nodes["m1"]["workers"]) == 1 and nodes["m1"]["workers"][0]["pid"] > 0
 
     duplicate = served.manage("POST", "/workflows", url="par.war")
     assert (duplicate.status_code, duplicate.json()["message"]) == (
@@ -367,18 +380,16 @@ def test_management_bodies_and_statuses(served: Served) -> None:
     bad_dag = served.manage("POST", "/workflows", url="bad_dag.war")
     assert bad_dag.status_code == 400 and bad_dag.json()["type"] == "InvalidDAGException"
     assert "only one start node" in bad_dag.json()["message"]
-    no_handler = served.manage("POST", "/workflows", url="no_handler.war")
-    assert no_handler.status_code == 400, no_handler.text
     # A node that cannot register: 500, and what did register is removed again.
     failed = served.manage("POST", "/workflows", url="bad_node.war")
     assert failed.status_code == 500 and failed.json()["type"] == "WorkflowException"
     assert failed.json()["message"].startswith(
-        "Workflow bad_node has failed to register. Failures: [Workflow Node bad_node__gone "
-        "failed to register. Details: ")
+        "Workflow bad_node has failed to register. Failures: [Workflow Node bad_node__m2 "
+        "failed to register. Details: "), failed.json()
     assert not [name for name in served.models() if name.startswith("bad_node__")]
     assert served.manage("GET", "/workflows/bad_node").status_code == 404
     # A node's model goes with its workflow only.
-    refused = served.manage("DELETE", "/models/seq__add")
+    refused = served.manage("DELETE", "/models/seq__m1")
     assert refused.status_code == 403 and "DELETE /workflows/seq" in refused.json()["message"]
 
     for method in ("GET", "DELETE"):
@@ -386,7 +397,7 @@ def test_management_bodies_and_statuses(served: Served) -> None:
         assert (unknown.status_code, unknown.json()) == (404, {
             "code": 404, "type": "WorkflowNotFoundException",
             "message": "Workflow not found: fake"})
-    unknown = served.predict("fake", {"x": 1})
+    unknown = served.predict("fake", "x")
     assert (unknown.status_code, unknown.json()["message"]) == (404, "Workflow not found: fake")
 
 
@@ -396,28 +407,28 @@ def test_token_authorization_guards_both_apis(served: Served) -> None:
     assert requests.get(workflows, headers=served.auth("inference"), timeout=10).status_code \
         == 401
     predict = f"{served.server.inference}/wfpredict/seq"
-    assert requests.post(predict, json={"x": 1}, timeout=10).status_code == 401
-    assert requests.post(predict, json={"x": 1}, headers=served.auth("management"),
+    assert requests.post(predict, data=b"x", timeout=10).status_code == 401
+    assert requests.post(predict, data=b"x", headers=served.auth("management"),
                          timeout=10).status_code == 401
 
 
 def test_access_log_and_metrics_per_workflow_and_node(served: Served) -> None:
-    assert served.predict("seq", {"x": 2}).json()["x"] == 6
+    assert served.predict("seq", "logged").json()["text"] == "logged|m1|post"
     samples = _samples(served)
     assert samples[("batchserve_workflow_requests_total",
                     (("code", "200"), ("workflow", "seq")))] >= 1
     assert samples[("batchserve_workflow_node_calls_total",
-                    (("node", "double"), ("outcome", "ok"), ("workflow", "seq")))] >= 1
+                    (("node", "post"), ("outcome", "ok"), ("workflow", "seq")))] >= 1
     # Each node call is a prediction of its model, in TorchServe's metrics.
-    names = {dict(labels).get("model_name") for name, labels in samples
-             if name == "ts_inference_latency_microseconds_total"}
-    assert {"seq__pre", "seq__add", "seq__double"} <= names
-    log = Path(served.server.server.config.log_location / "access_log.log")
+    models = {dict(labels).get("model_name") for name, labels in samples
+              if name == "ts_inference_latency_microseconds_total"}
+    assert {"seq__pre", "seq__m1", "seq__post"} <= models
+    log = served.server.server.config.log_location / "access_log.log"
     deadline = time.monotonic() + 10
     while True:
         text = log.read_text() if log.exists() else ""
         if re.search(r'"POST /wfpredict/seq HTTP/1\.1" 200 .* model=seq version=workflow', text) \
-                and re.search(r'"POST /wfpredict/seq HTTP/1\.1" 200 .* model=seq__add '
+                and re.search(r'"POST /wfpredict/seq HTTP/1\.1" 200 .* model=seq__m1 '
                               r'version=1\.0 .* batch=\d+', text):
             break
         assert time.monotonic() < deadline, text[-2000:]
@@ -426,23 +437,22 @@ def test_access_log_and_metrics_per_workflow_and_node(served: Served) -> None:
 
 def test_unregister_under_traffic_answers_every_request_once(served: Served) -> None:
     """The last test: it removes ``slow``."""
-    port = urlsplit(served.server.inference).port
-    headers = served.auth("inference")
-    workflow_dir = served.server.server.services.workflows.registry.get("slow").archive.directory  # type: ignore[union-attr]
+    services = served.server.server.services
+    assert services is not None
+    workflow_dir = services.workflows.registry.get("slow").archive.directory
 
     async def main() -> tuple[list[Answer], requests.Response]:
-        assert port is not None
-        tasks = [asyncio.ensure_future(_exchange(port, "/wfpredict/slow",
-                                                 json.dumps({"x": i}).encode(), headers))
-                 for i in range(60)]
+        first = asyncio.ensure_future(_send_all(served, [("slow", f"a{i}") for i in range(60)]))
         await asyncio.sleep(0.05)
         removal = asyncio.ensure_future(asyncio.to_thread(served.manage, "DELETE",
                                                           "/workflows/slow"))
-        for i in range(60, 120):
-            tasks.append(asyncio.ensure_future(_exchange(
-                port, "/wfpredict/slow", json.dumps({"x": i}).encode(), headers)))
+        later = []
+        for i in range(60):
+            later.append(asyncio.ensure_future(_send_all(served, [("slow", f"b{i}")])))
             await asyncio.sleep(0.002)
-        return list(await asyncio.gather(*tasks)), await removal
+        answers = [*await first, *(answer for batch in await asyncio.gather(*later)
+                                   for answer in batch)]
+        return answers, await removal
 
     answers, removal = asyncio.run(main())
     assert removal.status_code == 200
@@ -450,9 +460,10 @@ def test_unregister_under_traffic_answers_every_request_once(served: Served) -> 
     statuses = [answer.status for answer in answers]
     assert set(statuses) <= {200, 404, 503}, statuses
     assert statuses.count(200) >= 1 and statuses.count(404) + statuses.count(503) >= 1
-    for i, answer in enumerate(answers):
+    for index, answer in enumerate(answers):
         if answer.status == 200:
-            assert answer.json()["x"] == 2 * i  # type: ignore[index]
+            text = f"a{index}" if index < 60 else f"b{index - 60}"
+            assert answer.json()["text"] == f"{text}|m1"
     assert not [name for name in served.models() if name.startswith("slow__")]
     assert not workflow_dir.exists()
     assert served.manage("GET", "/workflows/slow").status_code == 404

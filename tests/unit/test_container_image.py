@@ -1,11 +1,15 @@
-"""The image recipe's cheap parts (the build itself is opt-in: `make image`, docs/container.md):
-the Dockerfile runs KServe's line in the foreground as uid 1000, the wheel set's requirements
-follow the variant, and the smoke test's model answers every kind of row it is sent."""
+"""The image recipes' cheap parts (the build itself is opt-in: `make image`, docs/container.md):
+the Dockerfile runs KServe's line in the foreground as uid 1000, the SageMaker one runs the
+toolkit's `serve` through its entry point (which is run here with a stand-in toolkit), the
+wheel set's requirements follow the variant, and the smoke tests' models answer what they are
+sent."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -77,3 +81,97 @@ def test_the_smoke_model_answers_each_kind_of_row(row: object, expected: object)
     # Batched with a v2 row, as the server may batch them.
     answers = handler.handle([row, {"INPUT0": [0.0, 0.0, 0.0, 0.0]}], None)
     assert answers == [expected, {"OUTPUT0": [1.0, 1.0, 1.0, 1.0]}]
+
+
+# ---- the SageMaker variant (docker/Dockerfile.sagemaker) --------------------------------
+
+SAGEMAKER_DOCKERFILE = build.SAGEMAKER_DOCKERFILE.read_text()
+
+
+def _sagemaker_instruction(name: str) -> list[str]:
+    text = SAGEMAKER_DOCKERFILE.replace("\\\n", " ")
+    return [m.group(1).strip() for m in re.finditer(rf"^{name}\s+(.*)$", text, re.MULTILINE)]
+
+
+def test_sagemaker_image_runs_serve_through_its_entry_point() -> None:
+    # SageMaker runs `docker run IMAGE serve`: the argument reaches the entry point.
+    (entrypoint,) = _sagemaker_instruction("ENTRYPOINT")
+    assert json.loads(entrypoint) == ["/usr/local/bin/sagemaker-entrypoint.sh"]
+    assert [json.loads(cmd) for cmd in _sagemaker_instruction("CMD")] == [["serve"]]
+    assert _sagemaker_instruction("EXPOSE") == ["8080"]
+    assert _sagemaker_instruction("USER") == ["1000"]
+    labels = " ".join(_sagemaker_instruction("LABEL"))
+    assert "com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true" in labels
+    assert "com.amazonaws.sagemaker.capabilities.multi-models=true" in labels
+
+
+def test_sagemaker_image_leaves_the_server_in_the_background_and_its_config_writable() -> None:
+    # The toolkit needs `torchserve --start` to return, and writes its config file as uid 1000.
+    env = " ".join(_sagemaker_instruction("ENV"))
+    assert "BATCHSERVE_FOREGROUND" not in env
+    run = " ".join(_sagemaker_instruction("RUN"))
+    assert "chown model-server:model-server /etc/sagemaker-ts.properties" in run
+    assert any("--chown=1000:1000" in copy and "/opt/batchserve" in copy
+               for copy in _sagemaker_instruction("COPY"))
+
+
+def test_the_sagemaker_variant_adds_the_toolkit(tmp_path: Path) -> None:
+    variant = build.VARIANTS["sagemaker"]
+    result = build.requirements(_wheel(tmp_path, REQUIRES), variant, ["numpy"])
+    assert result[0] == variant.torch
+    assert result[-3:] == [*build.SAGEMAKER_REQUIREMENTS, "numpy"]
+    assert build.SAGEMAKER_REQUIREMENTS[0].startswith("sagemaker-pytorch-inference")
+    assert variant.dockerfile == build.SAGEMAKER_DOCKERFILE
+    assert build.SAGEMAKER_ENTRYPOINT in variant.files
+
+
+def _run_entrypoint(tmp_path: Path, args: list[str], env: dict[str, str]) -> list[str]:
+    """The entry point with a stand-in `serve` first on PATH that prints what it was given."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "serve"
+    fake.write_text('#!/bin/sh\necho "serve $# ${SAGEMAKER_MODEL_SERVER_WORKERS:-unset}"\n')
+    fake.chmod(0o755)
+    done = subprocess.run([str(build.SAGEMAKER_ENTRYPOINT), *args], capture_output=True,
+                          text=True, timeout=30,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_the_entry_point_runs_the_toolkit_with_the_cpu_count_as_workers(tmp_path: Path
+                                                                        ) -> None:
+    cpus = str(len(os.sched_getaffinity(0)))
+    assert _run_entrypoint(tmp_path, ["serve"], {}) == ["serve", "0", cpus]
+    assert _run_entrypoint(tmp_path, [], {}) == ["serve", "0", cpus]
+    # A value the user set is kept (AWS's entry point overwrote it).
+    assert _run_entrypoint(tmp_path, ["serve"], {"SAGEMAKER_MODEL_SERVER_WORKERS": "3"}) == [
+        "serve", "0", "3"]
+
+
+def test_the_entry_point_runs_any_other_command_in_its_place(tmp_path: Path) -> None:
+    assert _run_entrypoint(tmp_path, ["echo", "hello", "there"], {}) == ["hello", "there"]
+
+
+def test_the_sagemaker_smoke_model_answers_through_the_user_functions(tmp_path: Path) -> None:
+    # What the smoke test writes as a model directory, read back by its inference.py as the
+    # toolkit calls it: the weights decide the answer, JSON (text) and NPY (bytes) alike.
+    from docker import sagemaker_smoke, smoke_inference
+
+    weights = sagemaker_smoke.MULTI["beta"]
+    weights.write(tmp_path / "model")
+    assert (tmp_path / "model" / "code" / "inference.py").read_text() == \
+        sagemaker_smoke.USER_SCRIPT.read_text()
+    model = smoke_inference.model_fn(str(tmp_path / "model"))
+    for body, headers in (sagemaker_smoke.json_body(sagemaker_smoke.INPUTS),
+                          sagemaker_smoke.npy_body(sagemaker_smoke.INPUTS)):
+        content_type = headers["Content-Type"]
+        data = smoke_inference.input_fn(
+            body.decode() if content_type == "application/json" else body, content_type)
+        answer, answer_type = smoke_inference.output_fn(
+            smoke_inference.predict_fn(data, model), "application/json")
+        assert json.loads(answer) == weights.expected() == [[2.0, 5.0, 8.0, 11.0],
+                                                            [-1.0, -1.0, -1.0, -1.0]]
+        assert answer_type == "application/json"
+    with pytest.raises(ValueError, match="unsupported content type"):
+        smoke_inference.input_fn("1,2,3,4", "text/csv")

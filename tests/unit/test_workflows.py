@@ -23,121 +23,33 @@ from frontend.errors import (
 from frontend.ops.services import Services
 from frontend.server import startup_workflows
 from frontend.workflows import archive as archives
-from frontend.workflows.dag import build_dag
-from frontend.workflows.spec import NodeSettings, parse_spec
+from frontend.workflows.spec import dag_text, read_spec
 from protos import worker_pb2
 from tests.conftest import server_config
 from tests.unit.imports import restore_import_state  # noqa: F401 (a fixture)
 from tests.unit.services import call, run_with_services
 
-SPEC = """
-models:
-    min-workers: 1
-    max-workers: 4
-    batch-size: 3
-    max-batch-delay : 5000
-    retry-attempts : 3
-    timeout-ms : 5000
-    m1:
-       url : model1.mar
-       max-workers: 2
-       batch-size: 4
-    m2:
-       url : model2.mar
-    m3:
-       url : model3.mar
-       timeout-ms: 100
-    spare:
-       url : spare.mar
-dag:
-  pre_processing : [m1]
-  m1 : [m2]
-  m2 : [m3]
-  m3 : [postprocessing]
-"""
+
+def test_a_spec_error_is_answered_400_naming_what_is_wrong() -> None:
+    """The spec is read by workflow_archiver.spec (its own tests cover TorchServe's rules);
+    the server answers its errors 400, a bad DAG as TorchServe types it."""
+    with pytest.raises(InvalidDag, match="only one start node") as dag:
+        read_spec("models: {}\ndag: {a: [c], b: [c]}\n", "wf", None)
+    assert (dag.value.http_status, dag.value.type_name) == (400, "InvalidDAGException")
+    with pytest.raises(InvalidWorkflow, match="batch-size") as bad:
+        read_spec("models: {batch-size: two}\ndag: {a: [b]}\n", "wf", None)
+    assert (bad.value.http_status, bad.value.type_name) == (400, "InvalidWorkflowException")
+    with pytest.raises(InvalidWorkflow, match="unknown node"):
+        read_spec("models: {}\ndag: {pre: [post]}\n", "wf", "def pre(d, c): pass\n")
+    spec = read_spec("models: {}\ndag: {pre: [post]}\n", "wf",
+                     "def pre(d, c): pass\ndef post(d, c): pass\n")
+    assert (spec.root, spec.leaves, spec["post"].model_name) == ("pre", ("post",), "wf__post")
 
 
-# ---- the spec ----------------------------------------------------------------------------------
-
-def test_a_spec_gives_each_node_the_global_settings_and_its_own() -> None:
-    spec = parse_spec(SPEC)
-    assert spec.defaults == NodeSettings(1, 4, 3, 5000, 3, 5000)
-    assert list(spec.nodes) == ["pre_processing", "m1", "m2", "m3", "postprocessing"]
-    assert spec.nodes["m1"].settings == NodeSettings(1, 2, 4, 5000, 3, 5000)
-    assert spec.nodes["m2"].url == "model2.mar"
-    assert spec.nodes["m3"].settings.timeout_ms == 100
-    # A function: one worker, no batch delay, the global retries and timeout (TorchServe's).
-    pre = spec.nodes["pre_processing"]
-    assert pre.is_function and not pre.batched
-    assert pre.settings == NodeSettings(1, 1, 3, 0, 3, 5000)
-    # Only the DAG's nodes are served.
-    assert "spare" not in spec.nodes
-    assert spec.dag_text() == ("{pre_processing=[m1], m1=[m2], m2=[m3], "
-                               "m3=[postprocessing]}")
-
-
-def test_torchserve_defaults_and_a_function_that_takes_batches() -> None:
-    spec = parse_spec("""
-models:
-  m: {url: m.mar}
-  agg: {batch-size: 16, max-batch-delay: 10}
-dag:
-  pre: [m, other]
-  m: [agg]
-  other: [agg]
-""")
-    assert spec.defaults == NodeSettings(1, 1, 1, 50, 1, 10000)
-    agg = spec.nodes["agg"]
-    assert agg.is_function and agg.batched
-    assert (agg.settings.batch_size, agg.settings.max_batch_delay_ms) == (16, 10)
-    assert not spec.nodes["other"].batched
-
-
-@pytest.mark.parametrize(("text", "says"), [
-    ("models: [\n", "Failed to parse yaml"),
-    ("- a\n- b\n", "must be a mapping"),
-    ("models: {}\n", "has no 'dag'"),
-    ("models: {batch-size: two}\ndag: {a: [b]}\n", "batch-size must be an integer"),
-    ("models: {batch-size: 0}\ndag: {a: [b]}\n", "batch-size must be >= 1"),
-    ("models: {m: {url: 3}}\ndag: {a: [m]}\n", "url must be a string"),
-    ("models: {m: m.mar}\ndag: {a: [m]}\n", "must be a mapping"),
-    ("dag: {a: b}\n", "must list the nodes it feeds"),
-    ("models: {m: {url: m.mar, min-workers: 3, max-workers: 2}}\ndag: {a: [m]}\n",
-     "below min-workers"),
-])
-def test_a_spec_that_cannot_be_served_says_why(text: str, says: str) -> None:
-    with pytest.raises(InvalidWorkflow, match=says):
-        parse_spec(text)
-
-
-def test_empty_dag_entries_are_skipped_as_torchserve_does() -> None:
-    spec = parse_spec("dag:\n  a: [b, '', null]\n  b: []\n  c:\n")
-    assert spec.edges == {"a": ("b",), "b": (), "c": ()}
-
-
-# ---- the DAG -----------------------------------------------------------------------------------
-
-def test_a_dag_knows_parents_children_order_and_leaves() -> None:
-    dag = build_dag({"pre": ("m1", "m2"), "m1": ("agg",), "m2": ("agg",), "agg": ()})
-    assert dag.start == "pre"
-    assert dag.order == ("pre", "m1", "m2", "agg")
-    assert dag.parents["agg"] == ("m1", "m2")
-    assert dag.leaves == ("agg",)
-    two_leaves = build_dag({"pre": ("a", "b")})
-    assert two_leaves.leaves == ("a", "b")
-    assert build_dag({"only": ()}).leaves == ("only",)
-
-
-@pytest.mark.parametrize(("edges", "says"), [
-    ({"a": ("a",)}, "Self loop exception"),
-    ({"a": ("b",), "b": ("a",)}, "loop exception"),
-    ({"a": ("c",), "b": ("c",)}, r"only one start node, found 2 \(a, b\)"),
-    ({"s": ("a",), "a": ("b",), "b": ("c",), "c": ("a",)}, "Not a valid DAG: a cycle"),
-])
-def test_what_is_not_a_dag_is_refused(edges: dict[str, tuple[str, ...]], says: str) -> None:
-    with pytest.raises(InvalidDag, match=says) as raised:
-        build_dag(edges)
-    assert raised.value.http_status == 400
+def test_describe_shows_the_dag_as_torchserve_prints_it() -> None:
+    assert dag_text("dag:\n  pre: [m1, m2]\n  m1: [agg]\n  m2: [agg, null]\n") == \
+        "{pre=[m1, m2], m1=[agg], m2=[agg, null]}"
+    assert dag_text("not: [yaml") == "{}"
 
 
 # ---- the archive -------------------------------------------------------------------------------
@@ -153,7 +65,8 @@ def _war(path: Path, manifest: dict[str, object] | None, files: dict[str, str]) 
 
 MANIFEST = {"createdOn": "29/12/2020 16:05:51", "archiverVersion": "0.2.0",
             "workflow": {"workflowName": "wf", "specFile": "wf.yaml", "handler": "wf.py"}}
-FILES = {"wf.yaml": "dag:\n  pre: [post]\n", "wf.py": "def pre(d, c): return d\n"}
+FILES = {"wf.yaml": "models: {}\ndag:\n  pre: [post]\n",
+         "wf.py": "def pre(d, c): return d\ndef post(d, c): return d\n"}
 
 
 def test_a_war_is_found_in_the_store_and_unpacked(tmp_path: Path) -> None:
@@ -166,9 +79,10 @@ def test_a_war_is_found_in_the_store_and_unpacked(tmp_path: Path) -> None:
     archive = archives.unpack("wf.war", source, work, None)
     assert (archive.name, archive.handler, list(archive.spec.nodes)) == ("wf", "wf.py",
                                                                          ["pre", "post"])
+    assert archive.spec["post"].model_name == "wf__post"
     assert (archive.directory / "wf.py").is_file()
     renamed = archives.unpack("wf.war", source, work, "other")
-    assert renamed.name == "other"
+    assert (renamed.name, renamed.spec["pre"].model_name) == ("other", "other__pre")
     archive.remove()
     assert not archive.directory.exists() and source.exists()
 
@@ -208,9 +122,12 @@ def test_where_a_url_may_point(tmp_path: Path) -> None:
     ({"createdOn": "x", "workflow": MANIFEST["workflow"]}, FILES, "version is not defined"),
     ({"archiverVersion": "x", "workflow": MANIFEST["workflow"]}, FILES,
      "createdOn is not defined"),
+    ({**MANIFEST, "workflow": {"workflowName": "wf", "specFile": "wf.yaml"}}, FILES,
+     'no "handler"'),
     (MANIFEST, {"wf.py": ""}, "no specFile 'wf.yaml'"),
     (MANIFEST, {"wf.yaml": "dag: {a: [b]}\n"}, "no handler 'wf.py'"),
-    (MANIFEST, {**FILES, "wf.yaml": "dag: 3\n"}, "has no 'dag'"),
+    (MANIFEST, {**FILES, "wf.yaml": "models: {}\ndag: 3\n"}, "'dag' must be a mapping"),
+    (MANIFEST, {**FILES, "wf.yaml": "models: {}\ndag: {pre: [other]}\n"}, "unknown node"),
 ])
 def test_an_archive_that_cannot_be_served_says_why(tmp_path: Path, manifest: dict | None,
                                                     files: dict[str, str], says: str) -> None:

@@ -2,8 +2,16 @@
 
 The operations themselves live in frontend/ops/management.py (shared with gRPC). Where we
 differ from TorchServe it is noted there (a duplicate registration is 409 here, 500 in
-TorchServe). TorchServe's workflow routes (/workflows) are here too; their operations are
-frontend/ops/workflow_management.py (TorchServe has no gRPC for workflows).
+TorchServe).
+
+A registration (``POST /models``) takes its parameters from the query, or, as TorchServe's
+does, from a JSON object body when the request's Content-Type is application/json (the query
+is then not read): SageMaker's agent registers the models of a multi-model endpoint so, with
+``{"model_name": ..., "url": ...}``.
+
+TorchServe's workflow routes (/workflows) are here too, their registration's parameters read
+the same way; their operations are frontend/ops/workflow_management.py (TorchServe has no
+gRPC for workflows).
 """
 
 from __future__ import annotations
@@ -19,9 +27,6 @@ from frontend.ops.params import bool_param
 from frontend.ops.services import Services
 from frontend.ops.workflow_management import WorkflowOps
 
-#: A workflow registration's JSON body is a few parameters.
-MAX_REGISTER_BODY_BYTES = 64 * 1024
-
 
 class ManagementApp(common.Routes):
     """ASGI app for TorchServe's management API: routing only; the work is ManagementOps."""
@@ -30,6 +35,7 @@ class ManagementApp(common.Routes):
         self.auth = services.auth
         self.ops = ManagementOps(services)
         self.workflows = WorkflowOps(services)
+        self.max_body_bytes = services.config.max_request_size_bytes
 
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:
@@ -50,8 +56,10 @@ class ManagementApp(common.Routes):
             raise RouteNotFound()
         if self.auth is not None:
             self.auth.check(KeyKind.MANAGEMENT, scope["headers"])
-        status, body = await self._dispatch(scope["method"], parts,
-                                            common.query_params(scope))
+        params = common.query_params(scope)
+        if scope["method"] == "POST" and len(parts) == 1 and _is_json(scope):
+            params = json_params(await common.read_body(receive, self.max_body_bytes))
+        status, body = await self._dispatch(scope["method"], parts, params)
         await common.send_json(send, status, body)
         return True
 
@@ -91,31 +99,16 @@ class ManagementApp(common.Routes):
             if method == "GET":
                 return 200, ops.list_workflows(common.query_params(scope))
             if method == "POST":
-                return 200, await ops.register(await self._register_params(scope, receive))
+                params = common.query_params(scope)
+                if _is_json(scope):  # TorchServe's RegisterWorkflowRequest as JSON
+                    params = json_params(await common.read_body(receive, self.max_body_bytes))
+                return 200, await ops.register(params)
             raise MethodNotAllowed()
         if method == "GET":
             return 200, ops.describe(parts[1])
         if method == "DELETE":
             return 200, await ops.unregister(parts[1])
         raise MethodNotAllowed()
-
-    async def _register_params(self, scope: common.Scope, receive: common.Receive
-                               ) -> dict[str, str]:
-        """A registration's parameters: the query's, or a JSON body's (TorchServe reads
-        ``{"url": ..., "workflow_name": ...}`` when the Content-Type is application/json)."""
-        params = common.query_params(scope)
-        content_type = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
-        if not content_type.lower().startswith("application/json"):
-            return params
-        body = await common.read_body(receive, MAX_REGISTER_BODY_BYTES)
-        try:
-            document = json.loads(body) if body.strip() else {}
-        except (ValueError, RecursionError):
-            raise BadRequest("the registration body is not valid JSON") from None
-        if not isinstance(document, dict):
-            raise BadRequest("the registration body must be a JSON object")
-        return {**params, **{key: value if isinstance(value, str) else json.dumps(value)
-                             for key, value in document.items() if value is not None}}
 
     async def token(self, scope: common.Scope, send: common.Send) -> None:
         """Rotate the inference or management key (authorised by the API key)."""
@@ -126,3 +119,34 @@ class ManagementApp(common.Routes):
         self.auth.check(KeyKind.API, scope["headers"])
         kind = common.query_params(scope).get("type", "")
         await common.send_json(send, 200, {kind: self.auth.rotate(kind)})
+
+
+def _is_json(scope: common.Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return bytes(value).split(b";")[0].strip().lower() == common.JSON
+    return False
+
+
+def json_params(body: bytes) -> dict[str, str]:
+    """A JSON object body as registration parameters (TorchServe's RegisterModelRequest
+    fields: model_name, url, handler, batch_size, initial_workers, synchronous, ...), each
+    value as the query would carry it; null is absent."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise BadRequest("the request body is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise BadRequest("the request body must be a JSON object of registration parameters")
+    params = {}
+    for key, item in value.items():
+        if item is None:
+            continue
+        if isinstance(item, bool):
+            params[key] = "true" if item else "false"
+        elif isinstance(item, (str, int, float)):
+            params[key] = str(item)
+        else:
+            raise BadRequest(f"registration parameter {key!r} must be a string, number or "
+                             "boolean")
+    return params
