@@ -275,7 +275,7 @@ def check_answers(servers: Sequence[Server], requests: Sequence[bytes],
                         break
                     failures.append(f"{server.name} {workflow} request {index} (attempt "
                                     f"{attempt + 1}): {status} "
-                                    f"{text.decode(errors='replace').strip()}")
+                                    f"{' '.join(text.decode(errors='replace').split())}")
                 try:
                     answer: Any = json.loads(text)
                 except ValueError:
