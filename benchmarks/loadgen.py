@@ -502,15 +502,15 @@ class _Recorder:
                 result.header_batch_sizes[batch_size] += 1
 
 
-async def _timed(sender: Sender) -> Outcome:
+async def _timed(sender: Sender, timeout_s: float) -> Outcome:
     try:
-        return await asyncio.wait_for(sender.send(), REQUEST_TIMEOUT_S)
+        return await asyncio.wait_for(sender.send(), timeout_s)
     except asyncio.TimeoutError:
         return "timeout", None
 
 
 async def _closed_loop(target: Target, recorder: _Recorder, clients: int, first: float,
-                       stop: float, max_requests: int) -> None:
+                       stop: float, max_requests: int, timeout_s: float) -> None:
     budget = itertools.count()
 
     async def client(index: int) -> None:
@@ -523,7 +523,7 @@ async def _closed_loop(target: Target, recorder: _Recorder, clients: int, first:
                 recorder.total_sent += 1
                 if recorder.start <= now:
                     recorder.result.sent += 1
-                outcome = await _timed(sender)
+                outcome = await _timed(sender, timeout_s)
                 recorder.record(now, outcome, clock())
                 if outcome[0] in CONNECTION_FAILURES:
                     await asyncio.sleep(FAILURE_PAUSE_S)  # no reconnection storm
@@ -535,7 +535,8 @@ async def _closed_loop(target: Target, recorder: _Recorder, clients: int, first:
 
 
 async def _open_loop(target: Target, recorder: _Recorder, rate: float, max_in_flight: int,
-                     first: float, stop: float, max_requests: int, seed: int) -> None:
+                     first: float, stop: float, max_requests: int, seed: int,
+                     timeout_s: float) -> None:
     rng = random.Random(seed)
     idle: list[Sender] = []  # connections with nothing outstanding, reused before new ones
     senders: list[Sender] = []
@@ -546,7 +547,7 @@ async def _open_loop(target: Target, recorder: _Recorder, rate: float, max_in_fl
         nonlocal in_flight
         try:
             sent = clock()
-            outcome = await _timed(sender)
+            outcome = await _timed(sender, timeout_s)
             recorder.record(scheduled, outcome, clock(), sent)
         finally:
             in_flight -= 1
@@ -604,8 +605,11 @@ async def run_load(target: Target, *, clients: int | None = None, rate: float | 
                    duration_s: float = 10.0, warmup_s: float = 2.0, max_in_flight: int = 256,
                    max_requests: int = MAX_REQUESTS, seed: int = 0, progress: bool = True,
                    label: str = "", metrics_url: str | None = None,
-                   model: str | None = None) -> LoadResult:
+                   model: str | None = None,
+                   request_timeout_s: float = REQUEST_TIMEOUT_S) -> LoadResult:
     """Drive ``target`` closed-loop (``clients``) or open-loop (``rate`` per second).
+
+    A request unanswered after ``request_timeout_s`` counts as a ``timeout``.
 
     With ``metrics_url`` and ``model``, the batch sizes that batchserve dispatched for
     ``model`` during the window are read from its metrics into ``result.batch_sizes``.
@@ -618,6 +622,8 @@ async def run_load(target: Target, *, clients: int | None = None, rate: float | 
         raise ValueError(f"clients must be within 1..{MAX_CLIENTS}")
     if rate is not None and not (rate > 0 and math.isfinite(rate)):
         raise ValueError("rate must be a positive number of requests per second")
+    if not 0 < request_timeout_s <= REQUEST_TIMEOUT_S:
+        raise ValueError(f"request_timeout_s must be within (0, {REQUEST_TIMEOUT_S:g}] s")
     if not 1 <= max_in_flight <= MAX_CLIENTS:
         raise ValueError(f"max_in_flight must be within 1..{MAX_CLIENTS}")
     max_requests = min(max_requests, MAX_REQUESTS)
@@ -638,12 +644,13 @@ async def run_load(target: Target, *, clients: int | None = None, rate: float | 
     cpu_before, wall_before = time.process_time(), time.monotonic()
     try:
         if clients is not None:
-            work = _closed_loop(target, recorder, clients, first, stop, max_requests)
+            work = _closed_loop(target, recorder, clients, first, stop, max_requests,
+                                request_timeout_s)
         else:
             work = _open_loop(target, recorder, float(rate or 0.0), max_in_flight, first, stop,
-                              max_requests, seed)
+                              max_requests, seed, request_timeout_s)
         # Bounded: warm-up, window, then the late answers (each bounded by its own timeout).
-        await asyncio.wait_for(work, warmup_s + duration_s + REQUEST_TIMEOUT_S + DRAIN_S)
+        await asyncio.wait_for(work, warmup_s + duration_s + request_timeout_s + DRAIN_S)
         if scraper is not None:
             await asyncio.wait_for(scraper, DRAIN_S)
     finally:

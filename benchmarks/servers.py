@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
@@ -19,7 +20,8 @@ class Batchserve:
     """A background server on free loopback ports, with its own state dir and logs."""
 
     def __init__(self, model_store: Path, extra_properties: str = "",
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None,
+                 workflow_store: Path | None = None) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="bench-"))
         self.env = {**os.environ, **(env or {}),
                     "BATCHSERVE_STATE_DIR": str(self.work / "state")}
@@ -28,14 +30,17 @@ class Batchserve:
             "metrics_address=http://127.0.0.1:0\ngrpc_inference_port=0\n"
             "grpc_management_port=0\n" + extra_properties)
         self.model_store = model_store
+        self.workflow_store = workflow_store
         self.inference = ""
         self.management = ""
         self.metrics = ""
 
     def __enter__(self) -> Batchserve:
+        workflows = (["--workflow-store", str(self.workflow_store)]
+                     if self.workflow_store is not None else [])
         subprocess.run([str(BIN / "torchserve"), "--start", "--model-store",
                         str(self.model_store), "--ts-config", "config.properties",
-                        "--enable-model-api", "--disable-token-auth"],
+                        "--enable-model-api", "--disable-token-auth", *workflows],
                        cwd=self.work, env=self.env, check=True, timeout=300,
                        stdout=subprocess.DEVNULL)
         state = json.loads((self.work / "state" / "server.json").read_text())
@@ -62,3 +67,20 @@ class Batchserve:
     def describe(self, name: str) -> dict[str, object]:
         with urllib.request.urlopen(f"{self.management}/models/{name}", timeout=60) as response:
             return json.loads(response.read())[0]  # type: ignore[no-any-return]
+
+    def register_workflow(self, url: str, name: str | None = None) -> None:
+        """``POST /workflows``: answers once the workflow's models are up."""
+        query = urllib.parse.urlencode({"url": url, **({"workflow_name": name} if name else {})})
+        request = urllib.request.Request(f"{self.management}/workflows?{query}", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                response.read()
+        except urllib.error.HTTPError as error:
+            raise RuntimeError(f"batchserve could not register workflow {url}: {error.code} "
+                               f"{error.read().decode(errors='replace').strip()} (its logs: "
+                               f"{self.work})") from None
+
+    def unregister_workflow(self, name: str) -> None:
+        request = urllib.request.Request(f"{self.management}/workflows/{name}", method="DELETE")
+        with urllib.request.urlopen(request, timeout=600) as response:
+            response.read()

@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-torchserve"
 VERSION = "0.12.0"
 #: torch comes from the machine's local wheels when they have it (no download).
-PACKAGES = (f"torchserve=={VERSION}", f"torch-model-archiver=={VERSION}", "pyyaml", "captum",
+#: torch-workflow-archiver 0.2.15 is the one TorchServe 0.12 ships with (benchmarks.workflow).
+PACKAGES = (f"torchserve=={VERSION}", f"torch-model-archiver=={VERSION}",
+            "torch-workflow-archiver==0.2.15", "pyyaml", "captum",
             "torch==2.14.1", "torchvision==0.29.1")  # torchvision: its image_classifier
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
@@ -70,20 +72,24 @@ def ensure_venv(venv: Path = VENV, packages: Sequence[str] = PACKAGES) -> Path:
     wanted = "\n".join(packages) + "\n"
     if stamp.exists() and stamp.read_text() == wanted:
         return bin_dir
-    if not (bin_dir / "pip").exists():
+    if not (bin_dir / "python").exists():
         print(f"creating {venv} (once; several minutes)", file=sys.stderr, flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
         (venv / ".gitignore").write_text("*\n")
     print(f"installing into {venv}: {' '.join(packages)}", file=sys.stderr, flush=True)
-    subprocess.run([str(bin_dir / "pip"), "install", "--quiet", *packages], check=True,
-                   timeout=3600, env=clean_env())
+    # NOTE: `python -m pip`, not bin/pip: a venv copied from another checkout keeps the
+    # original's path in its scripts' #! lines, and its pip would install into the original.
+    subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "--quiet",
+                    "--disable-pip-version-check", *packages], check=True, timeout=3600,
+                   env=clean_env())
+    stamp.unlink(missing_ok=True)  # a new file: a hardlinked copy's stamp is not shared
     stamp.write_text(wanted)
     return bin_dir
 
 
 def archive(bin_dir: Path, store: Path, name: str, handler: Path, *, version: str = "1.0",
             model_file: Path | None = None, serialized_file: Path | None = None,
-            extra_files: Sequence[Path] = ()) -> str:
+            extra_files: Sequence[Path] = (), config_file: Path | None = None) -> str:
     """Pack a ``.mar`` with TorchServe's own ``torch-model-archiver``; returns its file name."""
     command = [str(bin_dir / "torch-model-archiver"), "--model-name", name, "--version",
                version, "--handler", str(handler), "--export-path", str(store), "--force"]
@@ -93,12 +99,31 @@ def archive(bin_dir: Path, store: Path, name: str, handler: Path, *, version: st
         command += ["--serialized-file", str(serialized_file)]
     if extra_files:
         command += ["--extra-files", ",".join(str(path) for path in extra_files)]
+    if config_file is not None:
+        command += ["--config-file", str(config_file)]
     done = subprocess.run(command, timeout=600, capture_output=True, text=True, check=False,
                           env=clean_env())
     if done.returncode != 0:
         raise TorchServeError(f"torch-model-archiver failed ({done.returncode}): "
                               f"{(done.stderr or done.stdout).strip()[-2000:]}")
     return f"{name}.mar"
+
+
+def workflow_archive(bin_dir: Path, store: Path, name: str, spec: Path, handler: Path,
+                     extra_files: Sequence[Path] = ()) -> str:
+    """Pack a ``.war`` with TorchServe's own ``torch-workflow-archiver``; returns its file
+    name."""
+    command = [str(bin_dir / "torch-workflow-archiver"), "--workflow-name", name,
+               "--spec-file", str(spec), "--handler", str(handler), "--export-path",
+               str(store), "--force"]
+    if extra_files:
+        command += ["--extra-files", ",".join(str(path) for path in extra_files)]
+    done = subprocess.run(command, timeout=600, capture_output=True, text=True, check=False,
+                          env=clean_env())
+    if done.returncode != 0:
+        raise TorchServeError(f"torch-workflow-archiver failed ({done.returncode}): "
+                              f"{(done.stderr or done.stdout).strip()[-2000:]}")
+    return f"{name}.war"
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -126,9 +151,11 @@ class TorchServe:
     """A TorchServe 0.12 on free loopback ports, started with ``torchserve --start``."""
 
     def __init__(self, model_store: Path, *, quiet: bool = False,
-                 env: Mapping[str, str] | None = None, venv: Path = VENV) -> None:
+                 env: Mapping[str, str] | None = None, venv: Path = VENV,
+                 workflow_store: Path | None = None, extra_vmargs: str = "") -> None:
         self.bin = ensure_venv(venv)
         self.model_store = model_store
+        self.workflow_store = workflow_store
         self.quiet = quiet
         self.work = Path(tempfile.mkdtemp(prefix="bench-torchserve-"))
         (self.work / "tmp").mkdir()
@@ -149,10 +176,13 @@ class TorchServe:
             # The system-metrics collector starts a Python process every minute: noise.
             "disable_system_metrics=true",
         ]
+        vmargs = [extra_vmargs] if extra_vmargs else []
         if quiet:
             log_config = self.work / "log4j2.xml"
             log_config.write_text(QUIET_LOG4J2)
-            properties.append(f"vmargs=-Dlog4j.configurationFile=file://{log_config}")
+            vmargs.append(f"-Dlog4j.configurationFile=file://{log_config}")
+        if vmargs:
+            properties.append(f"vmargs={' '.join(vmargs)}")
         self.config = self.work / "config.properties"
         self.config.write_text("\n".join(properties) + "\n")
         # TMPDIR: TorchServe keeps its pid file in the temp dir; this one is ours alone.
@@ -162,9 +192,11 @@ class TorchServe:
         self.pid: int | None = None
 
     def __enter__(self) -> TorchServe:
+        workflows = (["--workflow-store", str(self.workflow_store)]
+                     if self.workflow_store is not None else [])
         subprocess.run([str(self.bin / "torchserve"), "--start", "--ncs", "--disable-token-auth",
                         "--enable-model-api", "--model-store", str(self.model_store),
-                        "--ts-config", str(self.config)],
+                        "--ts-config", str(self.config), *workflows],
                        cwd=self.work, env=self.env, check=True, timeout=120,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         pid_file = self.work / "tmp" / ".model_server.pid"
@@ -227,6 +259,24 @@ class TorchServe:
     def describe(self, name: str) -> dict[str, object]:
         with urllib.request.urlopen(f"{self.management}/models/{name}", timeout=60) as response:
             return json.loads(response.read())[0]  # type: ignore[no-any-return]
+
+    def register_workflow(self, url: str, name: str | None = None) -> None:
+        """``POST /workflows``: registers the archive's models and scales them (TorchServe
+        always registers a workflow synchronously)."""
+        query = urllib.parse.urlencode({"url": url, **({"workflow_name": name} if name else {})})
+        request = urllib.request.Request(f"{self.management}/workflows?{query}", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                response.read()
+        except urllib.error.HTTPError as error:
+            raise TorchServeError(f"TorchServe could not register workflow {url}: {error.code} "
+                                  f"{error.read().decode(errors='replace').strip()} (its model "
+                                  f"log: {self.work / 'logs' / 'model_log.log'})") from None
+
+    def unregister_workflow(self, name: str) -> None:
+        request = urllib.request.Request(f"{self.management}/workflows/{name}", method="DELETE")
+        with urllib.request.urlopen(request, timeout=600) as response:
+            response.read()
 
 
 def _alive(pid: int) -> bool:
