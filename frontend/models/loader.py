@@ -114,8 +114,8 @@ class RegisterRequest:
     given_by_operator: bool = False
     #: The workflow the model is a node of (frontend/workflows/), or None.
     workflow: str | None = None
-    #: The handler is called with one request at a time, however many a batch holds (a
-    #: workflow's function, as TorchServe calls them); its queue still forms batches.
+    #: A workflow's function node: offered whole batches, called per request if it does not
+    #: take them (backend/service.py).
     workflow_function: bool = False
 
 

@@ -61,6 +61,8 @@ class Model:
         self.name = name
         #: The workflow this model is a node of (registered and removed with it), or None.
         self.workflow = workflow
+        #: A workflow's function node (its handler is a function of the workflow's file).
+        self.is_workflow_function = launch.load.workflow_function
         self.version = version
         self.archive = unpacked
         self.handler = handler

@@ -51,7 +51,10 @@ class ManagementOps:
         start = int_param(params, "next_page_token", 0)
         if start < 0:
             raise BadRequest("next_page_token must be >= 0")
-        names = self.registry.names()
+        # A workflow's function nodes are not listed, as TorchServe lists only its model
+        # nodes (their url would be the server's own unpacked copy of the archive).
+        names = [name for name in self.registry.names()
+                 if not self.registry.get(name).is_workflow_function]
         page = names[start:start + limit]
         body: dict[str, object] = {}
         if start + limit < len(names):

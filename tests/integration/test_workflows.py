@@ -335,8 +335,14 @@ def test_a_failing_and_a_timing_out_node_fail_only_their_requests(served: Served
 
 
 def test_management_bodies_and_statuses(served: Served) -> None:
-    # Loaded at start-up, its nodes as TorchServe names their models.
-    assert {"seq__pre", "seq__m1", "seq__post", "par__aggregate"} <= set(served.models())
+    # Loaded at start-up, its nodes as TorchServe names their models; GET /models lists the
+    # model nodes only, as TorchServe's (a function's url is the server's own copy), and
+    # describe knows them all.
+    listed_models = set(served.models())
+    assert {"seq__m1", "par__m1", "par__m2"} <= listed_models
+    assert not {"seq__pre", "seq__post", "par__pre", "par__aggregate"} & listed_models
+    for function in ("seq__pre", "par__aggregate"):
+        assert served.manage("GET", f"/models/{function}").status_code == 200
     listed = served.manage("GET", "/workflows", limit=1)
     assert listed.json() == {"nextPageToken": "1",
                              "workflows": [{"workflowName": "par", "workflowUrl": "par.war"}]}
@@ -379,6 +385,7 @@ def test_management_bodies_and_statuses(served: Served) -> None:
         "Workflow bad_node has failed to register. Failures: [Workflow Node bad_node__m2 "
         "failed to register. Details: "), failed.json()
     assert not [name for name in served.models() if name.startswith("bad_node__")]
+    assert served.manage("GET", "/models/bad_node__pre").status_code == 404
     assert served.manage("GET", "/workflows/bad_node").status_code == 404
     # A node's model goes with its workflow only.
     refused = served.manage("DELETE", "/models/seq__m1")
@@ -457,5 +464,6 @@ def test_unregister_under_traffic_answers_every_request_once(served: Served) -> 
             text = f"a{index}" if index < 60 else f"b{index - 60}"
             assert answer.json()["text"] == f"{text}|m1"
     assert not [name for name in served.models() if name.startswith("slow__")]
+    assert served.manage("GET", "/models/slow__pre").status_code == 404
     assert not workflow_dir.exists()
     assert served.manage("GET", "/workflows/slow").status_code == 404
