@@ -7,16 +7,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+
+from benchmarks.management import ManagementClient
 
 BIN = Path(sys.executable).parent
 
 
-class Batchserve:
+class Batchserve(ManagementClient):
     """A background server on free loopback ports, with its own state dir and logs."""
 
     def __init__(self, model_store: Path, extra_properties: str = "",
@@ -53,34 +52,5 @@ class Batchserve:
         subprocess.run([str(BIN / "torchserve"), "--stop"], cwd=self.work, env=self.env,
                        check=True, timeout=300, stdout=subprocess.DEVNULL)
 
-    def register(self, url: str, **params: object) -> None:
-        query = urllib.parse.urlencode({"url": url, "synchronous": "true", **params})
-        request = urllib.request.Request(f"{self.management}/models?{query}", method="POST")
-        with urllib.request.urlopen(request, timeout=600) as response:
-            response.read()
-
-    def unregister(self, name: str) -> None:
-        request = urllib.request.Request(f"{self.management}/models/{name}", method="DELETE")
-        with urllib.request.urlopen(request, timeout=600) as response:
-            response.read()
-
-    def describe(self, name: str) -> dict[str, object]:
-        with urllib.request.urlopen(f"{self.management}/models/{name}", timeout=60) as response:
-            return json.loads(response.read())[0]  # type: ignore[no-any-return]
-
-    def register_workflow(self, url: str, name: str | None = None) -> None:
-        """``POST /workflows``: answers once the workflow's models are up."""
-        query = urllib.parse.urlencode({"url": url, **({"workflow_name": name} if name else {})})
-        request = urllib.request.Request(f"{self.management}/workflows?{query}", method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=600) as response:
-                response.read()
-        except urllib.error.HTTPError as error:
-            raise RuntimeError(f"batchserve could not register workflow {url}: {error.code} "
-                               f"{error.read().decode(errors='replace').strip()} (its logs: "
-                               f"{self.work})") from None
-
-    def unregister_workflow(self, name: str) -> None:
-        request = urllib.request.Request(f"{self.management}/workflows/{name}", method="DELETE")
-        with urllib.request.urlopen(request, timeout=600) as response:
-            response.read()
+    def failure(self, what: str, status: int, text: str) -> Exception:
+        return RuntimeError(f"batchserve {what}: {status} {text} (its logs: {self.work})")

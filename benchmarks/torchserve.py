@@ -26,6 +26,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from benchmarks.management import ManagementClient
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-torchserve"
 VERSION = "0.12.0"
@@ -147,7 +149,7 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-class TorchServe:
+class TorchServe(ManagementClient):
     """A TorchServe 0.12 on free loopback ports, started with ``torchserve --start``."""
 
     def __init__(self, model_store: Path, *, quiet: bool = False,
@@ -245,38 +247,9 @@ class TorchServe:
         else:
             shutil.rmtree(self.work, ignore_errors=True)  # its logs can be large
 
-    def register(self, url: str, **params: object) -> None:
-        query = urllib.parse.urlencode({"url": url, "synchronous": "true", **params})
-        request = urllib.request.Request(f"{self.management}/models?{query}", method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=600) as response:
-                response.read()
-        except urllib.error.HTTPError as error:
-            raise TorchServeError(f"TorchServe could not register {url}: {error.code} "
-                                  f"{error.read().decode(errors='replace').strip()} (its model "
-                                  f"log: {self.work / 'logs' / 'model_log.log'})") from None
-
-    def describe(self, name: str) -> dict[str, object]:
-        with urllib.request.urlopen(f"{self.management}/models/{name}", timeout=60) as response:
-            return json.loads(response.read())[0]  # type: ignore[no-any-return]
-
-    def register_workflow(self, url: str, name: str | None = None) -> None:
-        """``POST /workflows``: registers the archive's models and scales them (TorchServe
-        always registers a workflow synchronously)."""
-        query = urllib.parse.urlencode({"url": url, **({"workflow_name": name} if name else {})})
-        request = urllib.request.Request(f"{self.management}/workflows?{query}", method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=600) as response:
-                response.read()
-        except urllib.error.HTTPError as error:
-            raise TorchServeError(f"TorchServe could not register workflow {url}: {error.code} "
-                                  f"{error.read().decode(errors='replace').strip()} (its model "
-                                  f"log: {self.work / 'logs' / 'model_log.log'})") from None
-
-    def unregister_workflow(self, name: str) -> None:
-        request = urllib.request.Request(f"{self.management}/workflows/{name}", method="DELETE")
-        with urllib.request.urlopen(request, timeout=600) as response:
-            response.read()
+    def failure(self, what: str, status: int, text: str) -> Exception:
+        return TorchServeError(f"TorchServe {what}: {status} {text} (its model log: "
+                               f"{self.work / 'logs' / 'model_log.log'})")
 
 
 def _alive(pid: int) -> bool:
