@@ -41,7 +41,7 @@ from backend.handlers.base import BaseHandler as _BackendBaseHandler
 from backend.handlers.explain import explanation_target
 from backend.handlers.labels import INDEX_TO_NAME
 from backend.tuning import Tuning, forward_context, read_tuning
-from backend.weights import load_eager, load_torchscript
+from backend.weights import load_eager, load_torchscript, read_sharing
 
 from ..handler_utils.timer import timed
 from ..utils.util import check_valid_pt2_backend, list_classes_from_module, load_label_mapping
@@ -190,11 +190,13 @@ class BaseHandler(_BackendBaseHandler):
         weights = Path(model_pt_path) if model_pt_path else None
         if weights is not None and not weights.is_file():
             raise ModelLoadError(f"the manifest's serializedFile {weights.name!r} is missing")
-        return load_eager(Path(model_dir) / model_file, weights, self.device)
+        return load_eager(Path(model_dir) / model_file, weights, self.device,
+                          read_sharing(getattr(self, "model_yaml_config", None)))
 
     def _load_torchscript_model(self, model_pt_path: str) -> torch.nn.Module:
         """A TorchScript model saved with ``torch.jit.save``."""
-        return load_torchscript(Path(model_pt_path), self.device)
+        return load_torchscript(Path(model_pt_path), self.device,
+                                read_sharing(getattr(self, "model_yaml_config", None)))
 
     def _load_torch_export_aot_compile(self, model_so_path: str) -> Any:
         """An AOTInductor-compiled model (``torch._export.aot_compile``'s ``.so``), as a
