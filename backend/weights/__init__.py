@@ -42,13 +42,15 @@ import torch
 
 from backend.errors import ModelLoadError, describe
 from backend.imports import FileImportError, import_file
+from backend.weights.cuda_ipc import LINGER_S, shared_state_dict
 from backend.weights.empty import assign_state_dict, parameters_on_meta
 from backend.weights.files import is_safetensors, is_torchscript_archive, read_state_dict
 from backend.weights.script import map_onto_archive
 from backend.weights.sharing import Sharing, read_sharing
 
-__all__ = ["Sharing", "is_safetensors", "is_torchscript_archive", "load_eager", "load_model",
-           "load_state_dict", "load_torchscript", "read_sharing"]
+__all__ = ["Sharing", "is_safetensors", "is_torchscript_archive", "load_eager",
+           "load_from_owner", "load_model", "load_state_dict", "load_torchscript",
+           "read_sharing"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,20 +95,26 @@ def load_eager(model_file: Path, weights: Path | None, device: torch.device,
         return _build(model_class, model_file).to(device)
     state: Mapping[str, Any]
     if sharing is Sharing.CUDA_IPC and device.type == "cuda":
-        from backend.weights.cuda_ipc import shared_state_dict
-
         try:
-            state = shared_state_dict(weights, device)
+            return load_from_owner(model_file, weights, device)
         except Exception as exc:  # the owner could not start, load or answer
             logger.warning("CUDA IPC weights unavailable (%s): this worker loads its own "
                            "copy", describe(exc))
-        else:
-            return _assigned(model_class, model_file, weights, state, device,
-                             private_buffers=True)
     state = load_state_dict(weights, device, mmap=sharing is not Sharing.COPY)
     if sharing is Sharing.COPY:
         return _copied_into(_build(model_class, model_file), weights, state).to(device)
     return _assigned(model_class, model_file, weights, state, device, private_buffers=False)
+
+
+def load_from_owner(model_file: Path, weights: Path, device: torch.device, *,
+                    linger_s: float = LINGER_S) -> torch.nn.Module:
+    """The model with its parameters in the memory of the owner of ``weights`` on ``device``
+    (``backend.weights.cuda_ipc``: CUDA IPC on a GPU; the tests use it on the CPU, where it
+    hands out shared memory) and buffers of its own. Raises OwnerError or OSError when no
+    owner answers; ``linger_s``: how long an owner started now outlives its last worker."""
+    state = shared_state_dict(weights, device, linger_s=linger_s)
+    return _assigned(_model_class(model_file), model_file, weights, state, device,
+                     private_buffers=True)
 
 
 def _assigned(model_class: type[torch.nn.Module], model_file: Path, weights: Path,

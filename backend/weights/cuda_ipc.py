@@ -10,7 +10,7 @@ cuda_ipc`` (model-config.yaml's ``handler`` section; off by default) a worker as
   the workers of one model on one GPU find the same owner, and a changed file or another GPU
   gets another. Binding that address is the lock: of two owners started at once, one binds,
   the other says ``busy`` and exits.
-* The first worker that finds no owner starts one (``python -P -m backend.weights.owner``, in
+* The first worker that finds no owner starts one (``python -P -m backend.weights_owner``, in
   a session of its own so that it outlives that worker's crash). The owner binds, says
   ``bound`` on its standard output, reads the file (memory-mapped) and moves each storage to
   the GPU once, then answers every connection with one message: per storage its CUDA IPC
@@ -58,13 +58,17 @@ LINGER_S = 5.0
 #: How long a worker waits for an owner to start, and then for its weights.
 START_TIMEOUT_S = 60.0
 LOAD_TIMEOUT_S = 600.0
-OWNER_MODULE = "backend.weights.owner"
+OWNER_MODULE = "backend.weights_owner"
 _LENGTH = struct.Struct(">I")
 _PEERCRED = struct.Struct("3i")
 _MAX_MESSAGE = 1 << 30
 
 #: The connections to owners this process uses: kept open for its whole life.
 _held: list[socket.socket] = []
+#: The state dicts this process has from owners, by owner address: a handle is opened once
+#: per process (CUDA refuses a second opening of the same memory in one process).
+_opened: dict[str, dict[str, torch.Tensor]] = {}
+_opening = threading.Lock()
 
 
 class OwnerError(Exception):
@@ -140,6 +144,15 @@ def shared_state_dict(weights: Path, device: torch.device, *, linger_s: float = 
     """The state dict in ``weights``, its tensors in the owner's memory on ``device``
     (started now when there is none). Raises OwnerError (or OSError)."""
     address = owner_address(weights, device)
+    with _opening:
+        if address not in _opened:
+            _opened[address] = _from_owner(address, weights, device, linger_s,
+                                           start_timeout_s, load_timeout_s)
+        return dict(_opened[address])
+
+
+def _from_owner(address: str, weights: Path, device: torch.device, linger_s: float,
+                start_timeout_s: float, load_timeout_s: float) -> dict[str, torch.Tensor]:
     sock = _connect(address)
     if sock is None:
         _start_owner(address, weights, device, linger_s, start_timeout_s)
@@ -162,6 +175,7 @@ def shared_state_dict(weights: Path, device: torch.device, *, linger_s: float = 
 def release_all() -> None:
     """Close this process's connections to owners (the tests' way of ending a worker's
     use; a worker never calls it: its tensors would outlive the memory)."""
+    _opened.clear()
     while _held:
         _held.pop().close()
 
@@ -316,8 +330,8 @@ def _owner_says(stream: Any, deadline: float) -> str:
             if not chunk:
                 return output.decode(errors="replace") or "it exited without a word"
             output += chunk
-            for line in output.decode(errors="replace").splitlines():
-                if line.strip() in ("bound", "busy"):
+            for line in output.decode(errors="replace").splitlines(keepends=True):
+                if line.endswith("\n") and line.strip() in ("bound", "busy"):
                     return line.strip()
         return "it did not say it had bound its address in time"
     finally:

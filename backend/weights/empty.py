@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
-_lock = threading.Lock()
+_install_lock = threading.Lock()
+_installed = 0  # blocks active in any thread (the patch is in place while there are any)
+_local = threading.local()  # this thread's depth of blocks
 
 
 class NotAssignable(Exception):
@@ -31,27 +33,38 @@ class NotAssignable(Exception):
 
 @contextlib.contextmanager
 def parameters_on_meta() -> Iterator[None]:
-    """Within the block, parameters registered by any module live on the meta device.
+    """Within the block, parameters registered by modules built in this thread live on the
+    meta device.
 
-    It patches ``torch.nn.Module.register_parameter`` for the block's duration (what
-    ``nn.Module.__setattr__`` calls for a Parameter), so it holds one thread's model
-    construction at a time.
+    It patches ``torch.nn.Module.register_parameter`` (what ``nn.Module.__setattr__`` calls
+    for a Parameter) while any thread is in such a block; the patch leaves other threads'
+    modules alone.
     """
-    original = torch.nn.Module.register_parameter
+    global _installed
+    with _install_lock:
+        if _installed == 0:
+            torch.nn.Module.register_parameter = _register_on_meta  # type: ignore[method-assign,assignment]
+        _installed += 1
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+        with _install_lock:
+            _installed -= 1
+            if _installed == 0:
+                torch.nn.Module.register_parameter = _REGISTER  # type: ignore[method-assign]
 
-    def register_on_meta(module: torch.nn.Module, name: str,
-                         param: torch.nn.Parameter | None) -> None:
-        original(module, name, param)
-        if param is not None and param.device.type != "meta":
-            kind = type(param)
-            module._parameters[name] = kind(param.to("meta"), requires_grad=param.requires_grad)
 
-    with _lock:
-        torch.nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign,assignment]
-        try:
-            yield
-        finally:
-            torch.nn.Module.register_parameter = original  # type: ignore[method-assign]
+_REGISTER = torch.nn.Module.register_parameter
+
+
+def _register_on_meta(module: torch.nn.Module, name: str,
+                      param: torch.nn.Parameter | None) -> None:
+    _REGISTER(module, name, param)
+    if param is not None and param.device.type != "meta" and getattr(_local, "depth", 0) > 0:
+        kind = type(param)
+        module._parameters[name] = kind(param.to("meta"), requires_grad=param.requires_grad)
 
 
 def assign_state_dict(model: torch.nn.Module, state_dict: Mapping[str, Any], *,

@@ -1,4 +1,4 @@
-"""The weights owner process: ``python -P -m backend.weights.owner --weights FILE --device
+"""The weights owner process: ``python -P -m backend.weights_owner --weights FILE --device
 cuda:N --address NAME --linger S`` (started by a worker: ``backend.weights.cuda_ipc``).
 
 It binds the abstract Unix socket ``NAME`` (or says ``busy`` and exits when another owner
@@ -6,6 +6,9 @@ has it), says ``bound``, loads the state dict in FILE onto the device once, then
 connection of its own user with the handles of those tensors, and keeps each connection until
 the worker closes it (exits). ``linger`` seconds after its last worker has gone, it exits.
 It never imports an archive's code: it reads tensors only (``weights_only``/safetensors).
+
+It lives outside ``backend.weights`` so that it binds its address before importing torch: an
+owner started while another has the address says ``busy`` in milliseconds.
 """
 
 from __future__ import annotations
@@ -19,19 +22,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from backend.errors import describe
-from backend.weights.cuda_ipc import describe_state, encode, handles_for, peer_uid
-from backend.weights.files import read_state_dict
+if TYPE_CHECKING:
+    import torch
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m backend.weights.owner")
+    parser = argparse.ArgumentParser(prog="python -m backend.weights_owner")
     parser.add_argument("--weights", type=Path, required=True)
-    parser.add_argument("--device", type=torch.device, required=True)
+    parser.add_argument("--device", required=True)
     parser.add_argument("--address", required=True)
     parser.add_argument("--linger", type=float, default=5.0)
     args = parser.parse_args(argv)
@@ -42,14 +42,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE:
             raise
-        print("busy", flush=True)
+        _say("busy")
         return 0
     listener.listen(64)
-    print("bound", flush=True)
+    _say("bound")
     _quiet()
+    import torch  # only now: see the module's docstring
+
+    from backend.errors import describe
+    from backend.weights.cuda_ipc import encode
+
     kept: list[torch.UntypedStorage] = []
     try:
-        message, kept = load(args.weights, args.device)
+        message, kept = load(args.weights, torch.device(args.device))
     except Exception as exc:  # every worker that asks is told why, then the owner ends
         message = {"error": describe(exc)}
     serve(listener, encode(message), args.linger, keep=("error" not in message))
@@ -60,6 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def load(weights: Path, device: torch.device) -> tuple[dict[str, Any],
                                                       list[torch.UntypedStorage]]:
     """The message that hands out the weights, and the storages it describes."""
+    import torch
+
+    from backend.weights.cuda_ipc import describe_state, handles_for
+    from backend.weights.files import read_state_dict
+
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return describe_state(read_state_dict(weights), device, handles_for(device))
@@ -68,6 +78,8 @@ def load(weights: Path, device: torch.device) -> tuple[dict[str, Any],
 def serve(listener: socket.socket, payload: bytes, linger_s: float, *, keep: bool) -> None:
     """Send ``payload`` to each worker that connects and, when ``keep``, hold its connection
     until it closes; return ``linger_s`` after the last one has gone (or none came)."""
+    from backend.weights.cuda_ipc import peer_uid
+
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     clients: set[socket.socket] = set()
@@ -104,6 +116,14 @@ def _send(connection: socket.socket, payload: bytes) -> bool:
     except OSError:
         return False
     return True
+
+
+def _say(word: str) -> None:
+    """One line to the worker that started this process, written whole (it reads lines)."""
+    try:
+        os.write(1, f"{word}\n".encode())
+    except OSError:  # it has gone: whoever needs this owner will connect
+        pass
 
 
 def _quiet() -> None:
