@@ -10,7 +10,9 @@ micro-batching example) still works: every attribute has a class-level default.
 
 Models: eager (``modelFile`` + state dict), TorchScript, ONNX (``.onnx``, when onnxruntime
 is installed: ``self.model`` is then an InferenceSession, as in TorchServe) and AOTInductor
-``.so`` (with ``pt2: {export: {aot_compile: true}}``). The model config's ``pt2``
+``.so`` (with ``pt2: {export: {aot_compile: true}}``). Eager and TorchScript weights are
+shared by the workers of a host (memory-mapped: ``backend.weights``, docs/weights.md; the model
+config's ``handler.share_weights``). The model config's ``pt2``
 (torch.compile) is applied as TorchServe 0.12 applies it, and batchserve's ``handler`` options
 ``amp`` and ``channels_last`` too (``backend.tuning``). ``ENABLE_TORCH_PROFILER`` runs each
 batch under torch.profiler as TorchServe does (traces in /tmp/pytorch_profiler/<model>).
