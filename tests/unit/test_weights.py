@@ -4,6 +4,7 @@ safetensors files, TorchScript tensors mapped back onto their archive, and the
 
 from __future__ import annotations
 
+import json
 import logging
 import textwrap
 from pathlib import Path
@@ -257,3 +258,21 @@ def test_safetensors_without_a_model_file_is_a_clear_load_error(tmp_path: Path) 
     save_file({"w": torch.zeros(2)}, tmp_path / "w.safetensors")
     with pytest.raises(ModelLoadError, match="holds weights only"):
         load_model(tmp_path, {"model": {"serializedFile": "w.safetensors"}}, CPU)
+
+
+@pytest.mark.parametrize(("config", "mapped"), [("", True),
+                                                ("handler:\n  share_weights: false\n", False)])
+def test_the_built_in_handlers_share_weights_as_the_model_config_says(
+        tmp_path: Path, config: str, mapped: bool) -> None:
+    from tests.unit.test_handlers import eager_model_dir, handler_of, load
+
+    model_dir = eager_model_dir(tmp_path)
+    (model_dir / "model-config.yaml").write_text(config or "{}\n")
+    manifest = {"runtime": "python", "model": {
+        "modelName": "tiny", "handler": "image_classifier", "serializedFile": "model.pt",
+        "modelFile": "model.py", "configFile": "model-config.yaml"}}
+
+    model = handler_of(load(model_dir, manifest_json=json.dumps(manifest))).model
+
+    expected = str(model_dir / "model.pt") if mapped else None
+    assert all(mapping_of(tensor) == expected for tensor in model.state_dict().values())
