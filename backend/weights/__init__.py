@@ -96,7 +96,7 @@ def load_eager(model_file: Path, weights: Path | None, device: torch.device,
     state: Mapping[str, Any]
     if sharing is Sharing.CUDA_IPC and device.type == "cuda":
         try:
-            return load_from_owner(model_file, weights, device)
+            return _from_owner(model_class, model_file, weights, device, LINGER_S)
         except Exception as exc:  # the owner could not start, load or answer
             logger.warning("CUDA IPC weights unavailable (%s): this worker loads its own "
                            "copy", describe(exc))
@@ -112,9 +112,13 @@ def load_from_owner(model_file: Path, weights: Path, device: torch.device, *,
     (``backend.weights.cuda_ipc``: CUDA IPC on a GPU; the tests use it on the CPU, where it
     hands out shared memory) and buffers of its own. Raises OwnerError or OSError when no
     owner answers; ``linger_s``: how long an owner started now outlives its last worker."""
+    return _from_owner(_model_class(model_file), model_file, weights, device, linger_s)
+
+
+def _from_owner(model_class: type[torch.nn.Module], model_file: Path, weights: Path,
+                device: torch.device, linger_s: float) -> torch.nn.Module:
     state = shared_state_dict(weights, device, linger_s=linger_s)
-    return _assigned(_model_class(model_file), model_file, weights, state, device,
-                     private_buffers=True)
+    return _assigned(model_class, model_file, weights, state, device, private_buffers=True)
 
 
 def _assigned(model_class: type[torch.nn.Module], model_file: Path, weights: Path,
