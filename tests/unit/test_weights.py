@@ -276,3 +276,24 @@ def test_the_built_in_handlers_share_weights_as_the_model_config_says(
 
     expected = str(model_dir / "model.pt") if mapped else None
     assert all(mapping_of(tensor) == expected for tensor in model.state_dict().values())
+
+
+def test_the_archiver_packs_safetensors_weights_that_load_mapped(tmp_path: Path) -> None:
+    from model_archiver.manifest import MANIFEST_PATH
+    from model_archiver.packaging import ArchiveOptions, build_archive
+
+    model_file, cls = model_class(tmp_path)
+    reference = trained(cls)
+    save_file(reference.state_dict(), tmp_path / "net.safetensors")
+    store = tmp_path / "store"
+    store.mkdir()
+    folder = build_archive(ArchiveOptions(
+        model_name="net", model_file=str(model_file), handler="image_classifier",
+        serialized_file=str(tmp_path / "net.safetensors"), export_path=store,
+        archive_format="no-archive"))
+
+    manifest = json.loads((folder / MANIFEST_PATH).read_text())
+    assert manifest["model"]["serializedFile"] == "net.safetensors"
+    model = load_model(folder, manifest, CPU)
+    assert mapping_of(model.conv.weight) == str(folder / "net.safetensors")  # type: ignore[arg-type]
+    assert torch.equal(predictions(model), predictions(reference))
