@@ -14,6 +14,8 @@ INSTALL_REQUIRES = [
     "googleapis-common-protos>=1.75,<2",  # google.rpc.status_pb2 for inference.proto
     "protobuf>=7.35,<8",  # the committed *_pb2.py files were generated for protobuf 7.35
     "psutil>=5.9",
+    # .safetensors weights (--serialized-file), memory-mapped: backend/weights/files.py.
+    "safetensors>=0.4",
     "click>=8.1",
     "prometheus-client>=0.19",
     # One minor version: frontend/api/http/{fast,protocol,app}.py build on uvicorn's private

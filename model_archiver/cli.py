@@ -28,7 +28,8 @@ def _split_extra_files(value: str | None) -> tuple[str, ...]:
 @click.option("--model-name", required=True, help="Model name; the archive is <name>.mar.")
 @click.option("-v", "--version", default="1.0", show_default=True, help="Model version.")
 @click.option("--model-file", help="Python file with the model class (eager mode).")
-@click.option("--serialized-file", help="Weights: a .pt/.pth state dict or TorchScript file.")
+@click.option("--serialized-file",
+              help="Weights: a .pt/.pth state dict, a .safetensors file or a TorchScript file.")
 @click.option(
     "--handler",
     required=True,

@@ -19,7 +19,7 @@ from backend.errors import BatchSizeMismatch, Unsupported
 from backend.handlers.explain import is_explanation
 from backend.handlers.labels import INDEX_TO_NAME, LabelMap, load_label_mapping
 from backend.tuning import Tuning, forward_context, read_tuning, tune_model, warm_up, warmup_sizes
-from backend.weights import load_model
+from backend.weights import load_model, read_sharing
 
 
 class Handler(Protocol):
@@ -55,7 +55,8 @@ class BaseHandler:
         self.context = context
         self.device = select_device(properties.get("gpu_id"))
         self.tuning = read_tuning(context.model_yaml_config)
-        self.set_model(load_model(model_dir, context.manifest, self.device))
+        self.set_model(load_model(model_dir, context.manifest, self.device,
+                                  read_sharing(context.model_yaml_config)))
         self.mapping = load_label_mapping(model_dir / INDEX_TO_NAME)
         self.initialized = True
 

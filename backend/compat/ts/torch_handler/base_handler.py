@@ -10,7 +10,9 @@ micro-batching example) still works: every attribute has a class-level default.
 
 Models: eager (``modelFile`` + state dict), TorchScript, ONNX (``.onnx``, when onnxruntime
 is installed: ``self.model`` is then an InferenceSession, as in TorchServe) and AOTInductor
-``.so`` (with ``pt2: {export: {aot_compile: true}}``). The model config's ``pt2``
+``.so`` (with ``pt2: {export: {aot_compile: true}}``). Eager and TorchScript weights are
+shared by the workers of a host (memory-mapped: ``backend.weights``, docs/weights.md; the model
+config's ``handler.share_weights``). The model config's ``pt2``
 (torch.compile) is applied as TorchServe 0.12 applies it, and batchserve's ``handler`` options
 ``amp`` and ``channels_last`` too (``backend.tuning``). ``ENABLE_TORCH_PROFILER`` runs each
 batch under torch.profiler as TorchServe does (traces in /tmp/pytorch_profiler/<model>).
@@ -41,7 +43,7 @@ from backend.handlers.base import BaseHandler as _BackendBaseHandler
 from backend.handlers.explain import explanation_target
 from backend.handlers.labels import INDEX_TO_NAME
 from backend.tuning import Tuning, forward_context, read_tuning
-from backend.weights import load_eager, load_torchscript
+from backend.weights import load_eager, load_torchscript, read_sharing
 
 from ..handler_utils.timer import timed
 from ..utils.util import check_valid_pt2_backend, list_classes_from_module, load_label_mapping
@@ -190,11 +192,13 @@ class BaseHandler(_BackendBaseHandler):
         weights = Path(model_pt_path) if model_pt_path else None
         if weights is not None and not weights.is_file():
             raise ModelLoadError(f"the manifest's serializedFile {weights.name!r} is missing")
-        return load_eager(Path(model_dir) / model_file, weights, self.device)
+        return load_eager(Path(model_dir) / model_file, weights, self.device,
+                          read_sharing(getattr(self, "model_yaml_config", None)))
 
     def _load_torchscript_model(self, model_pt_path: str) -> torch.nn.Module:
         """A TorchScript model saved with ``torch.jit.save``."""
-        return load_torchscript(Path(model_pt_path), self.device)
+        return load_torchscript(Path(model_pt_path), self.device,
+                                read_sharing(getattr(self, "model_yaml_config", None)))
 
     def _load_torch_export_aot_compile(self, model_so_path: str) -> Any:
         """An AOTInductor-compiled model (``torch._export.aot_compile``'s ``.so``), as a
