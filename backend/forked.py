@@ -5,15 +5,16 @@ In order: its own session (as ``start_new_session`` gives a fresh worker), the f
 signal handlers undone and its descriptors closed, stdout and stderr on the pipes the frontend
 reads for this worker (its lines reach the model log under its own name), its own environment,
 CPU cores and thread budget (the math libraries read theirs when the fork server imported
-them, so they are told again), random state (torch's generator back to the state a fresh
-interpreter's has, so predictions match one; numpy's and Python's from fresh entropy, so no
-two workers share a stream), fresh log handlers, and a watchdog on the frontend (its parent
-is the fork server). Then the usual worker loop (``backend.worker.run``).
+them, so they are told again), random state (torch's, numpy's and Python's global generators
+seeded from fresh entropy, as a fresh interpreter seeds them: no two workers share a stream),
+fresh log handlers, and a watchdog on the frontend (its parent is the fork server). Then
+the usual worker loop (``backend.worker.run``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import random
@@ -49,6 +50,7 @@ def become_worker(request: worker_pb2.ForkRequest, stdout: int, stderr: int,
     """Turn this freshly forked child into the worker ``request`` describes and run it; the
     worker's exit status."""
     os.setsid()
+    gc.enable()  # the fork server's objects are frozen: the collector leaves them be
     restore_signals(inherited.signals)
     for fd in inherited.closing:
         _close(fd)
@@ -125,16 +127,16 @@ def _loaded_openblas() -> Iterable[ctypes.CDLL]:
 
 
 def reseed() -> None:
-    """torch's default generator back to its seed (a fresh interpreter's state: forked and
-    fresh workers of a model predict alike); Python's and numpy's global generators from fresh
-    entropy (a fresh interpreter seeds them so; siblings must not share a stream)."""
+    """The global generators of Python, numpy and torch seeded from fresh entropy, as a fresh
+    interpreter seeds them (torch's default seed is drawn at its import): forked siblings
+    must not share a stream. (torch's CUDA generators take the seed when CUDA starts.)"""
     random.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.manual_seed(torch.initial_seed())
+        torch.seed()
 
 
 def reset_logging() -> None:

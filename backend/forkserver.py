@@ -24,6 +24,8 @@ Protocol on the control socket (SOCK_SEQPACKET, one frame of ``protos.framing`` 
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import importlib
 import logging
 import os
@@ -35,7 +37,7 @@ import threading
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 # NOTE: what every worker imports, imported once here for every worker forked later.
 import backend.worker
@@ -191,6 +193,9 @@ class ForkServer:
             # Nothing buffered may be written twice, once by each process.
             sys.stdout.flush()
             sys.stderr.flush()
+            # What exists now is never collected here, nor traversed by the child's collector,
+            # whose reference counting would otherwise copy the pages it shares with us.
+            gc.freeze()
             pid = os.fork()
         except Exception as exc:  # a failed fork (EAGAIN, ENOMEM): this one starts fresh
             _close_all([stdout, stderr])
@@ -281,11 +286,34 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def leave(code: int) -> NoReturn:
+    """End this process (the fork server, or a worker it forked) after its exit handlers and
+    with its output flushed, but without the interpreter's teardown: in a forked worker that
+    would touch, and so copy, every page it shares with the fork server, and with torch
+    imported it takes seconds."""
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # Before this process changes any: what a fresh interpreter's handlers are.
     signals: dict[int, Any] = {int(number): signal.getsignal(number)
                                for number in signal.valid_signals()}
+    # Objects made from here on stay until the fork server exits (see gc.freeze in _fork):
+    # no collection may leave holes in pages the workers share.
+    gc.disable()
     args = parse_args(argv)
+    # Only stdio and the control socket are ours: whatever else the frontend's process had
+    # open (an event loop's spawn does not close everything) must not reach the workers.
+    os.closerange(3, args.control_fd)
+    os.closerange(args.control_fd + 1, os.sysconf("SC_OPEN_MAX"))
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     if os.getppid() != args.frontend_pid:
         logger.error("started by pid %d, not by the frontend %d", os.getppid(),
@@ -301,4 +329,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
