@@ -27,6 +27,7 @@ import pytest
 import requests
 import yaml
 
+from frontend.serving.placement import visible_gpu_count
 from model_archiver.packaging import ArchiveOptions, build_archive
 from tests.conftest import HANDLERS, ROOT, RunningServer, launch_server
 
@@ -330,3 +331,49 @@ def test_workers_outlive_their_fork_server_and_the_next_ones_fork_from_a_new_one
     assert _fork_server(server).pid != old.pid
     assert f"(pid {first['pid']}) exited with code -1" in caplog.text
     assert server.predict("echo", b"again").content == b"again"
+
+
+# ---- on a GPU -------------------------------------------------------------------------------
+
+needs_gpu = pytest.mark.skipif(visible_gpu_count() == 0, reason="needs a GPU")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_forked_workers_run_on_the_gpu_and_answer_as_a_fresh_one_does(
+        tmp_path: Path) -> None:
+    store = tmp_path / "model_store"
+    store.mkdir()
+    _archive(store, "convnet")
+    _archive(store, "convnet-fresh", {"workerStart": "spawn", "minWorkers": 1})
+    server = launch_server(store, "convnet=convnet.mar", f"{FRESH_MODEL}=convnet-fresh.mar",
+                           default_workers_per_model=2)
+    try:
+        [fresh] = _answers(server, FRESH_MODEL).values()
+        forked = list(_answers(server, "convnet").values())
+        assert [w["startMode"] for w in _workers(server, "convnet")] == ["forked"] * 2
+        assert fresh["device"].startswith("cuda") and not fresh["cuda_initialized"]
+        for answer in forked:
+            assert answer["device"].startswith("cuda") and not answer["cuda_initialized"]
+            if answer["device"] == fresh["device"]:
+                assert answer["logits"] == fresh["logits"]
+        # CUDA started in the workers only: the fork server holds no GPU device.
+        forkserver = _fork_server(server)
+        assert not any(target.startswith("/dev/nvidia")
+                       for target in _descriptors(forkserver.pid).values())
+    finally:
+        server.stop()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_fork_server_that_initialised_cuda_refuses_to_fork(
+        build_mar, start_server, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    # tests/fixtures/forkserver/cuda_init.py really initialises CUDA where it is imported.
+    monkeypatch.setenv("PYTHONPATH", str(FIXTURES))
+    build_mar("echo", "echo")
+    server = start_server("echo.mar", fork_preload=("cuda_init",))
+    [worker] = server.describe("echo")["workers"]  # type: ignore[misc]
+    assert worker["startMode"] == "fresh"
+    assert server.predict("echo", b"still served").content == b"still served"
+    assert "workers start fresh from now on:" in caplog.text
