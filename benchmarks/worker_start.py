@@ -8,9 +8,11 @@ weights), for each mode and round, one server started with ``torchserve --start`
 * scaling 1 -> 4 workers until all four are READY (``synchronous=true`` answers then);
 * a SIGKILL of the only worker until the model answers again;
 * the whole server's proportional set size (the frontend, the fork server and the workers,
-  from /proc/PID/smaps_rollup: shared pages count once) with 1 and 4 workers.
+  from /proc/PID/smaps_rollup: shared pages count once) with 1 and 4 workers;
+* with ``--throughput S``: the restarted worker's throughput and p99 over S seconds (8
+  clients, batch_size 8, max_batch_delay 10 ms), forked against fresh.
 
-    .venv/bin/python -m benchmarks.worker_start --rounds 2
+    .venv/bin/python -m benchmarks.worker_start --rounds 2 --throughput 10
 
 The machine this ran on is small and shared: numbers are noisy; compare modes of one run.
 """
@@ -32,7 +34,8 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.resnet152 import EXAMPLE, MODEL, ROOT, build_archive
+from benchmarks.load import run_load
+from benchmarks.resnet152 import EXAMPLE, IMAGES, MODEL, ROOT, build_archive
 from benchmarks.servers import Batchserve
 
 IMAGE = (EXAMPLE / "kitten.jpg").read_bytes()
@@ -95,9 +98,9 @@ def pss_mib(root_pid: int) -> float:
     return total_kib / 1024
 
 
-def one_round(store: Path, mode: str) -> dict[str, object]:
+def one_round(store: Path, mode: str, throughput_s: float) -> dict[str, object]:
     properties = (f"worker_start={mode}\nload_models={MODEL}.mar\n"
-                  "default_workers_per_model=1\n")
+                  "default_workers_per_model=1\nbatch_size=8\nmax_batch_delay=10\n")
     server = Batchserve(store, properties)
     started = time.monotonic()
     with server:
@@ -117,6 +120,12 @@ def one_round(store: Path, mode: str) -> dict[str, object]:
         os.kill(int(only["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
         recover_s = until_answered(server, since)
         [back] = workers(server)
+        served: dict[str, float] = {}
+        if throughput_s:
+            load = run_load(f"{server.inference}/predictions/{MODEL}", IMAGES, concurrency=8,
+                            duration_s=throughput_s, warmup_s=3.0, content_type="image/jpeg")
+            served = {"req_per_s": round(load.throughput, 2),
+                      "p99_ms": round(load.percentile_ms(99), 1)}
     return {
         "mode": mode,
         "start_to_first_answer_s": round(first_answer_s, 2),
@@ -125,6 +134,7 @@ def one_round(store: Path, mode: str) -> dict[str, object]:
         "pss_1_worker_mib": round(pss_1),
         "pss_4_workers_mib": round(pss_4),
         "start_modes": sorted({str(w.get("startMode")) for w in described}),
+        "throughput_after_kill": served,
         "load_time_ms": {"first": first.get("loadTimeMs"),
                          "scaled": [w.get("loadTimeMs") for w in described[1:]],
                          "after_kill": back.get("loadTimeMs")},
@@ -136,13 +146,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--model-store", type=Path, default=ROOT / "model_store")
+    parser.add_argument("--throughput", type=float, default=0.0,
+                        help="seconds of load on the restarted worker (0: none)")
     parser.add_argument("--out", type=Path, default=None, help="also write the rounds as JSON")
     args = parser.parse_args()
     build_archive(args.model_store)
     rows = []
     for round_number in range(args.rounds):
         for mode in args.modes.split(","):  # alternated: load drifts hit both alike
-            row = one_round(args.model_store, mode)
+            row = one_round(args.model_store, mode, args.throughput)
             row["round"] = round_number + 1
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -159,6 +171,14 @@ def main() -> None:
             values = [float(row[key]) for row in rows if row["mode"] == mode]  # type: ignore[arg-type]
             cells.append(f"{statistics.median(values):g} ({', '.join(f'{v:g}' for v in values)})")
         print(f"| {key} | " + " | ".join(cells) + " |")
+    for key in ("req_per_s", "p99_ms"):
+        cells = []
+        for mode in args.modes.split(","):
+            values = [float(row["throughput_after_kill"][key])  # type: ignore[index]
+                      for row in rows if row["mode"] == mode and row["throughput_after_kill"]]
+            cells.append(f"{statistics.median(values):g} ({', '.join(f'{v:g}' for v in values)})"
+                         if values else "-")
+        print(f"| {key} (restarted worker) | " + " | ".join(cells) + " |")
     if args.out is not None:
         args.out.write_text(json.dumps(rows, indent=2))
 
