@@ -221,6 +221,9 @@ class ForkServer:
             reply = self._ask(control, order, out_w, err_w)
             try:
                 outcome = await asyncio.wait_for(asyncio.shield(reply), timeout_s)
+            except asyncio.CancelledError:
+                reply.cancel()  # the worker forked for it, if any, is killed as it comes
+                raise
             except TimeoutError:
                 self._lost(f"did not answer within {timeout_s:g} s", kill=True)
                 raise ForkUnavailable(
@@ -301,8 +304,10 @@ class ForkServer:
         ours.setblocking(False)
         self._process, self._control = process, ours
         self._hello = loop.create_future()
-        self._log_tasks = [loop.create_task(self._forward(stream))
-                           for stream in (process.stdout, process.stderr)]
+        # Kept: the loop holds tasks only weakly (an earlier fork server's may still run).
+        self._log_tasks = [task for task in self._log_tasks if not task.done()]
+        self._log_tasks += [loop.create_task(self._forward(stream))
+                            for stream in (process.stdout, process.stderr)]
         loop.add_reader(ours.fileno(), self._on_readable)
         try:
             await asyncio.wait_for(asyncio.shield(self._hello), timeout_s)
