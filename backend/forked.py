@@ -99,7 +99,7 @@ def set_thread_budget(threads: int) -> None:
     server loaded those libraries, so torch (OpenMP, MKL) and numpy's OpenBLAS are told."""
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads)  # (it starts a thread: never in the fork server)
     for library in _loaded_openblas():
         for name in OPENBLAS_SETTERS:
             setter = getattr(library, name, None)
