@@ -20,6 +20,7 @@ import argparse
 import logging
 import os
 import queue
+import select
 import socket
 import sys
 import threading
@@ -257,6 +258,23 @@ def start_parent_watchdog(parent_pid: int, interval_s: float = WATCHDOG_INTERVAL
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
+def start_pidfd_watchdog(pidfd: int, pid: int) -> None:
+    """Exit the process as soon as the process behind ``pidfd`` (the frontend) is gone: the
+    watchdog of a worker whose parent is not the frontend (a fork server's child), for the
+    reason ``start_parent_watchdog`` gives. A pidfd names that process alone, even once its
+    pid is reused."""
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        while not poller.poll():
+            pass
+        os.write(2, f"frontend process {pid} is gone; worker exiting\n".encode())
+        os._exit(1)
+
+    threading.Thread(target=watch, name="frontend-watchdog", daemon=True).start()
+
+
 class _OneLineRecord(logging.LogRecord):
     """A log record whose unprintable characters are escaped: a request's name or text in a
     message cannot start a forged line of the model log, which is this process's stderr
@@ -281,22 +299,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one worker; the exit status is 0 on SHUTDOWN or EOF."""
     parent_pid = os.getppid()
     args = parse_args(argv)
+    configure_output()
+    start_parent_watchdog(parent_pid)
+    return run(args.socket)
+
+
+def configure_output() -> None:
+    """The worker's log lines on stderr, one record a line; print() line-buffered: the frontend
+    reads both through pipes, and a line must not sit in a block buffer until exit."""
     logging.setLogRecordFactory(_OneLineRecord)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
-    # The frontend reads our output through pipes: print() from a handler must not sit in a
-    # block buffer until exit.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
-    start_parent_watchdog(parent_pid)
+
+
+def run(socket_path: str) -> int:
+    """Connect to the frontend at ``socket_path`` and serve it until SHUTDOWN or EOF (0), or
+    a broken protocol or a socket that cannot be reached (2)."""
     # Unmodified TorchServe handlers `import ts`: without a real TorchServe they get our shim.
     if install_torchserve_shim():
         logger.info("`import ts` resolves to batchserve's TorchServe shim")
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(args.socket)
+        sock.connect(socket_path)
     except OSError as exc:
-        logger.error("cannot connect to %s: %s", args.socket, exc)
+        logger.error("cannot connect to %s: %s", socket_path, exc)
         sock.close()
         return 2
     # A child the handler forks (multiprocessing, DataLoader workers) must not keep the

@@ -33,6 +33,8 @@ DEFAULT_DRAIN_TIMEOUT_S = 25.0
 KSERVE_PROTOCOLS = ("v1", "v2", "grpc-v2")
 #: TorchServe's envelope names (backend/envelopes.py implements them).
 SERVICE_ENVELOPES = ("kserve", "kservev2", "json", "body")
+#: ``worker_start``: forked by the fork server, or a fresh interpreter (spawned).
+WORKER_STARTS = ("fork", "spawn")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +167,21 @@ def _parse_choice(choices: tuple[str, ...]) -> Callable[[str], str]:
         return text
 
     return parse
+
+
+def _parse_worker_start(text: str) -> str:
+    value = text.strip().lower()
+    if value not in WORKER_STARTS:
+        raise ValueError(f"expected one of {', '.join(WORKER_STARTS)}, got {text!r}")
+    return value
+
+
+def _parse_module_names(text: str) -> tuple[str, ...]:
+    names = tuple(item.strip() for item in text.split(",") if item.strip())
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(f"not a module name: {name!r}")
+    return names
 
 
 def _parse_metrics_mode(text: str) -> str:
@@ -376,6 +393,15 @@ class ServerConfig:
     #: Pin each worker to its own CPU cores (CPU inference), cpu_cores_per_worker each.
     cpu_affinity: bool = option("cpu_affinity", parse=parse_bool, default=False)
     cpu_cores_per_worker: int = option("cpu_cores_per_worker", parse=_parse_positive_int, default=1)
+    #: How workers start (docs/workers.md): ``fork``, from the server's fork server where the
+    #: model allows it (a model with packages of its own starts fresh), or ``spawn``, a fresh
+    #: interpreter each. A model's ``workerStart`` in model-config.yaml overrides it.
+    worker_start: str = option("worker_start", parse=_parse_worker_start, default="fork")
+    #: Modules the fork server imports when it starts, for every worker forked after
+    #: (beyond those a handler is known to need): only modules that start no thread and touch
+    #: no GPU when imported.
+    fork_preload: tuple[str, ...] = option("fork_preload", parse=_parse_module_names,
+                                           default=())
     default_batch_size: int = option("batch_size", parse=_parse_positive_int, default=1)
     default_max_batch_delay_ms: int = option(
         "max_batch_delay", parse=_parse_non_negative_int, default=100)

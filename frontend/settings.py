@@ -215,6 +215,10 @@ class ModelSettings:
     #: (frontend/models/dependencies.py). TorchServe reads it from model-config.yaml only and
     #: shows it in describe, not snapshots.
     use_venv: bool = setting("useVenv", _boolean, shown=False, default=False)
+    #: model-config.yaml ``workerStart`` (fork, spawn; "": the server's): how this model's
+    #: workers start, the server's ``worker_start`` by default (docs/workers.md).
+    worker_start: str = setting("workerStart", _choice("fork", "spawn"), shown=False,
+                                server_default="worker_start", default="fork")
     #: A stateful model (TorchServe's ``sequenceBatching``): each sequence's requests run in
     #: order on one worker (frontend/serving/sequences.py). The limits below are TorchServe's
     #: model-config.yaml keys and defaults (model-config.yaml only, as in TorchServe; describe

@@ -25,6 +25,9 @@ class Kind(enum.IntEnum):
     ERROR = 6  # worker -> frontend: Error
     SHUTDOWN = 7  # frontend -> worker: exit cleanly (empty payload)
     PARTIAL = 8  # worker -> frontend: one intermediate Response of a request still running
+    FORK = 9  # frontend -> fork server: ForkRequest (with two descriptors)
+    FORKED = 10  # fork server -> frontend: Forked
+    EXITED = 11  # fork server -> frontend: ChildExited
 
 
 class ProtocolError(Exception):

@@ -200,3 +200,46 @@ class Error(_message.Message):
     message: str
     batch_id: int
     def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., batch_id: _Optional[int] = ...) -> None: ...
+
+class ForkRequest(_message.Message):
+    __slots__ = ("socket_path", "environment", "cpu_threads", "cpus", "handler", "model_dir", "name")
+    class EnvironmentEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SOCKET_PATH_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    CPU_THREADS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    socket_path: str
+    environment: _containers.ScalarMap[str, str]
+    cpu_threads: int
+    cpus: _containers.RepeatedScalarFieldContainer[int]
+    handler: str
+    model_dir: str
+    name: str
+    def __init__(self, socket_path: _Optional[str] = ..., environment: _Optional[_Mapping[str, str]] = ..., cpu_threads: _Optional[int] = ..., cpus: _Optional[_Iterable[int]] = ..., handler: _Optional[str] = ..., model_dir: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class Forked(_message.Message):
+    __slots__ = ("pid", "refused", "lasting")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    LASTING_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    refused: str
+    lasting: bool
+    def __init__(self, pid: _Optional[int] = ..., refused: _Optional[str] = ..., lasting: _Optional[bool] = ...) -> None: ...
+
+class ChildExited(_message.Message):
+    __slots__ = ("pid", "returncode")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RETURNCODE_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    returncode: int
+    def __init__(self, pid: _Optional[int] = ..., returncode: _Optional[int] = ...) -> None: ...

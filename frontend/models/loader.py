@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +29,14 @@ from frontend.models.download import download_archive
 from frontend.models.model import BatchRecorder, Model, TensorMetadata
 from frontend.models.registry import ModelRegistry
 from frontend.observe.metric_specs import DEFAULT_METRICS_CONFIG
+from frontend.serving.forkserver import ForkServer, fork_unsupported
 from frontend.serving.placement import Placement
-from frontend.serving.workers import WorkerEvents, WorkerLaunch, start_failures
+from frontend.serving.workers import (
+    WorkerEvents,
+    WorkerLaunch,
+    start_failures,
+    worker_environment,
+)
 from frontend.settings import FIELDS, ModelSettings, SettingsLayer, Source, read_layer, resolve
 from model_archiver import names
 from protos import worker_pb2
@@ -164,6 +171,15 @@ class ModelLoader:
         self._dependencies = DependencyInstaller(
             run_dir / "envs", config.install_py_dep_per_model, config.install_py_dep_timeout_s,
             model_log)
+        #: Forks the workers of models that allow it (None: every worker starts fresh).
+        self.forkserver: ForkServer | None = None
+        unsupported = fork_unsupported()
+        if unsupported:
+            logger.info("workers start as fresh interpreters: %s", unsupported)
+        else:
+            self.forkserver = ForkServer(sys.executable,
+                                         worker_environment(config.blacklist_env_vars),
+                                         model_log, config.fork_preload)
 
     # ---- settings -----------------------------------------------------------------------
 
@@ -330,7 +346,20 @@ class ModelLoader:
             batches_in_flight=config.batches_in_flight,
             python=environment.python,
             env_blocklist=config.blacklist_env_vars,
+            forkserver=self._forkserver_for(name, version, settings, environment),
         )
+
+    def _forkserver_for(self, name: str, version: str, settings: ModelSettings,
+                        environment: ModelEnvironment) -> ForkServer | None:
+        """The fork server for this version's workers, or None: they start fresh (asked
+        for, or the model has packages of its own, which the fork server has not imported)."""
+        if settings.worker_start == "spawn" or self.forkserver is None:
+            return None
+        if environment.python != sys.executable or environment.dependency_dirs:
+            logger.info("model %s version %s: its workers start as fresh interpreters (it has "
+                        "packages of its own)", name, version)
+            return None
+        return self.forkserver
 
     async def unregister(self, name: str, version: str | None = None) -> Model:
         model = self.registry.get(name, version)
@@ -355,7 +384,12 @@ class ModelLoader:
         logger.info("unregistered model %s version %s", model.name, model.version)
 
     async def close(self, drain_timeout_s: float) -> None:
-        """Stop every model, draining in-flight requests within ``drain_timeout_s``."""
-        await asyncio.gather(*(self._remove(model, drain_timeout_s)
-                               for model in list(self.registry)))
+        """Stop every model, draining in-flight requests within ``drain_timeout_s``, then the
+        fork server."""
+        try:
+            await asyncio.gather(*(self._remove(model, drain_timeout_s)
+                                   for model in list(self.registry)))
+        finally:
+            if self.forkserver is not None:
+                await self.forkserver.close()
 

@@ -232,6 +232,11 @@ def describe_worker(worker: Worker, gpu_usage: Mapping[int, str] | None = None
         "gpuUsage": "N/A" if gpu is None else (gpu_usage or {}).get(gpu, NO_GPU_USAGE),
         **({"gpuId": gpu} if gpu is not None else {}),
         "restarts": worker.restarts,
+        # How this life of the worker started (forked, fresh) and how long it took to be
+        # READY: its handler initialised and warmed up.
+        **({"startMode": worker.start_mode.value} if worker.start_mode is not None else {}),
+        **({"loadTimeMs": round(worker.load_time_ms)} if worker.load_time_ms is not None
+           else {}),
         **({"cpus": list(worker.cpus)} if worker.cpus else {}),
         **({"cpuThreads": worker.threads} if worker.threads else {}),
         **({"lastError": worker.last_error} if worker.last_error else {}),

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from typing import Protocol
 
 from frontend.errors import GatewayTimeout, WorkerDied
 from frontend.serving.wire import read_frame, write_frame
@@ -23,6 +24,27 @@ logger = logging.getLogger(__name__)
 EXIT_GRACE_S = 0.1
 
 
+class WorkerProcess(Protocol):
+    """What the frontend uses of a worker process: a fresh one (``asyncio.subprocess.Process``)
+    or one the fork server forked (``frontend.serving.forkserver.ForkedProcess``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    @property
+    def stdout(self) -> asyncio.StreamReader | None: ...
+
+    @property
+    def stderr(self) -> asyncio.StreamReader | None: ...
+
+    async def wait(self) -> int: ...
+
+    def kill(self) -> None: ...
+
+
 class WorkerConnection:
     """One live worker process and its socket. Frames sent are answered in order: each
     sender's ``on_reply`` is called with its reply as the replies are read."""
@@ -30,7 +52,7 @@ class WorkerConnection:
     def __init__(
         self,
         name: str,
-        process: asyncio.subprocess.Process,
+        process: WorkerProcess,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:

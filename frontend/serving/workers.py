@@ -1,9 +1,13 @@
-"""Worker subprocesses: spawn, connect, load, serve batches, restart with backoff.
+"""Worker subprocesses: start, connect, load, serve batches, restart with backoff.
 
 For each worker the frontend listens on a fresh Unix socket in the private run directory,
-starts ``python -m backend --socket PATH`` and waits for its HELLO, then sends LOAD. One
-supervisor task per worker pulls batches from the model's Batcher through its Dispatcher
-(frontend/serving/dispatch.py), which holds up to ``batches_in_flight`` batches at a time.
+starts the worker and waits for its HELLO, then sends LOAD; the worker is READY once its
+LOADED says the handler is initialised and warmed up. A worker is forked by the server's fork
+server (frontend/serving/forkserver.py) where its model allows (``WorkerLaunch.forkserver``),
+else started fresh as ``python -P -m backend --socket PATH``; either way it is supervised
+alike. One supervisor task per worker pulls batches from the model's Batcher through its
+Dispatcher (frontend/serving/dispatch.py), which holds up to ``batches_in_flight`` batches at
+a time.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ from frontend.observe.logs import output_lines
 from frontend.observe.metrics import METRICS_MARK, parse_metric_line
 from frontend.processes import python_module
 from frontend.serving.batching import Batcher, Job
-from frontend.serving.connection import WorkerConnection
+from frontend.serving.connection import WorkerConnection, WorkerProcess
 from frontend.serving.dispatch import Dispatcher
 from frontend.serving.exchange import PredictExchange
+from frontend.serving.forkserver import ForkOrder, ForkServer, ForkUnavailable
 from frontend.serving.sequences import SequenceLane
 from frontend.serving.wire import read_frame
 from protos import worker_pb2
@@ -55,6 +60,13 @@ class WorkerState(enum.Enum):
     BACKOFF = "RESTARTING"
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
+
+
+class StartMode(enum.Enum):
+    """How a worker's process was started (describe's ``startMode``)."""
+
+    FORKED = "forked"  # by the fork server
+    FRESH = "fresh"  # a new interpreter
 
 
 class WorkerStartError(InternalError):
@@ -93,6 +105,19 @@ class WorkerLaunch:
     #: names match it in full are not passed to the worker; "" passes them all.
     env_blocklist: str = ""
     events: WorkerEvents | None = None
+    #: Forks the workers (None: each starts as a fresh interpreter).
+    forkserver: ForkServer | None = None
+
+
+def worker_environment(blocklist: str) -> dict[str, str]:
+    """The environment a worker (or the fork server) starts with: the server's, less the
+    variables whose names ``blocklist`` (``blacklist_env_vars``) matches in full."""
+    env = dict(os.environ)
+    if blocklist:
+        blocked = re.compile(blocklist)
+        env = {name: value for name, value in env.items() if not blocked.fullmatch(name)}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
 
 
 def backoff_s(failures: int) -> float:
@@ -150,6 +175,10 @@ class Worker:
         #: Deaths and failed starts since the worker last served a batch; backoff grows with it.
         self.failures = 0
         self.last_error = ""
+        #: How this life's process was started (None before the first start).
+        self.start_mode: StartMode | None = None
+        #: Milliseconds from this life's start until it was READY (None until it is).
+        self.load_time_ms: float | None = None
         self._launch = launch
         self._batcher = batcher
         self._on_batch = on_batch
@@ -298,22 +327,11 @@ class Worker:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         listener = await asyncio.start_unix_server(on_connect, path=str(path))
-        process: asyncio.subprocess.Process | None = None
+        process: WorkerProcess | None = None
         try:
             os.chmod(path, 0o600)
-            process = await asyncio.create_subprocess_exec(
-                *python_module(launch.python, "backend"), "--socket", str(path),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                # Own session: a Ctrl-C in the terminal reaches the frontend only, which then
-                # drains and stops its workers in order.
-                start_new_session=True,
-                env=self._environment(),
-            )
+            process = await self._start_process(path)
             self.pid = process.pid
-            if self.cpus:
-                psutil.Process(process.pid).cpu_affinity(list(self.cpus))
             self.start_time = time.time()
             # Keep hard references: the loop holds tasks only weakly.
             self._log_tasks = [
@@ -349,9 +367,46 @@ class Worker:
             raise
         return connection
 
+    async def _start_process(self, path: Path) -> WorkerProcess:
+        """Fork the worker from the fork server, or, where that is not possible (or not
+        wanted), start it as a fresh interpreter."""
+        launch = self._launch
+        self.load_time_ms = None
+        environment = self._environment()
+        if launch.forkserver is not None:
+            order = ForkOrder(name=self.name, socket_path=str(path), environment=environment,
+                              cpu_threads=self.threads, cpus=self.cpus,
+                              handler=launch.load.handler, model_dir=launch.load.model_dir)
+            try:
+                forked = await launch.forkserver.fork(order, launch.startup_timeout_s)
+            except ForkUnavailable as exc:
+                logger.info("%s starts as a fresh interpreter: %s", self.name, exc)
+            else:
+                self.start_mode = StartMode.FORKED
+                return forked
+        process = await asyncio.create_subprocess_exec(
+            *python_module(launch.python, "backend"), "--socket", str(path),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            # Own session: a Ctrl-C in the terminal reaches the frontend only, which then
+            # drains and stops its workers in order.
+            start_new_session=True,
+            env=environment,
+        )
+        self.start_mode = StartMode.FRESH
+        if self.cpus:
+            try:
+                psutil.Process(process.pid).cpu_affinity(list(self.cpus))
+            except BaseException:
+                process.kill()
+                await process.wait()
+                raise
+        return process
+
     async def _await_connection(
         self,
-        process: asyncio.subprocess.Process,
+        process: WorkerProcess,
         connected: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         exited = asyncio.ensure_future(process.wait())
@@ -371,11 +426,7 @@ class Worker:
             f"{self.name} did not connect within {self._launch.startup_timeout_s:g} s")
 
     def _environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self._launch.env_blocklist:
-            blocked = re.compile(self._launch.env_blocklist)
-            env = {name: value for name, value in env.items() if not blocked.fullmatch(name)}
-        env["PYTHONUNBUFFERED"] = "1"
+        env = worker_environment(self._launch.env_blocklist)
         if self.threads:
             # The worker's math libraries (torch's intra-op pool among them) size their thread
             # pools to its share of the cores: workers that each took every core would fight
@@ -402,10 +453,12 @@ class Worker:
                                    f"{self._tail_text()}") from None
         if reply.kind is Kind.LOADED:
             loaded = worker_pb2.Loaded.FromString(reply.payload)
-            logger.info("%s loaded the model in %.0f ms", self.name, loaded.load_time_ms)
+            self.load_time_ms = (time.monotonic() - self._started_at) * 1000
+            logger.info("%s (%s) is ready %.0f ms after its start (the handler took %.0f ms)",
+                        self.name, self.start_mode.value if self.start_mode else "-",
+                        self.load_time_ms, loaded.load_time_ms)
             if launch.events is not None:
-                launch.events.worker_loaded(
-                    self.name, (time.monotonic() - self._started_at) * 1000, loaded.metrics)
+                launch.events.worker_loaded(self.name, self.load_time_ms, loaded.metrics)
             return
         if reply.kind is Kind.ERROR:
             error = worker_pb2.Error.FromString(reply.payload)

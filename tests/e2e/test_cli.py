@@ -145,12 +145,16 @@ def test_after_the_frontend_is_killed_its_workers_exit_and_a_new_start_works(
     state = json.loads((tmp_path / "state" / "server.json").read_text())
     described = requests.get(f"{state['management']}/models/echo", timeout=30).json()[0]
     worker_pids = [w["pid"] for w in described["workers"]]
+    # The worker was forked by the fork server, a child of the frontend: it goes too.
+    [forkserver] = [child.pid for child in psutil.Process(state["pid"]).children()
+                    if "backend.forkserver" in child.cmdline()]
+    assert psutil.Process(worker_pids[0]).ppid() == forkserver
     os.kill(state["pid"], signal.SIGKILL)
 
     deadline = time.monotonic() + 10
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-              for p in worker_pids):
-        assert time.monotonic() < deadline, "workers outlived their frontend"
+              for p in [*worker_pids, forkserver]):
+        assert time.monotonic() < deadline, "workers or their fork server outlived the frontend"
         time.sleep(0.05)
 
     restarted = _run(start, env, tmp_path)  # the stale state file is not in the way

@@ -142,18 +142,23 @@ def _ready_pids(server: RunningServer) -> list[int]:
 
 
 def _backend_children() -> set[int] | None:
-    """Pids of this process's `python -m backend` children; None while one is a zombie."""
+    """Pids of this process's workers (its `python -m backend` children, and the workers its
+    fork server forked, which run `python -m backend.forkserver` as the fork server itself, a
+    direct child, does); None while one is a zombie."""
     pids = set()
+    me = os.getpid()
     for child in psutil.Process().children(recursive=True):
         try:
             if child.status() == psutil.STATUS_ZOMBIE:
                 return None
             cmdline = child.cmdline()
+            parent = child.ppid()
         except psutil.ZombieProcess:
             return None
         except psutil.NoSuchProcess:
             continue
-        if "-m" in cmdline and "backend" in cmdline:
+        if "-m" in cmdline and ("backend" in cmdline or (
+                "backend.forkserver" in cmdline and parent != me)):
             pids.add(child.pid)
     return pids
 

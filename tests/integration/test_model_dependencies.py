@@ -106,10 +106,14 @@ def test_requirements_are_installed_once_for_their_model_alone(
     assert scaled.status_code == 200, scaled.text
     assert [w["status"] for w in server.describe("dep")["workers"]] == ["READY", "READY"]  # type: ignore[union-attr]
     assert _install_runs(log, "dep") == 1
+    # Its packages must come before the server's: its workers start fresh, not forked from
+    # the fork server, which has imported the server's (docs/workers.md).
+    assert [w["startMode"] for w in server.describe("dep")["workers"]] == ["fresh"] * 2  # type: ignore[union-attr]
 
     # Another model in the same server does not see the first one's packages.
     assert _register(server, "other.mar").status_code == 200
     assert server.predict("other", b"x").text == "missing"
+    assert server.describe("other")["workers"][0]["startMode"] == "forked"  # type: ignore[index]
 
     # Unregistering the version deletes what was installed for it.
     assert requests.delete(f"{server.management}/models/dep", timeout=60).status_code == 200
@@ -181,6 +185,7 @@ def test_use_venv_runs_the_model_in_a_venv_of_its_own(
     assert (run_dir / "envs") in venv.parents and venv.name == "venv"
     assert venv in Path(answer["package"]).parents
     assert server.describe("venvdep")["useVenv"] is True
+    assert server.describe("venvdep")["workers"][0]["startMode"] == "fresh"  # type: ignore[index]
 
 
 def test_a_bad_use_venv_value_is_refused_like_the_other_model_config_keys(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import urllib.parse
@@ -219,18 +220,20 @@ def test_the_metrics_page_reads_as_torchserve_writes_it(build_mar, start_server)
     assert by_status == {"Requests2XX": 5, "Requests4XX": 1, "Requests5XX": 0}
 
 
-def test_each_worker_gets_its_share_of_the_cores(build_mar, start_server) -> None:
-    build_mar("echo", "echo")
+def test_each_worker_gets_its_share_of_the_cores(build_mar, start_server, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSERVE_TEST_PROBE_DIR", str(tmp_path))
+    build_mar("probe", "env_probe")
     cores = len(os.sched_getaffinity(0))
-    server = start_server("echo.mar", default_workers_per_model=2)
+    server = start_server("probe.mar", default_workers_per_model=2)
     requests.post(f"{server.management}/models", params={
-        "url": "echo.mar", "model_name": "second", "initial_workers": 2, "synchronous": "true"},
+        "url": "probe.mar", "model_name": "second", "initial_workers": 2, "synchronous": "true"},
         timeout=60).raise_for_status()
-    for model, share in (("echo", max(1, cores // 2)), ("second", max(1, cores // 4))):
+    for model, share in (("probe", max(1, cores // 2)), ("second", max(1, cores // 4))):
         for worker in server.describe(model)["workers"]:  # type: ignore[union-attr]
             assert worker["cpuThreads"] == share  # type: ignore[index]
-            environ = psutil.Process(worker["pid"]).environ()  # type: ignore[index]
-            assert environ["OMP_NUM_THREADS"] == str(share)
+            seen = json.loads((tmp_path / f"{worker['pid']}.json").read_text())  # type: ignore[index]
+            assert seen == {"OMP_NUM_THREADS": str(share), "MKL_NUM_THREADS": str(share)}
 
 
 def test_grpc_refusals_are_counted_with_their_own_status(build_mar, start_server) -> None:

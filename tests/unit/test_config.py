@@ -88,10 +88,24 @@ def test_later_sources_win_and_env_needs_enable_envvars_config(tmp_path: Path) -
     ("kserve_protocol", "v3"),
     ("kserve_grpc_port", "99999"),
     ("drain_timeout", "-1"),
+    ("worker_start", "thread"),
+    ("fork_preload", "torch, not a module"),
 ])
 def test_bad_values_name_the_key(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=key):
         build_config({key: value})
+
+
+def test_workers_are_forked_unless_the_config_says_spawn() -> None:
+    assert build_config({})[0].worker_start == "fork"
+    config, _ = build_config({"worker_start": " Spawn ", "fork_preload": "transformers, a.b"})
+    assert config.worker_start == "spawn"
+    assert config.fork_preload == ("transformers", "a.b")
+    # A model's model-config.yaml says workerStart, over the server's worker_start.
+    from frontend.settings import Source, read_layer
+    assert read_layer({"workerStart": "spawn"}, Source.YAML) == {"worker_start": "spawn"}
+    with pytest.raises(ValueError, match="workerStart"):
+        read_layer({"workerStart": "clone"}, Source.YAML)
 
 
 def test_unknown_keys_are_reported_not_silently_dropped(caplog: pytest.LogCaptureFixture,
