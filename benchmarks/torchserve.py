@@ -103,12 +103,17 @@ def archive(bin_dir: Path, store: Path, name: str, handler: Path, *, version: st
         command += ["--extra-files", ",".join(str(path) for path in extra_files)]
     if config_file is not None:
         command += ["--config-file", str(config_file)]
+    _run_archiver(command)
+    return f"{name}.mar"
+
+
+def _run_archiver(command: list[str]) -> None:
+    """Run one of TorchServe's archivers; TorchServeError with its output when it fails."""
     done = subprocess.run(command, timeout=600, capture_output=True, text=True, check=False,
                           env=clean_env())
     if done.returncode != 0:
-        raise TorchServeError(f"torch-model-archiver failed ({done.returncode}): "
+        raise TorchServeError(f"{Path(command[0]).name} failed ({done.returncode}): "
                               f"{(done.stderr or done.stdout).strip()[-2000:]}")
-    return f"{name}.mar"
 
 
 def workflow_archive(bin_dir: Path, store: Path, name: str, spec: Path, handler: Path,
@@ -120,11 +125,7 @@ def workflow_archive(bin_dir: Path, store: Path, name: str, spec: Path, handler:
                str(store), "--force"]
     if extra_files:
         command += ["--extra-files", ",".join(str(path) for path in extra_files)]
-    done = subprocess.run(command, timeout=600, capture_output=True, text=True, check=False,
-                          env=clean_env())
-    if done.returncode != 0:
-        raise TorchServeError(f"torch-workflow-archiver failed ({done.returncode}): "
-                              f"{(done.stderr or done.stdout).strip()[-2000:]}")
+    _run_archiver(command)
     return f"{name}.war"
 
 

@@ -73,9 +73,8 @@ ANSWER_RETRIES = 2
 #: until its processes use less than IDLE_CORES: the next server is measured on a quiet machine.
 SETTLE_TIMEOUT_S, IDLE_CORES = 30.0, 0.1
 
-SPECS = {
-    "wf_seq": """\
-# Sequential: pre (function) -> classifier (model) -> post (function).
+#: The global settings both workflows' specs start with.
+GLOBAL_SETTINGS = """\
 models:
   min-workers: 1
   max-workers: 1
@@ -83,6 +82,11 @@ models:
   max-batch-delay: {delay}
   retry-attempts: 0
   timeout-ms: {timeout}
+"""
+
+SPECS = {
+    "wf_seq": GLOBAL_SETTINGS + """
+# Sequential: pre (function) -> classifier (model) -> post (function).
 
   classifier:
     url: wf_classifier_a.mar
@@ -91,15 +95,8 @@ dag:
   pre: [classifier]
   classifier: [post]
 """,
-    "wf_par": """\
+    "wf_par": GLOBAL_SETTINGS + """
 # Parallel: pre -> (classifier_a, classifier_b) -> ensemble (gets both, keyed by node name).
-models:
-  min-workers: 1
-  max-workers: 1
-  batch-size: {batch}
-  max-batch-delay: {delay}
-  retry-attempts: 0
-  timeout-ms: {timeout}
 
   classifier_a:
     url: wf_classifier_a.mar

@@ -61,14 +61,9 @@ WORKFLOW_VERSION = "workflow"
 
 
 @dataclass(frozen=True, slots=True)
-class NodeOutput:
-    body: bytes
-    content_type: str
-
-
-@dataclass(frozen=True, slots=True)
-class WorkflowAnswer:
-    """What a workflow prediction answers: the leaf's output."""
+class Output:
+    """A node's output, and what a workflow prediction answers (the leaf's output, or the
+    leaves' outputs joined)."""
 
     body: bytes
     content_type: str
@@ -111,7 +106,7 @@ class WorkflowRunner:
         return workflow
 
     async def run(self, workflow: Workflow, origin: Origin, headers: Headers,
-                  inputs: Inputs) -> WorkflowAnswer:
+                  inputs: Inputs) -> Output:
         """Run the DAG for one request; its answer, or the ServeError it is answered with.
         Recorded (metrics, access log) once, however it ends (status 0: cancelled, the
         client left)."""
@@ -142,11 +137,11 @@ class WorkflowRunner:
                               latency_s, workflow.name, WORKFLOW_VERSION, 0.0, 0)
 
     async def _execute(self, workflow: Workflow, origin: Origin, headers: Headers,
-                       inputs: Inputs, deadline: float | None) -> WorkflowAnswer:
+                       inputs: Inputs, deadline: float | None) -> Output:
         spec = workflow.spec
-        outputs: dict[str, NodeOutput] = {}
+        outputs: dict[str, Output] = {}
         waiting = {node.name: len(node.parents) for node in spec}
-        running: dict[asyncio.Task[NodeOutput], str] = {}
+        running: dict[asyncio.Task[Output], str] = {}
         ready: list[tuple[str, Inputs]] = [(spec.root, inputs)]
         try:
             while ready or running:
@@ -188,7 +183,7 @@ class WorkflowRunner:
         return _answer(spec.leaves, outputs)
 
     async def _call(self, workflow: Workflow, node: WorkflowNode, origin: Origin,
-                    headers: Headers, inputs: Inputs, deadline: float | None) -> NodeOutput:
+                    headers: Headers, inputs: Inputs, deadline: float | None) -> Output:
         """Call one node for one request, with its retries; NodeFailed when it fails."""
         settings = node.spec.settings
         attempts = 1 + settings.retry_attempts
@@ -232,7 +227,7 @@ class WorkflowRunner:
         raise _failure(workflow, node, error, made)
 
     async def _attempt(self, node: WorkflowNode, origin: Origin, headers: Headers,
-                       inputs: Inputs, timeout_s: float) -> NodeOutput:
+                       inputs: Inputs, timeout_s: float) -> Output:
         """One call of the node's model through the plane (its metrics and access line)."""
         plane = self.plane
         model = node.model
@@ -256,7 +251,7 @@ class WorkflowRunner:
             if answer.error or call.status >= 400:
                 detail = answer.error or answer.body[:200].decode("utf-8", "replace")
                 raise InternalError(f"{model.name} answered {call.status}: {detail}")
-            return NodeOutput(answer.body, answer.content_type or JSON_TYPE)
+            return Output(answer.body, answer.content_type or JSON_TYPE)
         except asyncio.CancelledError:
             call.status = 0
             raise
@@ -276,16 +271,16 @@ async def _whole(stream: ResponseStream) -> worker_pb2.Response:
                                body=b"".join(part.body for part in parts))
 
 
-def _child_inputs(node: NodeSpec, outputs: dict[str, NodeOutput]) -> Inputs:
+def _child_inputs(node: NodeSpec, outputs: dict[str, Output]) -> Inputs:
     """A node's inputs: ``body`` from its one parent, else one per parent, by its name."""
     return [(node.input_name(parent), outputs[parent].body, NODE_OUTPUT_TYPE)
             for parent in node.parents]
 
 
-def _answer(leaves: tuple[str, ...], outputs: dict[str, NodeOutput]) -> WorkflowAnswer:
+def _answer(leaves: tuple[str, ...], outputs: dict[str, Output]) -> Output:
     if len(leaves) == 1:
         output = outputs[leaves[0]]
-        return WorkflowAnswer(output.body, output.content_type)
+        return Output(output.body, output.content_type)
     # Several leaves: their outputs by node name (TorchServe's: each must be a JSON object;
     # here any JSON value, and text that is not JSON as a string).
     combined: dict[str, object] = {}
@@ -295,7 +290,7 @@ def _answer(leaves: tuple[str, ...], outputs: dict[str, NodeOutput]) -> Workflow
             combined[leaf] = json.loads(body)
         except (ValueError, RecursionError):
             combined[leaf] = body.decode("utf-8", "replace")
-    return WorkflowAnswer((json.dumps(combined, indent=2) + "\n").encode(), JSON_TYPE)
+    return Output((json.dumps(combined, indent=2) + "\n").encode(), JSON_TYPE)
 
 
 def _where(workflow: Workflow, node: WorkflowNode) -> str:
