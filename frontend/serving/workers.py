@@ -121,10 +121,12 @@ def worker_environment(blocklist: str) -> dict[str, str]:
 
 
 def backoff_s(failures: int) -> float:
-    """Seconds to wait before restart number ``failures`` (1-based): 0.5, 1, 2, ... capped."""
-    if failures <= 0:
+    """Seconds to wait before restart number ``failures`` (1-based): none before the first
+    (a worker that dies once is back at once, as TorchServe's first retry is), then 0.5, 1,
+    2, ... capped: a worker that keeps dying, or keeps failing to load, backs off."""
+    if failures <= 1:
         return 0.0
-    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** (failures - 1))
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** (failures - 2))
 
 
 async def _forward_output(stream: asyncio.StreamReader | None, name: str,

@@ -101,9 +101,10 @@ def test_a_handler_that_fails_to_load_reports_why_without_a_restart_storm(
     started = time.monotonic()
     server.wait_for(lambda: server.describe("bad")["status"] == "Unhealthy",
                     "the model to be reported unhealthy")
-    # Three failed starts with backoff between them (0.5 s + 1 s), not a tight loop.
-    assert time.monotonic() - started > 1.0
-    assert int(_worker(server, "bad")["restarts"]) <= 4  # type: ignore[call-overload]
+    # Three failed starts: the second at once, the third after a 0.5 s backoff (then 1 s,
+    # 2 s, ...), not a tight loop.
+    assert time.monotonic() - started > 0.4
+    assert int(_worker(server, "bad")["restarts"]) <= 3  # type: ignore[call-overload]
 
 
 def test_a_worker_that_cannot_be_restarted_keeps_trying_is_reported_and_recovers(

@@ -229,6 +229,20 @@ def test_parameters_built_on_meta_allocate_nothing_and_buffers_stay_real() -> No
     assert not torch.nn.Linear(2, 2).weight.is_meta
 
 
+def test_initialisers_skip_meta_tensors_inside_the_block_only() -> None:
+    original = torch.nn.init.kaiming_normal_
+    real = torch.zeros(4, 4)
+    with parameters_on_meta():
+        assert torch.nn.init.kaiming_normal_ is not original
+        meta = torch.empty(4, 4, device="meta")
+        assert torch.nn.init.kaiming_normal_(meta) is meta
+        torch.nn.init.ones_(real)  # a real tensor is still filled
+        layer = torch.nn.Linear(3, 2)
+    assert torch.nn.init.kaiming_normal_ is original
+    assert torch.equal(real, torch.ones(4, 4))
+    assert layer.weight.is_meta and layer.bias is not None and layer.bias.is_meta
+
+
 def test_shared_buffers_are_copied_when_asked() -> None:
     state = torch.nn.BatchNorm1d(3).state_dict()
     with parameters_on_meta():

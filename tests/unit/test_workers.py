@@ -23,16 +23,20 @@ def test_no_failure_means_no_wait(failures: int) -> None:
     assert backoff_s(failures) == 0.0
 
 
-def test_backoff_doubles_from_half_a_second() -> None:
+def test_a_first_death_restarts_at_once() -> None:
+    assert backoff_s(1) == 0.0
+
+
+def test_backoff_doubles_from_half_a_second_after_the_first_restart() -> None:
     assert BACKOFF_FIRST_S == 0.5
-    assert [backoff_s(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 4.0, 8.0]
+    assert [backoff_s(n) for n in range(2, 7)] == [0.5, 1.0, 2.0, 4.0, 8.0]
 
 
 def test_backoff_is_capped() -> None:
     waits = [backoff_s(n) for n in range(1, 200)]  # 2.0 ** 198 must not overflow the cap
     assert max(waits) == BACKOFF_MAX_S
     assert waits == sorted(waits)
-    assert backoff_s(7) == BACKOFF_MAX_S  # 0.5 * 64 = 32 > 30
+    assert backoff_s(8) == BACKOFF_MAX_S  # 0.5 * 64 = 32 > 30
 
 
 def test_a_response_at_the_limit_passes_through_unchanged() -> None:
