@@ -37,6 +37,7 @@ import threading
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 # NOTE: what every worker imports, imported once here for every worker forked later.
@@ -283,6 +284,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--frontend-pid", type=int, required=True)
     parser.add_argument("--preload", action="append", default=[],
                         help="a module to import at start (fork_preload); repeatable")
+    parser.add_argument("--preload-archive", action="append", default=[], type=Path,
+                        help="a model archive (.mar or folder) whose handler's modules to "
+                             "import at start (the startup models'); repeatable")
     return parser.parse_args(argv)
 
 
@@ -324,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_torchserve_shim()
     server = ForkServer(control, frontend_pidfd, args.frontend_pid, signals)
     server.preload(args.preload)
+    for archive in args.preload_archive:
+        server.preload(preload.modules_for_archive(archive))
     logger.info("ready (worker module %s)", backend.worker.__name__)
     return server.serve()
 

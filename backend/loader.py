@@ -104,17 +104,24 @@ def load_entry_point(handler: str, model_dir: Path, context: Context) -> EntryPo
 
 def find_handler_file(model_dir: Path, module_part: str) -> Path | None:
     """The handler's source file inside ``model_dir``, or None."""
-    module_part = module_part.strip()
-    if not module_part:
-        return None
-    file_name = _file_name(module_part)
-    candidates = [model_dir / file_name, model_dir / Path(file_name).name]
-    if not module_part.endswith(".py") and "." in module_part and "/" not in module_part:
-        candidates.append(model_dir / (module_part.replace(".", "/") + ".py"))  # "pkg.module"
-    for candidate in candidates:
+    for name in handler_file_candidates(module_part):
+        candidate = model_dir / name
         if candidate.is_file():
             return candidate
     return None
+
+
+def handler_file_candidates(module_part: str) -> list[str]:
+    """Where in an archive the handler's source file may be, relative to its root, in the
+    order they are tried."""
+    module_part = module_part.strip()
+    if not module_part:
+        return []
+    file_name = _file_name(module_part)
+    candidates = [file_name, Path(file_name).name]
+    if not module_part.endswith(".py") and "." in module_part and "/" not in module_part:
+        candidates.append(module_part.replace(".", "/") + ".py")  # "pkg.module"
+    return list(dict.fromkeys(candidates))
 
 
 def import_handler_file(path: Path) -> ModuleType:

@@ -21,10 +21,12 @@ worker (it would import the archive's, not the installed one).
 from __future__ import annotations
 
 import ast
-from pathlib import Path
+import json
+import zipfile
+from pathlib import Path, PurePosixPath
 
 from backend.handlers import BUILTIN_HANDLERS
-from backend.loader import TORCHSERVE_HANDLERS, find_handler_file
+from backend.loader import TORCHSERVE_HANDLERS, find_handler_file, handler_file_candidates
 
 #: Packages whose import starts no thread a fork would lose and opens no GPU context.
 FORK_SAFE_PACKAGES = frozenset({"torch", "torchvision", "numpy", "PIL"})
@@ -38,28 +40,92 @@ TS_MODULES = frozenset({
 })
 #: A handler file larger than this is not read for its imports.
 MAX_HANDLER_BYTES = 1 << 20
+MANIFEST = "MAR-INF/MANIFEST.json"
 
 
 def modules_for(handler: str, model_dir: str) -> list[str]:
     """The modules to import before forking a worker of the model whose manifest names
     ``handler`` (in the archive unpacked at ``model_dir``)."""
-    module_part = handler.strip().partition(":")[0].strip()
+    module_part = _module_part(handler)
     if not module_part:
         return []
-    builtin = BUILTIN_HANDLERS.get(module_part)
-    if builtin is not None:
-        return [builtin.partition(":")[0]]
+    builtin = _builtin_or_torchserve(module_part, has_file=True)
+    if builtin:
+        return builtin
     folder = Path(model_dir)
     try:
         path = find_handler_file(folder, module_part)
     except (OSError, ValueError):
         return []
     if path is None:
-        # TorchServe's name for one of its handlers (``image_classifier`` is ours; others,
-        # ``densenet_handler``, resolve in ts.torch_handler).
-        name = f"{TORCHSERVE_HANDLERS}.{module_part}"
-        return [name] if is_fork_safe(name) else []
-    return [name for name in imports_of(path) if not _in_archive(name, folder)]
+        return _builtin_or_torchserve(module_part, has_file=False)
+    try:
+        if path.stat().st_size > MAX_HANDLER_BYTES:
+            return []
+        source = path.read_bytes()
+    except OSError:
+        return []
+    return [name for name in imports_in(source, str(path)) if not _in_archive(name, folder)]
+
+
+def modules_for_archive(archive: Path) -> list[str]:
+    """The modules to import for the model of a ``.mar`` file or an archive folder not
+    unpacked yet (the startup models: the fork server imports them while the frontend
+    unpacks them). None for what cannot be read here (a .tar.gz, a broken file)."""
+    try:
+        if archive.is_dir():
+            manifest = json.loads((archive / MANIFEST).read_bytes())
+            return modules_for(_handler_of(manifest), str(archive))
+        if not zipfile.is_zipfile(archive):
+            return []
+        with zipfile.ZipFile(archive) as zipped:
+            return _modules_in_zip(zipped)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return []
+
+
+def _modules_in_zip(zipped: zipfile.ZipFile) -> list[str]:
+    names = set(zipped.namelist())
+    manifest = json.loads(zipped.read(MANIFEST))
+    module_part = _module_part(_handler_of(manifest))
+    if not module_part:
+        return []
+    builtin = _builtin_or_torchserve(module_part, has_file=True)
+    if builtin:
+        return builtin
+    found = next((name for name in handler_file_candidates(module_part) if name in names),
+                 None)
+    if found is None:
+        return _builtin_or_torchserve(module_part, has_file=False)
+    if zipped.getinfo(found).file_size > MAX_HANDLER_BYTES:
+        return []
+    tops = {PurePosixPath(name).parts[0] for name in names if name}
+    return [name for name in imports_in(zipped.read(found), found)
+            if name.partition(".")[0] not in tops
+            and f"{name.partition('.')[0]}.py" not in tops]
+
+
+def _handler_of(manifest: object) -> str:
+    model = manifest.get("model") if isinstance(manifest, dict) else None
+    handler = model.get("handler") if isinstance(model, dict) else None
+    return handler if isinstance(handler, str) else ""
+
+
+def _module_part(handler: str) -> str:
+    return handler.strip().partition(":")[0].strip()
+
+
+def _builtin_or_torchserve(module_part: str, *, has_file: bool) -> list[str]:
+    """The module of a handler named by a built-in name (``image_classifier``), or, when the
+    archive has no file of that name, of TorchServe's handler of that name (others,
+    ``densenet_handler``, resolve in ts.torch_handler)."""
+    builtin = BUILTIN_HANDLERS.get(module_part)
+    if builtin is not None:
+        return [builtin.partition(":")[0]]
+    if has_file:
+        return []
+    name = f"{TORCHSERVE_HANDLERS}.{module_part}"
+    return [name] if is_fork_safe(name) else []
 
 
 def imports_of(path: Path) -> list[str]:
@@ -68,8 +134,16 @@ def imports_of(path: Path) -> list[str]:
     try:
         if path.stat().st_size > MAX_HANDLER_BYTES:
             return []
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (OSError, SyntaxError, ValueError):
+        return imports_in(path.read_bytes(), str(path))
+    except OSError:
+        return []
+
+
+def imports_in(source: bytes, filename: str) -> list[str]:
+    """The fork-safe modules a handler's ``source`` imports at its top level."""
+    try:
+        tree = ast.parse(source, filename=filename)
+    except (SyntaxError, ValueError):
         return []
     names: list[str] = []
     for node in tree.body:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, TextIO
 from frontend import __version__
 from frontend.config import ServerConfig, load_config, parse_bool
 from frontend.errors import ConfigError
+from frontend.models.startup import early_forkserver
 from frontend.observe import log4j
 from frontend.observe.logs import EscapingLogRecord
 from frontend.processes import python_module
@@ -303,6 +304,9 @@ def run_foreground(config: ServerConfig, named_loggers: bool = False) -> int:
     # child, so turn them off; grpcio reads this when it is first imported (frontend.server
     # imports it, below).
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    # First of all: the startup models' fork server imports torch while this process imports
+    # the server's modules, binds and unpacks (frontend/models/startup.py).
+    forkserver = early_forkserver(config)
     from frontend.server import Server
 
     def announce(server: Server) -> None:
@@ -325,7 +329,8 @@ def run_foreground(config: ServerConfig, named_loggers: bool = False) -> int:
         print(f"Model server started.\nbatchserve is serving: inference {bound.inference}, "
               f"management {bound.management}, metrics {bound.metrics}", flush=True)
 
-    server = Server(config, on_started=announce, named_loggers=named_loggers)
+    server = Server(config, on_started=announce, named_loggers=named_loggers,
+                    forkserver=forkserver)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -346,6 +351,9 @@ def run_foreground(config: ServerConfig, named_loggers: bool = False) -> int:
     except OSError as exc:
         logger.error("batchserve failed to start: %s", exc)
         return 1
+    finally:
+        if forkserver is not None:  # stopped, if the server stopped before it adopted it
+            forkserver.discard()
     return 0
 
 

@@ -10,6 +10,8 @@ bootstrap that removes it before running the module.
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 
 #: Python 3.10 (no -P): ``-c`` puts "" (the working directory) first on sys.path; drop it,
@@ -28,3 +30,14 @@ def python_module(python: str, module: str, *, safe_path_flag: bool | None = Non
     if safe_path_flag:
         return [python, "-P", "-m", module]
     return [python, "-c", BOOTSTRAP, module]
+
+
+def worker_environment(blocklist: str) -> dict[str, str]:
+    """The environment a worker (or the fork server) starts with: the server's, less the
+    variables whose names ``blocklist`` (``blacklist_env_vars``) matches in full."""
+    env = dict(os.environ)
+    if blocklist:
+        blocked = re.compile(blocklist)
+        env = {name: value for name, value in env.items() if not blocked.fullmatch(name)}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

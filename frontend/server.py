@@ -24,16 +24,17 @@ from frontend.api.grpc.servers import GrpcServers
 from frontend.api.http.app import serve_http
 from frontend.config import Address, ServerConfig
 from frontend.errors import ConfigError, ServeError
-from frontend.models import archive as archives
 from frontend.models.loader import ModelLoader, RegisterRequest
 from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots, restore_requests
+from frontend.models.startup import model_store_lister, startup_entries
 from frontend.observe.logs import ServerLogs
 from frontend.observe.metric_specs import load_metrics_config
 from frontend.observe.metrics import Model, ServerMetrics
 from frontend.ops.auth import TokenAuthority
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
+from frontend.serving.forkserver import Launch
 from frontend.serving.placement import CpuAssigner, GpuAssigner, Placement
 from frontend.serving.workers import start_failures
 from frontend.tls import load_certificate
@@ -64,15 +65,10 @@ class BoundAddresses:
 def startup_requests(config: ServerConfig, entries: tuple[str, ...]) -> list[RegisterRequest]:
     """Turn ``load_models`` / ``--models`` entries (``all``, ``x.mar``, ``name=x.mar``)
     into registrations."""
-
-    def store() -> Iterable[Path]:
-        if config.model_store is None:
-            raise ConfigError("load_models=all needs a model store (--model-store)")
-        return archives.list_store(config.model_store)
-
     return [RegisterRequest(url=url, model_name=name, loaded_at_startup=True,
                             given_by_operator=True)
-            for name, url in _startup_entries(entries, "load_models", store)]
+            for name, url in startup_entries(entries, "load_models",
+                                             model_store_lister(config))]
 
 
 def startup_workflows(config: ServerConfig, entries: tuple[str, ...]
@@ -86,25 +82,7 @@ def startup_workflows(config: ServerConfig, entries: tuple[str, ...]
                               "or --model-store)")
         return workflow_archives.list_store(config.workflow_folder)
 
-    return _startup_entries(entries, "load_workflows", store)
-
-
-def _startup_entries(entries: tuple[str, ...], key: str, store: Callable[[], Iterable[Path]]
-                     ) -> list[tuple[str | None, str]]:
-    """(name or None, url) for each of ``key``'s entries: ``all`` (every archive ``store``
-    lists, by file name), ``url`` or ``name=url``."""
-    found: list[tuple[str | None, str]] = []
-    for entry in (entry.strip() for entry in entries):
-        if entry == "all":
-            found.extend((None, path.name) for path in store())
-            continue
-        name, sep, url = entry.partition("=")
-        if not sep:
-            name, url = "", entry
-        if not url.strip():
-            raise ConfigError(f"{key}: {entry!r} names no archive")
-        found.append((name.strip() or None, url.strip()))
-    return found
+    return startup_entries(entries, "load_workflows", store)
 
 
 def server_metrics(config: ServerConfig, models: Iterable[Model], gpu_count: int,
@@ -124,8 +102,10 @@ def server_metrics(config: ServerConfig, models: Iterable[Model], gpu_count: int
 class Server:
     def __init__(self, config: ServerConfig,
                  on_started: Callable[[Server], None] | None = None, *,
-                 named_loggers: bool = False) -> None:
+                 named_loggers: bool = False, forkserver: Launch | None = None) -> None:
         self.config = config
+        #: A fork server started before this server (``early_forkserver``), for its loader.
+        self._forkserver = forkserver
         #: The access, model and metric logs go to the Python loggers of TorchServe's names
         #: (ACCESS_LOG, ...), which a log4j2 --log-config set up, not to log_location.
         self.named_loggers = named_loggers
@@ -170,7 +150,8 @@ class Server:
         logs = ServerLogs(config.log_location, config.enable_access_log, self.named_loggers)
         loader = ModelLoader(config, run_dir, registry,
                              Placement(gpus, cpus, registry.worker_count),
-                             metrics.record_batch, logs.model, events=metrics)
+                             metrics.record_batch, logs.model, events=metrics,
+                             forkserver=self._forkserver)
         auth = None
         if not config.disable_token_authorization:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)
@@ -288,3 +269,5 @@ class Server:
                 loader.registry.set_default(name, version)
         for failure in await start_failures(w for model in models for w in model.workers):
             logger.error("startup model failed to load: %s", failure)
+        if loader.forkserver is not None:
+            loader.forkserver.drop_unused_launch()

@@ -29,14 +29,10 @@ from frontend.models.download import download_archive
 from frontend.models.model import BatchRecorder, Model, TensorMetadata
 from frontend.models.registry import ModelRegistry
 from frontend.observe.metric_specs import DEFAULT_METRICS_CONFIG
-from frontend.serving.forkserver import ForkServer, fork_unsupported
+from frontend.processes import worker_environment
+from frontend.serving.forkserver import ForkServer, Launch, fork_unsupported
 from frontend.serving.placement import Placement
-from frontend.serving.workers import (
-    WorkerEvents,
-    WorkerLaunch,
-    start_failures,
-    worker_environment,
-)
+from frontend.serving.workers import WorkerEvents, WorkerLaunch, start_failures
 from frontend.settings import FIELDS, ModelSettings, SettingsLayer, Source, read_layer, resolve
 from model_archiver import names
 from protos import worker_pb2
@@ -156,7 +152,8 @@ class ModelLoader:
 
     def __init__(self, config: ServerConfig, run_dir: Path, registry: ModelRegistry,
                  placement: Placement, record_batch: BatchRecorder,
-                 model_log: logging.Logger, *, events: WorkerEvents | None = None) -> None:
+                 model_log: logging.Logger, *, events: WorkerEvents | None = None,
+                 forkserver: Launch | None = None) -> None:
         self.config = config
         #: Told when a worker loaded its model, of the frontend's time on each batch, and of
         #: metrics the workers print (the server's metrics).
@@ -179,7 +176,7 @@ class ModelLoader:
         else:
             self.forkserver = ForkServer(sys.executable,
                                          worker_environment(config.blacklist_env_vars),
-                                         model_log, config.fork_preload)
+                                         model_log, config.fork_preload, launched=forkserver)
 
     # ---- settings -----------------------------------------------------------------------
 

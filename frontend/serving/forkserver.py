@@ -2,7 +2,9 @@
 pre-started process instead of a fresh interpreter each (docs/workers.md).
 
 A ``ForkServer`` starts its process on the first ``fork`` (``python -P -m backend.forkserver``,
-as workers are started), over a SOCK_SEQPACKET socket pair it alone holds the other end of.
+as workers are started), over a SOCK_SEQPACKET socket pair it alone holds the other end of,
+or adopts one started earlier (``launch``): the server starts it before anything else when
+it has startup models, so that its imports (torch: seconds) run while the frontend starts.
 A FORK request carries the worker's environment, cores, thread budget and handler, and the
 write ends of its stdout and stderr pipes; the answer carries the new worker's pid and a
 pidfd of it. The worker is the fork server's child, not ours: the fork server reaps it and
@@ -26,9 +28,11 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from frontend.observe.logs import output_lines
 from frontend.processes import python_module
@@ -77,6 +81,79 @@ def fork_unsupported() -> str:
     except OSError as exc:
         return f"this kernel has no pidfd_open ({exc})"
     return ""
+
+
+@dataclass(slots=True)
+class Launch:
+    """A fork server process started and not yet talked to (see ``launch``)."""
+
+    process: subprocess.Popen[bytes]
+    control: socket.socket
+    #: The read ends of its stdout and stderr pipes (-1 once handed on or closed).
+    stdout: int
+    stderr: int
+    python: str
+    environment: dict[str, str]
+
+    def discard(self) -> None:
+        """Stop it unused (again: nothing)."""
+        self.control.close()
+        _close_all(self.stdout, self.stderr)
+        self.stdout = self.stderr = -1
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(STOP_GRACE_S)
+
+
+def launch(python: str, environment: Mapping[str, str], preload: Iterable[str] = (),
+           archives: Iterable[Path] = ()) -> Launch:
+    """Start a fork server that imports ``preload`` and what the handlers of ``archives``
+    (model archives, not yet unpacked) need, then says HELLO; ForkUnavailable when it cannot
+    be started. Needs no event loop: the server calls it before it has one."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    command = [*python_module(python, "backend.forkserver"),
+               "--control-fd", str(theirs.fileno()), "--frontend-pid", str(os.getpid())]
+    for module in preload:
+        command += ["--preload", module]
+    for archive in archives:
+        command += ["--preload-archive", str(archive)]
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out_w,
+                                   stderr=err_w, start_new_session=True, env=dict(environment),
+                                   pass_fds=(theirs.fileno(),))
+    except OSError as exc:
+        ours.close()
+        _close_all(out_r, err_r)
+        raise ForkUnavailable(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        theirs.close()
+        _close_all(out_w, err_w)
+    return Launch(process, ours, out_r, err_r, python, dict(environment))
+
+
+async def _exited(process: subprocess.Popen[bytes]) -> int:
+    """Wait (without blocking the loop) until ``process`` has exited; its status."""
+    if process.poll() is not None:
+        return process.returncode
+    loop = asyncio.get_running_loop()
+    pidfd = os.pidfd_open(process.pid)
+    gone: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not gone.done():
+            gone.set_result(None)
+
+    loop.add_reader(pidfd, readable)
+    try:
+        await gone
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    return process.wait()
 
 
 class ForkedProcess:
@@ -185,12 +262,14 @@ class ForkServer:
     """One server's fork server process, started on first use and again after it dies."""
 
     def __init__(self, python: str, environment: Mapping[str, str], model_log: logging.Logger,
-                 preload: tuple[str, ...] = ()) -> None:
+                 preload: tuple[str, ...] = (), launched: Launch | None = None) -> None:
         self._python = python
         self._environment = dict(environment)
         self._model_log = model_log
         self._preload = preload
-        self._process: asyncio.subprocess.Process | None = None
+        #: Started early (``launch``), adopted on the first fork.
+        self._launched = launched
+        self._process: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
         self._hello: asyncio.Future[int] | None = None
         #: Answers awaited, in the order the requests went.
@@ -286,28 +365,22 @@ class ForkServer:
 
     async def _start(self, timeout_s: float) -> socket.socket:
         loop = asyncio.get_running_loop()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = [*python_module(self._python, "backend.forkserver"),
-                   "--control-fd", str(theirs.fileno()), "--frontend-pid", str(os.getpid())]
-        for module in self._preload:
-            command += ["--preload", module]
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True, env=self._environment,
-                pass_fds=(theirs.fileno(),))
-        except OSError as exc:
-            ours.close()
-            raise ForkUnavailable(f"{type(exc).__name__}: {exc}") from None
-        finally:
-            theirs.close()
+        launched, self._launched = self._launched, None
+        if launched is not None and (launched.python, launched.environment) != (
+                self._python, self._environment):
+            launched.discard()  # started for other settings: not this server's
+            launched = None
+        if launched is None:
+            launched = launch(self._python, self._environment, self._preload)
+        process, ours = launched.process, launched.control
         ours.setblocking(False)
         self._process, self._control = process, ours
         self._hello = loop.create_future()
         # Kept: the loop holds tasks only weakly (an earlier fork server's may still run).
         self._log_tasks = [task for task in self._log_tasks if not task.done()]
-        self._log_tasks += [loop.create_task(self._forward(stream))
-                            for stream in (process.stdout, process.stderr)]
+        for fd in (launched.stdout, launched.stderr):
+            self._log_tasks.append(loop.create_task(self._forward(await _pipe_reader(fd))))
+        launched.stdout = launched.stderr = -1
         loop.add_reader(ours.fileno(), self._on_readable)
         try:
             await asyncio.wait_for(asyncio.shield(self._hello), timeout_s)
@@ -404,26 +477,36 @@ class ForkServer:
         for child in self._children.values():
             child.orphaned()
         self._children.clear()
-        if process is not None and process.returncode is None:
+        if process is not None and process.poll() is None:
             if kill:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
             # Reaped in the background: its workers live on without it.
             self._log_tasks.append(loop.create_task(_reap(process)))
 
+    def drop_unused_launch(self) -> None:
+        """Stop the fork server started early if no worker was forked from it (the startup
+        models all start fresh): it would hold its imports for nothing."""
+        if self._launched is not None:
+            logger.info("the fork server started for the startup models was not needed")
+            self._launched.discard()
+            self._launched = None
+
     async def close(self) -> None:
         """Stop the fork server (its workers were stopped before)."""
         self._closed = True
+        self.drop_unused_launch()
         control, process = self._control, self._process
         if control is not None:
             with contextlib.suppress(OSError):
                 socket.send_fds(control, [encode(Frame(Kind.SHUTDOWN))], [])
         if process is not None:
             try:
-                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+                await asyncio.wait_for(_exited(process), STOP_GRACE_S)
             except TimeoutError:
-                process.kill()
-                await process.wait()
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await _exited(process)
         self._lost("was stopped", kill=True)
         tasks, self._log_tasks = self._log_tasks, []
         for task in tasks:
@@ -431,8 +514,8 @@ class ForkServer:
                 await asyncio.wait_for(task, STOP_GRACE_S)
 
 
-async def _reap(process: asyncio.subprocess.Process) -> None:
-    await process.wait()
+async def _reap(process: subprocess.Popen[bytes]) -> None:
+    await _exited(process)
 
 
 def _close_all(*fds: int) -> None:

@@ -18,7 +18,6 @@ import contextlib
 import enum
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -32,7 +31,7 @@ import psutil
 from frontend.errors import GatewayTimeout, InternalError, WorkerDied
 from frontend.observe.logs import output_lines
 from frontend.observe.metrics import METRICS_MARK, parse_metric_line
-from frontend.processes import python_module
+from frontend.processes import python_module, worker_environment
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.connection import WorkerConnection, WorkerProcess
 from frontend.serving.dispatch import Dispatcher
@@ -107,17 +106,6 @@ class WorkerLaunch:
     events: WorkerEvents | None = None
     #: Forks the workers (None: each starts as a fresh interpreter).
     forkserver: ForkServer | None = None
-
-
-def worker_environment(blocklist: str) -> dict[str, str]:
-    """The environment a worker (or the fork server) starts with: the server's, less the
-    variables whose names ``blocklist`` (``blacklist_env_vars``) matches in full."""
-    env = dict(os.environ)
-    if blocklist:
-        blocked = re.compile(blocklist)
-        env = {name: value for name, value in env.items() if not blocked.fullmatch(name)}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 def backoff_s(failures: int) -> float:

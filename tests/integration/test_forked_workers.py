@@ -377,3 +377,51 @@ def test_a_fork_server_that_initialised_cuda_refuses_to_fork(
     assert worker["startMode"] == "fresh"
     assert server.predict("echo", b"still served").content == b"still served"
     assert "workers start fresh from now on:" in caplog.text
+
+
+def _fork_servers_under(pid: int) -> list[psutil.Process]:
+    """The fork servers frontend ``pid`` started (its workers show the same command line,
+    but are the fork server's children)."""
+    found = []
+    for child in psutil.Process(pid).children():
+        try:
+            if "backend.forkserver" in child.cmdline():
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def test_the_startup_models_fork_server_starts_first_and_forks_their_workers(
+        server_process, model_store: Path) -> None:
+    # `torchserve --start` with a startup model: the fork server is started before the
+    # server imports its modules and unpacks the archive, reads the archive's handler for
+    # what to import (torch, here), and is the one the worker is forked from.
+    _archive(model_store, "convnet")
+    server = server_process("convnet=convnet.mar")
+    log = server.log_text()
+    early = log.find("fork server started early (pid ")
+    assert 0 <= early < log.find("registered model convnet"), log
+    [worker] = requests.get(f"{server.management}/models/convnet",
+                            timeout=30).json()[0]["workers"]
+    assert worker["startMode"] == "forked"
+    [fork_server] = _fork_servers_under(server.process.pid)
+    assert f"fork server started early (pid {fork_server.pid})" in log
+    assert psutil.Process(worker["pid"]).ppid() == fork_server.pid
+    reply = requests.post(f"{server.inference}/predictions/convnet", json=INPUT, timeout=60)
+    assert reply.status_code == 200, reply.text
+    model_log = (server.log.parent / "logs" / "model_log.log").read_text()
+    assert "backend.forkserver: preloaded torch" in model_log
+
+
+def test_an_early_fork_server_no_startup_worker_needs_is_stopped(
+        server_process, model_store: Path) -> None:
+    _archive(model_store, "fresh-only", {"workerStart": "spawn"})
+    server = server_process("fresh=fresh-only.mar")
+    [worker] = requests.get(f"{server.management}/models/fresh",
+                            timeout=30).json()[0]["workers"]
+    assert worker["startMode"] == "fresh"
+    server.wait_for(lambda: not _fork_servers_under(server.process.pid),
+                    "the unneeded fork server to stop")
+    assert "the fork server started for the startup models was not needed" in \
+        server.log_text()

@@ -4,9 +4,11 @@ fork, never the archive's own."""
 
 from __future__ import annotations
 
+import json
+import zipfile
 from pathlib import Path
 
-from backend.preload import is_fork_safe, modules_for
+from backend.preload import is_fork_safe, modules_for, modules_for_archive
 
 
 def test_a_built_in_handler_preloads_its_module() -> None:
@@ -54,3 +56,36 @@ def test_fork_safety_is_known_of_a_few_packages_only() -> None:
     assert is_fork_safe("ts.torch_handler.image_classifier")
     assert not is_fork_safe("transformers") and not is_fork_safe("ts.torch_handler.dali_handler")
     assert not is_fork_safe("torchaudio")
+
+
+def _manifest(handler: str) -> str:
+    return json.dumps({"model": {"modelName": "m", "handler": handler}})
+
+
+def test_an_archive_not_unpacked_yet_is_read_for_its_handlers_imports(tmp_path: Path) -> None:
+    # The startup models' archives, read by the fork server started before they are unpacked:
+    # a .mar file, as the unpacked archive would be read.
+    archive = tmp_path / "m.mar"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("MAR-INF/MANIFEST.json", _manifest("my_handler.py:handle"))
+        zipped.writestr("my_handler.py", "import torch\nimport numpy\nimport helpers\n"
+                                         "import transformers\nfrom PIL import Image\n")
+        zipped.writestr("numpy/__init__.py", "")  # the archive's own numpy: not preloaded
+    assert modules_for_archive(archive) == ["torch", "PIL"]
+    folder = tmp_path / "folder"
+    (folder / "MAR-INF").mkdir(parents=True)
+    (folder / "MAR-INF" / "MANIFEST.json").write_text(_manifest("image_classifier"))
+    assert modules_for_archive(folder) == ["backend.handlers.image_classifier"]
+
+
+def test_an_archive_that_cannot_be_read_preloads_nothing(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.mar"
+    broken.write_bytes(b"PK\x03\x04 not really a zip")
+    no_manifest = tmp_path / "bare.mar"
+    with zipfile.ZipFile(no_manifest, "w") as zipped:
+        zipped.writestr("handler.py", "import torch\n")
+    not_json = tmp_path / "bad.mar"
+    with zipfile.ZipFile(not_json, "w") as zipped:
+        zipped.writestr("MAR-INF/MANIFEST.json", "{")
+    for archive in (broken, no_manifest, not_json, tmp_path / "missing.mar", tmp_path):
+        assert modules_for_archive(archive) == []
