@@ -47,6 +47,8 @@ _WORKER_FLAG = ("a flag of TorchServe's backend worker, not of torchserve: batch
 
 STATE_FILE = "server.json"
 STOP_TIMEOUT_S = 180.0
+#: How often a background start looks whether its server is up (it returns that much later).
+START_POLL_S = 0.05
 LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s - %(message)s"
 #: Set by a container image: ``torchserve --start`` stays in the foreground ("1"/"true"), or
 #: goes to the background even as PID 1 ("0"/"false").
@@ -412,7 +414,7 @@ def start_background(argv: Sequence[str], config: ServerConfig, log4j_file: bool
                   f"  token keys:     {keys}\n"
                   f"  logs:           {log_path or 'as its --log-config says'}", flush=True)
             return 0
-        time.sleep(0.2)
+        time.sleep(START_POLL_S)
     process.terminate()
     print(f"batchserve did not become ready in time; see {where}", file=sys.stderr)
     return 1
