@@ -1,42 +1,52 @@
 """Issue 25's numbers in one run: how fast workers come up and how much memory they take,
-batchserve with workers forked from its fork server (``worker_start=fork``, the default),
+for batchserve with workers forked from its fork server (``worker_start=fork``, the default),
 batchserve with a fresh interpreter each (``worker_start=spawn``, how workers started before)
-and TorchServe 0.12, all on the same ResNet-152 archive.
+and TorchServe 0.12, all serving the same ResNet-152 archive file.
 
-    .venv/bin/python -m benchmarks.worker_start --rounds 2 --throughput 10
+    .venv/bin/python -m benchmarks.worker_start            # 2 rounds, 20 s of load: ~8 min
+    .venv/bin/python -m benchmarks.worker_start --rounds 1 --throughput 0   # no load phase
+    .venv/bin/python -m benchmarks.worker_start --servers batchserve-fork,torchserve
 
-The archive is the example's (examples/image_classifier/resnet_152_batch/build_mar.py,
-seeded random weights, built once into ``--model-store``); TorchServe 0.12 (in
-``.venv-torchserve``, see benchmarks/torchserve.py) loads that same ``.mar`` file. For each
-round, each server (``--servers``; the order rotates from round to round, so that the
-machine's drift favours none) is started once with ``torchserve --start`` and
-``load_models`` naming the archive (one worker, batch_size 1), and measured in this order:
+The archive is the example's (examples/image_classifier/resnet_152_batch/build_mar.py:
+built-in ``image_classifier`` handler, seeded random weights; built once into
+``--model-store``). TorchServe 0.12 (in ``.venv-torchserve``, see benchmarks/torchserve.py)
+loads that same ``.mar`` file. In each round each server (``--servers``; the order rotates
+from round to round so that the machine's drift favours none) is started once with
+``torchserve --start`` and ``load_models`` naming the archive (one worker, batch_size 1;
+quiet logging on both), and measured in this order:
 
 * ``start_to_first_answer_s``: ``torchserve --start`` to the first prediction answered 200;
-* ``pss_1_worker_mib``: the whole server's proportional set size (the server process and
-  every process under it: batchserve's frontend, fork server and workers; TorchServe's Java
-  process and its Python workers; from /proc/PID/smaps_rollup, so pages shared between
-  processes count once), read after every worker has served requests: bursts of 2 x N
+* ``pss_1_worker_mib``: the whole server's proportional set size: the server process and
+  every process under it (batchserve's frontend, fork server and workers; TorchServe's Java
+  process and its Python workers), from /proc/PID/smaps_rollup, so that pages shared between
+  processes count once. Read 1 s after every worker has served requests: bursts of 2 x N
   concurrent predictions until each worker's CPU time (its process and its children's) has
-  grown by a forward pass's worth since it was READY;
-* ``scale_1_to_4_s``: ``PUT /models/{name}?min_worker=4&max_worker=4&synchronous=true`` until
-  describe shows four workers, all READY; then ``pss_4_workers_mib``;
+  grown by a prediction's worth since it was READY (``workers_served_before_pss``);
+* ``scale_1_to_4_s``: ``PUT /models/{name}?min_worker=4&max_worker=4&synchronous=true``, then
+  describe polled until it shows four workers, all READY; then ``pss_4_workers_mib`` and
+  ``pss_4_over_1``;
 * ``pss_2_workers_mib``: scaled down to 2 (synchronously, then until the two stopped
-  workers' processes are gone): two workers that have served requests;
-* ``sigkill_to_answer_s``: scaled to 1, SIGKILL of that worker (its pid from describe) until a
-  prediction is answered 200 again;
-* with ``--throughput S`` (default 10, 0: skip): the model unregistered and registered again
-  under another name with batch_size 8, max_batch_delay 10, one worker; then ``req_per_s``
-  and ``p99_ms`` of 8 closed-loop clients (``--clients``) over S seconds after 3 s of warm-up.
+  workers' processes are gone), so two workers that have served requests;
+* ``sigkill_to_ready_s`` and ``sigkill_to_answer_s``: scaled down to 1, SIGKILL of that
+  worker (its pid from describe) until describe shows a READY worker in another process, and
+  until a prediction is answered 200;
+* with ``--throughput S`` (default 20; 0 skips it): the model unregistered and the archive
+  registered again under another name with batch_size 8, max_batch_delay 10 and one worker
+  (forked, or fresh, as the server starts its workers); ``--clients`` (8) closed-loop clients
+  for 5 s of warm-up and S seconds measured: ``req_per_s`` over whole batch cycles (from the
+  first batch's answers inside the window to the last answer in it: ``steady_rate``) and
+  ``p99_ms`` over every request sent inside the window.
 
-It prints one JSON row per server and round, then a markdown table of the medians (each
-round's values in brackets) with the issue's goals, and the ratios fork/spawn and
-batchserve fork/TorchServe. Every wait has a deadline; every server is stopped, even on an
+It prints one JSON row per server and round (with the parts of each PSS reading, describe's
+``startMode`` and ``loadTimeMs`` where the server has them), then a markdown table of the
+medians (each round's value in brackets) with the issue's goals and the ratios fork/spawn
+and batchserve fork/TorchServe. Every wait has a deadline; every server is stopped even on an
 error, and whatever of its processes outlives the stop is killed by pid. A server that fails
-in a round gets an error row, the others go on, and the run exits 1.
+in a round gets an error row, the others go on, and the run exits 1. ``--out FILE`` also
+writes the rows as JSON.
 
 The machine this ran on is small and shared: numbers are noisy; compare servers within one
-run.
+run, and read ``req_per_s`` against the batches it rests on (``bursts_in_window``).
 """
 
 from __future__ import annotations
@@ -60,7 +70,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.load import run_load
+from benchmarks.load import LoadResult, run_load
 from benchmarks.memory import server_pss
 from benchmarks.resnet152 import EXAMPLE, IMAGES, MODEL, ROOT, build_archive
 from benchmarks.servers import Batchserve
@@ -79,6 +89,10 @@ POLL_S = 0.02
 #: worker spends in a burst's time, less than the forward pass (about 0.3-1 s here).
 SERVED_CPU_S = 0.15
 MAX_BURSTS = 20
+#: The throughput phase: warm-up before the window (the new worker's first batch of 8 is
+#: slower than the next), and the gap between two answers that parts two bursts of answers.
+WARMUP_S = 5.0
+BURST_GAP_S = 0.25
 
 Server = Batchserve | TorchServe
 
@@ -134,6 +148,19 @@ def until_ready(server: Server, model: str, count: int) -> list[dict[str, object
             return described
         time.sleep(POLL_S)
     raise TimeoutError(f"not {count} READY workers in {TIMEOUT_S:.0f} s: {described}")
+
+
+def until_replaced(server: Server, model: str, killed: int) -> dict[str, object]:
+    """Describe's only worker once it is READY in a process other than ``killed``."""
+    deadline = time.monotonic() + TIMEOUT_S
+    described: list[dict[str, object]] = []
+    while time.monotonic() < deadline:
+        described = workers(server, model)
+        if (len(described) == 1 and described[0].get("status") == "READY"
+                and described[0].get("pid") not in (killed, -1, None)):
+            return described[0]
+        time.sleep(POLL_S)
+    raise TimeoutError(f"no new READY worker in {TIMEOUT_S:.0f} s: {described}")
 
 
 def pids(described: list[dict[str, object]]) -> list[int]:
@@ -245,8 +272,9 @@ def one_round(kind: str, store: Path, throughput_s: float, clients: int) -> dict
         until_gone(set(pids(two)) - set(pids([only])))
         since = time.monotonic()
         os.kill(int(only["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+        back = until_replaced(server, MODEL, int(only["pid"]))  # type: ignore[call-overload]
+        row["sigkill_to_ready_s"] = round(time.monotonic() - since, 2)
         row["sigkill_to_answer_s"] = round(until_answered(server, MODEL, since), 2)
-        [back] = until_ready(server, MODEL, 1)
 
         for count in (1, 2, SCALE_TO):
             row[f"pss_{count}_worker{'s' if count > 1 else ''}_mib"] = pss[count][0]
@@ -264,13 +292,32 @@ def one_round(kind: str, store: Path, throughput_s: float, clients: int) -> dict
                             max_batch_delay=10, initial_workers=1)
             until_ready(server, BATCHED, 1)
             load = run_load(f"{server.inference}/predictions/{BATCHED}", IMAGES,
-                            concurrency=clients, duration_s=throughput_s, warmup_s=3.0,
+                            concurrency=clients, duration_s=throughput_s, warmup_s=WARMUP_S,
                             content_type="image/jpeg")
-            row["req_per_s"] = round(load.throughput, 2)
-            # None: no answer inside the window (a batch of 8 takes seconds here).
-            row["p99_ms"] = round(load.percentile_ms(99), 1) if load.latencies_s else None
-            row["statuses"] = {str(k): v for k, v in sorted(load.statuses.items())}
+            row.update(steady_rate(load))
     return row
+
+
+def steady_rate(load: LoadResult) -> dict[str, object]:
+    """Throughput and p99 of a closed loop whose answers come in bursts seconds apart (a
+    batch of 8 answered at once, every few seconds): answers per second from the first burst
+    inside the window to the last answer in it, the first burst's own answers left out, so
+    that the rate is over whole batch cycles rather than whichever part of a cycle the window
+    cut (counting the answers inside a 10 s window gives a rate off by up to a batch's worth,
+    ±30 % here). p99 is over every successful request sent inside the window, answered in it
+    or after. ``bursts`` counts the bursts (about the batches) inside the window."""
+    start, stop = load.window
+    times = sorted(t for t in load.answered_at if start <= t <= stop)
+    starts = [i for i in range(len(times)) if i == 0 or times[i] - times[i - 1] > BURST_GAP_S]
+    rate = None
+    if len(starts) >= 2:  # starts[1]: the first answer after the first burst
+        rate = (len(times) - starts[1]) / (times[-1] - times[0])
+    ordered = sorted(load.sent_latencies_s)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] if ordered else None
+    return {"req_per_s": round(rate, 2) if rate is not None else None,
+            "p99_ms": round(p99 * 1000, 1) if p99 is not None else None,
+            "answers_in_window": len(times), "bursts_in_window": len(starts),
+            "statuses": {str(k): v for k, v in sorted(load.statuses.items())}}
 
 
 #: The table's rows: (key, what, the issue's goal).
@@ -281,6 +328,7 @@ MEASURES = (
     ("pss_4_workers_mib", "whole-server PSS, 4 workers (MiB)", ""),
     ("pss_4_over_1", "PSS 4 workers / 1 worker", "≤ 1.5"),
     ("scale_1_to_4_s", "scale 1 → 4 workers until all READY (s)", "≤ 2 s"),
+    ("sigkill_to_ready_s", "SIGKILL of the only worker until a new one is READY (s)", ""),
     ("sigkill_to_answer_s", "SIGKILL of the only worker until answered (s)", "≤ 1 s"),
     ("req_per_s", "req/s, 1 worker, batch_size 8, {clients} clients", "fork = spawn ± 5 %"),
     ("p99_ms", "p99 (ms), same load", "fork = spawn ± 5 %"),
@@ -349,7 +397,7 @@ def main() -> int:
     parser.add_argument("--servers", default=",".join(SERVERS),
                         help=f"comma-separated, of {', '.join(SERVERS)}")
     parser.add_argument("--model-store", type=Path, default=ROOT / "model_store")
-    parser.add_argument("--throughput", type=float, default=10.0,
+    parser.add_argument("--throughput", type=float, default=20.0,
                         help="seconds of load, 1 worker with batch_size 8 (0: none; a batch "
                         "of 8 takes seconds on a small CPU, so 10 at least)")
     parser.add_argument("--clients", type=int, default=8, help="closed-loop clients")
