@@ -176,7 +176,7 @@ def cpu_s(pid: int) -> float:
             times = each.cpu_times()
             total += times.user + times.system
         return total
-    except psutil.Error:
+    except (psutil.Error, ValueError):  # ValueError: no pid (describe's -1)
         return 0.0
 
 
@@ -217,7 +217,7 @@ def until_gone(worker_pids: set[int]) -> None:
     for pid in worker_pids:
         try:
             processes.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, ValueError):  # gone, or no pid (describe's -1)
             pass
     _, alive = psutil.wait_procs(processes, timeout=60)
     if alive:
@@ -270,9 +270,13 @@ def one_round(kind: str, store: Path, throughput_s: float, clients: int) -> dict
         scale(server, MODEL, 1)
         [only] = until_ready(server, MODEL, 1)
         until_gone(set(pids(two)) - set(pids([only])))
+        [victim] = pids([only])
+        descendants = {p.pid for p in psutil.Process(server_pid).children(recursive=True)}
+        if victim not in descendants:  # never signal a pid that is not this server's worker
+            raise AssertionError(f"describe's worker pid {victim} is not under the server")
         since = time.monotonic()
-        os.kill(int(only["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
-        back = until_replaced(server, MODEL, int(only["pid"]))  # type: ignore[call-overload]
+        os.kill(victim, signal.SIGKILL)
+        back = until_replaced(server, MODEL, victim)
         row["sigkill_to_ready_s"] = round(time.monotonic() - since, 2)
         row["sigkill_to_answer_s"] = round(until_answered(server, MODEL, since), 2)
 
@@ -290,7 +294,9 @@ def one_round(kind: str, store: Path, throughput_s: float, clients: int) -> dict
             server.unregister(MODEL)
             server.register(f"{MODEL}.mar", model_name=BATCHED, batch_size=8,
                             max_batch_delay=10, initial_workers=1)
-            until_ready(server, BATCHED, 1)
+            [worker] = until_ready(server, BATCHED, 1)
+            row["throughput_worker"] = {key: worker.get(key) for key in
+                                        ("startMode", "loadTimeMs", "cpuThreads", "cpus")}
             load = run_load(f"{server.inference}/predictions/{BATCHED}", IMAGES,
                             concurrency=clients, duration_s=throughput_s, warmup_s=WARMUP_S,
                             content_type="image/jpeg")
