@@ -23,6 +23,14 @@ class LoadResult:
     duration_s: float
     latencies_s: list[float] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
+    #: When each successful answer arrived (time.monotonic()), whenever it was sent; and the
+    #: measured window: for estimators that need more than the counts inside it.
+    answered_at: list[float] = field(default_factory=list)
+    window: tuple[float, float] = (0.0, 0.0)
+    #: Latencies of the successful requests sent inside the window, answered in it or after
+    #: (``latencies_s`` leaves out those answered after it: the slowest, when a request takes
+    #: a sizeable part of the window).
+    sent_latencies_s: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> int:
@@ -55,14 +63,16 @@ def run_load(url: str, bodies: Sequence[bytes], *, concurrency: int, duration_s:
         raise ValueError("load tests target loopback only")
     lock = threading.Lock()
     counter = itertools.count()
-    result = LoadResult(concurrency, duration_s)
     start = time.monotonic() + warmup_s
     stop = start + duration_s
+    result = LoadResult(concurrency, duration_s, window=(start, stop))
 
     def client(offset: int) -> None:
         connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
         latencies: list[float] = []
         statuses: dict[int, int] = {}
+        answered: list[float] = []
+        sent_latencies: list[float] = []
         index = offset
         try:
             while True:
@@ -76,6 +86,10 @@ def run_load(url: str, bodies: Sequence[bytes], *, concurrency: int, duration_s:
                 response = connection.getresponse()
                 response.read()
                 done = time.monotonic()
+                if response.status == 200:
+                    answered.append(done)
+                    if now >= start:
+                        sent_latencies.append(done - now)
                 if now >= start and done <= stop:
                     latencies.append(done - now)
                     statuses[response.status] = statuses.get(response.status, 0) + 1
@@ -83,6 +97,8 @@ def run_load(url: str, bodies: Sequence[bytes], *, concurrency: int, duration_s:
             connection.close()
             with lock:
                 result.latencies_s.extend(latencies)
+                result.answered_at.extend(answered)
+                result.sent_latencies_s.extend(sent_latencies)
                 for status, count in statuses.items():
                     result.statuses[status] = result.statuses.get(status, 0) + count
 

@@ -49,8 +49,29 @@ class Batchserve(ManagementClient):
         return self
 
     def __exit__(self, *_: object) -> None:
-        subprocess.run([str(BIN / "torchserve"), "--stop"], cwd=self.work, env=self.env,
-                       check=True, timeout=300, stdout=subprocess.DEVNULL)
+        import psutil
+
+        family: list[psutil.Process] = []
+        try:
+            server = psutil.Process(int(self.state["pid"]))  # type: ignore[call-overload]
+            family = [server, *server.children(recursive=True)]
+        except (AttributeError, KeyError, psutil.NoSuchProcess):
+            pass
+        stopped = subprocess.run([str(BIN / "torchserve"), "--stop"], cwd=self.work,
+                                 env=self.env, check=False, timeout=300,
+                                 stdout=subprocess.DEVNULL)
+        # What `--stop` left (it should leave nothing): killed by pid, this server's only.
+        _, alive = psutil.wait_procs(family, timeout=60)
+        for process in alive:
+            print(f"killing batchserve process {process.pid} left behind", file=sys.stderr)
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=10)
+        if stopped.returncode != 0:
+            raise RuntimeError(f"batchserve --stop failed ({stopped.returncode}); its logs: "
+                               f"{self.work}")
 
     def failure(self, what: str, status: int, text: str) -> Exception:
         return RuntimeError(f"batchserve {what}: {status} {text} (its logs: {self.work})")

@@ -155,8 +155,10 @@ class TorchServe(ManagementClient):
 
     def __init__(self, model_store: Path, *, quiet: bool = False,
                  env: Mapping[str, str] | None = None, venv: Path = VENV,
-                 workflow_store: Path | None = None, extra_vmargs: str = "") -> None:
+                 workflow_store: Path | None = None, extra_vmargs: str = "",
+                 extra_properties: Sequence[str] = (), ready_poll_s: float = 0.5) -> None:
         self.bin = ensure_venv(venv)
+        self.ready_poll_s = ready_poll_s
         self.model_store = model_store
         self.workflow_store = workflow_store
         self.quiet = quiet
@@ -178,6 +180,7 @@ class TorchServe(ManagementClient):
             "default_workers_per_model=1",
             # The system-metrics collector starts a Python process every minute: noise.
             "disable_system_metrics=true",
+            *extra_properties,  # e.g. load_models=x.mar: loaded before /ping says Healthy
         ]
         vmargs = [extra_vmargs] if extra_vmargs else []
         if quiet:
@@ -222,7 +225,7 @@ class TorchServe(ManagementClient):
                 pass
             if self.pid is not None and not _alive(self.pid):
                 raise TorchServeError(f"TorchServe exited; logs in {self.work / 'logs'}")
-            time.sleep(0.5)
+            time.sleep(self.ready_poll_s)
         raise TorchServeError(f"TorchServe not ready in {START_TIMEOUT_S:.0f} s")
 
     def __exit__(self, *exc: object) -> None:
