@@ -306,6 +306,8 @@ class ServerMetrics:
             "batchserve_request_phase_seconds",
             "Where a prediction's time went, by phase: queue, batch_form, worker, preprocess, "
             "inference, postprocess, frontend (docs/batches.md)", _PHASE_BUCKETS, PHASE_LABELS)
+        #: (model, version) -> its frontend phase's series (observed once per request).
+        self._frontend_phase: dict[tuple[str, str], _Series] = {}
         #: (model, version) -> the keys of its phases' series, in PHASES' order.
         self._phase_keys: dict[tuple[str, str], tuple[tuple[str, str, str], ...]] = {}
         #: (model, version, reason) -> requests answered without running.
@@ -361,7 +363,11 @@ class ServerMetrics:
             timing = answered.timing
             if timing is not None and timing.answered:
                 own_s = latency_s - answered.queue_wait_s - timing.round_s
-                self.phases.observe(self._phase_key(key)[6], own_s if own_s > 0 else 0.0)
+                own = self._frontend_phase.get(key)
+                if own is None:
+                    own = self._frontend_phase[key] = self.phases.of(self._phase_key(key)[6])
+                own.counts[bisect.bisect_left(_PHASE_BUCKETS, own_s)] += 1
+                own.total += own_s if own_s > 0 else 0.0
         if refused is not None:
             refusal = (*key, refused)
             self.refused[refusal] = self.refused.get(refusal, 0) + 1

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from frontend.config import parse_timing_mode as parse_mode  # noqa: F401  (what it accepts)
+from frontend.config import parse_timing_mode
 
 #: The phases, in the order a request meets them (``batchserve_request_phase_seconds``' label).
 PHASES = ("queue", "batch_form", "worker", "preprocess", "inference", "postprocess",
@@ -62,6 +62,12 @@ class Timing(Protocol):
 
     @property
     def postprocess_s(self) -> float: ...
+
+
+def parse_mode(text: str) -> str:
+    """``server_timing``'s value (config.properties): off (also false, no), request (also
+    true, on, yes) or always."""
+    return parse_timing_mode(text)
 
 
 def asks(value: str | None) -> bool:
