@@ -14,6 +14,7 @@ real HTTP and gRPC clients. One server (``server_timing=request``) serves every 
 from __future__ import annotations
 
 import re
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,6 +68,23 @@ def value(found: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str
     return sum(matches)
 
 
+def pipelined(server: RunningServer, bodies: list[bytes]) -> list[bytes]:
+    """Send ``bodies`` to the adaptive model on one connection without waiting between them
+    (the last closes it); each response's head, as read until the server closed."""
+    host, port = server.inference.removeprefix("http://").split(":")
+    requests_bytes = b"".join(
+        b"POST /predictions/adaptive HTTP/1.1\r\nHost: x\r\nX-Server-Timing: true\r\n"
+        b"Content-Length: %d\r\n%s\r\n%s" % (
+            len(body), b"Connection: close\r\n" if i == len(bodies) - 1 else b"", body)
+        for i, body in enumerate(bodies))
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall(requests_bytes)
+        received = b""
+        while chunk := connection.recv(65536):
+            received += chunk
+    return [part for part in received.split(b"HTTP/1.1 200 OK")[1:]]
+
+
 def check_steps(parts: dict[str, tuple[float, str | None]]) -> None:
     for phase, slept in (("preprocess", PREPROCESS_MS), ("inference", INFERENCE_MS),
                          ("postprocess", POSTPROCESS_MS)):
@@ -103,6 +121,10 @@ def test_phases_reasons_and_server_timing(build_mar, start_server, model_store: 
     # Not asked: no header (the adaptive policy sends a lone request at once).
     quick = server.predict("adaptive", b"quick")
     assert quick.status_code == 200 and "Server-Timing" not in quick.headers
+
+    # A request pipelined behind another goes the ASGI way: it is told too.
+    answers = pipelined(server, [b"p1", b"p2"])
+    assert len(answers) == 2 and all(b"\r\nserver-timing: queue;dur=" in a for a in answers)
 
     # Four at once fill a batch: each is told so.
     with ThreadPoolExecutor(4) as pool:
@@ -142,7 +164,7 @@ def test_phases_reasons_and_server_timing(build_mar, start_server, model_store: 
     assert batching["batchFill"] == {  # type: ignore[index]
         "batches": 3, "mean": 0.5,
         "buckets": {"0.125": 0, "0.25": 2, "0.5": 0, "0.75": 0, "1": 1}}
-    assert server.describe("adaptive")["batching"]["dispatchReasons"] == {"adaptive": 3}  # type: ignore[index]
+    assert server.describe("adaptive")["batching"]["dispatchReasons"] == {"adaptive": 5}  # type: ignore[index]
 
     # The metrics page: reasons, fill, and each request's phases.
     found = samples(server)
