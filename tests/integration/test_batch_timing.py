@@ -4,7 +4,8 @@ real HTTP and gRPC clients. One server (``server_timing=request``) serves every 
 
 * the Server-Timing header only for a request that asks, its phases matching the handler's
   sleeps and the policy's wait, its parts adding up to no more than its total;
-* gRPC's trailing metadata, the same way;
+* on the fast path, the ASGI route (a pipelined request) and KServe v1; gRPC's trailing
+  metadata, the same way;
 * the reasons: a lone request to a fixed policy waits out max_batch_delay, four at once fill
   a batch, a client deadline sends one early, the adaptive policy sends a lone one at once;
 * the access log's phase fields, the metrics page's families, describe's recent reasons
@@ -125,6 +126,11 @@ def test_phases_reasons_and_server_timing(build_mar, start_server, model_store: 
     # A request pipelined behind another goes the ASGI way: it is told too.
     answers = pipelined(server, [b"p1", b"p2"])
     assert len(answers) == 2 and all(b"\r\nserver-timing: queue;dur=" in a for a in answers)
+    # So is a KServe v1 prediction.
+    v1 = requests.post(f"{server.inference}/v1/models/adaptive:predict", headers=ASK,
+                       json={"instances": ["i1", "i2"]}, timeout=30)
+    assert v1.status_code == 200 and v1.json()["predictions"] == ["i1", "i2"]
+    check_steps(parse_server_timing(v1.headers["Server-Timing"]))
 
     # Four at once fill a batch: each is told so.
     with ThreadPoolExecutor(4) as pool:
@@ -164,7 +170,7 @@ def test_phases_reasons_and_server_timing(build_mar, start_server, model_store: 
     assert batching["batchFill"] == {  # type: ignore[index]
         "batches": 3, "mean": 0.5,
         "buckets": {"0.125": 0, "0.25": 2, "0.5": 0, "0.75": 0, "1": 1}}
-    assert server.describe("adaptive")["batching"]["dispatchReasons"] == {"adaptive": 5}  # type: ignore[index]
+    assert server.describe("adaptive")["batching"]["dispatchReasons"] == {"adaptive": 6}  # type: ignore[index]
 
     # The metrics page: reasons, fill, and each request's phases.
     found = samples(server)
