@@ -57,6 +57,7 @@ from backend.loader import EntryPoint, add_dependency_dirs, load_entry_point
 from backend.metrics.cache import MetricsCacheYamlImpl
 from backend.metrics.errors import MetricsCacheKeyError, MetricsCacheValueError
 from backend.metrics.sink import DEFAULT_SINK, MetricSink
+from backend.phases import instrument
 from protos import worker_pb2
 
 __all__ = ["ModelService", "Prepared", "encode_result", "load_service"]
@@ -100,6 +101,9 @@ class ModelService:
         self._ahead = ((prepare_batch, handle_prepared)
                        if prepare_batch and handle_prepared and envelope is None else None)
         self._describe_handle = _method(handler, "describe_handle")
+        #: Times the handler's preprocess/inference/postprocess (None: it has not all three,
+        #: and its whole time is reported as its inference: backend/phases.py).
+        self._steps = instrument(handler)
         #: One of our built-in handlers: it does not time itself, and TorchServe's built-in
         #: handlers report HandlerTime, so the service reports it for them.
         self._builtin = type(handler).__module__.startswith("backend.handlers.")
@@ -119,8 +123,10 @@ class ModelService:
                 r.describe or r.instances or r.tensor_format or is_explanation(r)
                 for r in batch.requests):
             return None
+        start = time.perf_counter()
         data = [decode_request(r, decode=self.decode_input_request) for r in batch.requests]
-        return Prepared(data, self._ahead[0](data))
+        staged = self._ahead[0](data)
+        return Prepared(data, staged, (time.perf_counter() - start) * 1000.0)
 
     # -- plan, run, merge ---------------------------------------------------------------------
 
@@ -258,6 +264,7 @@ class ModelService:
             self._merge_parameters(tensors)
         results, merged.handler_time_ms = self._handle(rows, "requests" if plain else "rows",
                                                        prepared)
+        self._time_steps(merged, prepared)
         if tensors:
             self._split_parameters(tensors)
         answers = merged.answers
@@ -269,6 +276,22 @@ class ModelService:
                 answers[id(segment.request)] = segment.codec.encode(segment, items, context)
         merged.metrics = self.drain_metrics()
         return merged
+
+    def _time_steps(self, merged: _Merged, prepared: Prepared | None) -> None:
+        """Where the handler's time on a run went: its steps, as timed; else all of it as
+        inference (preprocessing done ahead counts as preprocess either way)."""
+        clock = self._steps
+        if clock is not None and clock.called:
+            seconds = clock.seconds
+            merged.preprocess_ms = seconds[0] * 1000.0
+            merged.inference_ms = seconds[1] * 1000.0
+            merged.postprocess_ms = seconds[2] * 1000.0
+            merged.steps = True
+        else:
+            merged.inference_ms = merged.handler_time_ms
+        if prepared is not None:
+            merged.preprocess_ms += prepared.prepare_ms
+            merged.steps = True
 
     def drain_metrics(self) -> list[worker_pb2.Metric]:
         """The metric values reported since the last drain (through ``context.metrics`` and
@@ -313,6 +336,8 @@ class ModelService:
                 ) -> tuple[list[Any], float]:
         """Call the handler once on ``data`` (or on what ``prepare`` made of it); one result
         per item, and the time it took."""
+        if self._steps is not None:
+            self._steps.reset()
         start = time.perf_counter()
         try:
             if prepared is None or self._ahead is None:
@@ -415,6 +440,8 @@ class Prepared:
 
     data: list[Any]
     staged: Any
+    #: How long it took, in ms (it counts as the batch's preprocess).
+    prepare_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -437,11 +464,21 @@ class _Merged:
     answers: dict[int, worker_pb2.Response] = field(default_factory=dict)
     handler_time_ms: float = 0.0
     metrics: list[worker_pb2.Metric] = field(default_factory=list)
+    #: The handler's steps (backend/phases.py), in ms; ``steps`` False: only its whole time,
+    #: as ``inference_ms``.
+    steps: bool = False
+    preprocess_ms: float = 0.0
+    inference_ms: float = 0.0
+    postprocess_ms: float = 0.0
 
     def add(self, other: _Merged) -> None:
         self.answers.update(other.answers)
         self.handler_time_ms += other.handler_time_ms
         self.metrics.extend(other.metrics)
+        self.steps = self.steps or other.steps
+        self.preprocess_ms += other.preprocess_ms
+        self.inference_ms += other.inference_ms
+        self.postprocess_ms += other.postprocess_ms
 
     def fail(self, requests: Iterable[worker_pb2.Request], error: BaseException,
              handler: str) -> None:
@@ -454,7 +491,10 @@ class _Merged:
         """The batch's result: one response per request, in the batch's order."""
         return worker_pb2.PredictResult(
             batch_id=batch_id, handler_time_ms=self.handler_time_ms, metrics=self.metrics,
-            responses=[self.answers[id(request)] for request in requests])
+            responses=[self.answers[id(request)] for request in requests],
+            phases=worker_pb2.HandlerPhases(
+                steps=self.steps, preprocess_ms=self.preprocess_ms,
+                inference_ms=self.inference_ms, postprocess_ms=self.postprocess_ms))
 
 
 def _method(owner: object, name: str) -> Callable[..., Any] | None:

@@ -160,6 +160,18 @@ def _parse_non_negative_float(text: str) -> float:
     return value
 
 
+def parse_timing_mode(text: str) -> str:
+    """``server_timing``: off (also false), request (also true, on), always."""
+    value = text.strip().lower()
+    if value in ("", "off", "false", "no", "0"):
+        return "off"
+    if value in ("request", "true", "on", "yes", "1"):
+        return "request"
+    if value == "always":
+        return "always"
+    raise ValueError(f"expected off, request or always, got {text!r}")
+
+
 def _parse_choice(choices: tuple[str, ...]) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in ("", *choices):
@@ -461,6 +473,10 @@ class ServerConfig:
     log_location: Path = option("log_location", parse=Path, default=Path("logs"))
     #: One line per request in {log_location}/access_log.log, written off the hot path.
     enable_access_log: bool = option("enable_access_log", parse=parse_bool, default=True)
+    #: The Server-Timing header (and gRPC trailing metadata) on predictions, which reveals
+    #: where their time went: off; request (a request asks with X-Server-Timing: true);
+    #: always (docs/batches.md).
+    server_timing: str = option("server_timing", parse=parse_timing_mode, default="off")
     #: Private directory for worker sockets and extracted archives; None: a fresh temp dir.
     run_dir: Path | None = option("run_dir", parse=Path, default=None)
     snapshot_disabled: bool = option("snapshot_disabled", parse=parse_bool, default=False)

@@ -156,7 +156,7 @@ class Server:
         if not config.disable_token_authorization:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
-        plane = InferencePlane(registry, metrics, logs.access)
+        plane = InferencePlane(registry, metrics, logs.access, config.server_timing)
         workflows = WorkflowLoader(config, loader, WorkflowRegistry(), run_dir / "workflows")
         self.services = Services(config, registry, loader, metrics, auth, snapshots, plane,
                                  workflows)

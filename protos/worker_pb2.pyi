@@ -180,16 +180,30 @@ class Metric(_message.Message):
     def __init__(self, name: _Optional[str] = ..., unit: _Optional[str] = ..., type: _Optional[str] = ..., value: _Optional[float] = ..., dimension_names: _Optional[_Iterable[str]] = ..., dimension_values: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class PredictResult(_message.Message):
-    __slots__ = ("batch_id", "responses", "handler_time_ms", "metrics")
+    __slots__ = ("batch_id", "responses", "handler_time_ms", "metrics", "phases")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
     HANDLER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     responses: _containers.RepeatedCompositeFieldContainer[Response]
     handler_time_ms: float
     metrics: _containers.RepeatedCompositeFieldContainer[Metric]
-    def __init__(self, batch_id: _Optional[int] = ..., responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ..., handler_time_ms: _Optional[float] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
+    phases: HandlerPhases
+    def __init__(self, batch_id: _Optional[int] = ..., responses: _Optional[_Iterable[_Union[Response, _Mapping]]] = ..., handler_time_ms: _Optional[float] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., phases: _Optional[_Union[HandlerPhases, _Mapping]] = ...) -> None: ...
+
+class HandlerPhases(_message.Message):
+    __slots__ = ("steps", "preprocess_ms", "inference_ms", "postprocess_ms")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    PREPROCESS_MS_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_MS_FIELD_NUMBER: _ClassVar[int]
+    POSTPROCESS_MS_FIELD_NUMBER: _ClassVar[int]
+    steps: bool
+    preprocess_ms: float
+    inference_ms: float
+    postprocess_ms: float
+    def __init__(self, steps: _Optional[bool] = ..., preprocess_ms: _Optional[float] = ..., inference_ms: _Optional[float] = ..., postprocess_ms: _Optional[float] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message", "batch_id")

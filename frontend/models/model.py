@@ -19,7 +19,7 @@ from typing import Any
 from frontend.errors import ServiceUnavailable
 from frontend.models import archive as archives
 from frontend.models.dependencies import NO_ENVIRONMENT, ModelEnvironment
-from frontend.serving.batching import Batcher, Job
+from frontend.serving.batching import Batcher, DispatchStats, Job
 from frontend.serving.placement import Placement
 from frontend.serving.policies import make_policy
 from frontend.serving.sequences import SequenceBatcher
@@ -77,6 +77,8 @@ class Model:
         self._model_log = model_log
         policy = functools.partial(make_policy, settings.batch_policy, settings.batch_size,
                                    settings.max_batch_delay_ms / 1000)
+        #: Why its batches left the queue and how full they were (docs/batches.md).
+        self.dispatch = DispatchStats()
         #: A stateful model's queue (its sequences, a lane per worker); None otherwise.
         self.sequences: SequenceBatcher | None = None
         self.batcher: Batcher | SequenceBatcher
@@ -86,10 +88,12 @@ class Model:
                 max_sequences=settings.max_num_sequence,
                 max_waiting=settings.max_sequence_job_queue_size,
                 max_idle_s=settings.sequence_max_idle_ms / 1000,
-                max_duration_s=settings.sequence_timeout_ms / 1000 or None)
+                max_duration_s=settings.sequence_timeout_ms / 1000 or None,
+                stats=self.dispatch)
         else:
             self.batcher = Batcher(max_batch_size=settings.batch_size,
-                                   capacity=settings.job_queue_size, policy=policy())
+                                   capacity=settings.job_queue_size, policy=policy(),
+                                   stats=self.dispatch)
         self.workers: list[Worker] = []
         #: Set when a worker fails: all of them may be down (only then is it worked out).
         self._maybe_down = False

@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TextIO, cast
 
+from frontend.observe.timing import Timing, log_fields
+
 ACCESS_LOG = "access_log.log"
 MODEL_LOG = "model_log.log"
 #: TorchServe's loggers of the access log and of its workers' output (log4j2 names).
@@ -150,7 +152,9 @@ class BufferedLog:
 
 class AccessLog(BufferedLog):
     """One line per request: TorchServe's first fields (client, request line, status,
-    latency), then ours (model, version, queue wait, batch size)."""
+    latency), then ours (model, version, queue wait, batch size), then where its time went
+    (``timing.log_fields``: the batch's forming, the worker, the handler's steps, the
+    frontend, and why its batch left the queue)."""
 
     def __init__(self, path: Path | None, logger: logging.Logger | None = None) -> None:
         super().__init__(path, logger)
@@ -159,14 +163,23 @@ class AccessLog(BufferedLog):
 
     def write(self, client: str, method: str, path: str, protocol: str, status: int,
               latency_s: float, model: str, version: str, queue_wait_s: float,
-              batch_size: int) -> None:
-        """Record one request; called on the event loop, costs a tuple and a list append."""
+              batch_size: int, form_s: float = 0.0, timing: Timing | None = None) -> None:
+        """Record one request; called on the event loop, costs a tuple and a list append
+        (its phases are worked out when the line is written)."""
         if not self._on:
             return
         self._pending.append((time.time(), client, method, path, protocol, status,
-                              latency_s * 1000, model, version, queue_wait_s * 1000, batch_size))
+                              latency_s * 1000, model, version, queue_wait_s * 1000, batch_size,
+                              form_s, timing))
         if self._flush_handle is None:
             self._schedule()
+
+    @staticmethod
+    def _phases(entry: tuple[Any, ...]) -> str:
+        """The entry's phase fields (``_ENTRY``'s fields are ``entry[1:11]``)."""
+        if len(entry) < 13:
+            return log_fields(0.0, 0.0, None, 0.0)
+        return log_fields(entry[9] / 1000, entry[11], entry[12], entry[6] / 1000)
 
     def _timestamp(self, seconds: float) -> str:
         whole = int(seconds)
@@ -179,20 +192,22 @@ class AccessLog(BufferedLog):
         lines = []
         for entry in entries:
             stamp = self._timestamp(cast(float, entry[0]))
-            line = _LINE % (stamp, *entry[1:])
+            fields = entry[1:11]
+            line = _LINE % (stamp, *fields)
             if not line.isprintable():  # rare: a field holds what must be escaped
                 line = _LINE % (stamp, *(escape(field) if type(field) is str else field
-                                         for field in entry[1:]))
-            lines.append(line)
+                                         for field in fields))
+            lines.append(f"{line} {self._phases(entry)}")
         lines.append("")
         return "\n".join(lines)
 
     def _message(self, entry: tuple[Any, ...]) -> str:
-        message = _ENTRY % entry[1:]
-        if message.isprintable():
-            return message
-        return _ENTRY % tuple(escape(field) if type(field) is str else field
-                              for field in entry[1:])
+        fields = entry[1:11]
+        message = _ENTRY % fields
+        if not message.isprintable():
+            message = _ENTRY % tuple(escape(field) if type(field) is str else field
+                                     for field in fields)
+        return f"{message} {self._phases(entry)}"
 
 
 class ServerLogs:

@@ -58,6 +58,7 @@ from frontend.observe.metric_specs import (
     prometheus_problem,
 )
 from frontend.observe.system import Reading, SystemSampler
+from frontend.observe.timing import PHASES, Timing
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,12 @@ MAX_AUTO_DETECTED = 100
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                  5.0, 10.0, 30.0, 120.0)
+#: Phases of a request's time are shorter than whole requests: finer buckets at the bottom.
+_PHASE_BUCKETS = (0.0001, 0.00025, *_TIME_BUCKETS)
+#: Labels of the batching families shared with the dashboard and Grafana (docs/batches.md).
+PHASE_LABELS = ("model", "model_version", "phase")
+DISPATCH_LABELS = ("model", "model_version", "reason")
+FILL_LABELS = ("model", "model_version")
 _HOST_LABELS = ("Host", HOSTNAME)
 _REFUSALS = ("queue_full", "unavailable", "deadline")
 
@@ -78,6 +85,22 @@ _REFUSALS = ("queue_full", "unavailable", "deadline")
 class _Depth(Protocol):
     @property
     def depth(self) -> int: ...
+
+
+class Dispatches(Protocol):
+    """What the metrics read of why a model's batches left (``batching.DispatchStats``)."""
+
+    @property
+    def reasons(self) -> dict[str, int]: ...
+
+    @property
+    def fill_counts(self) -> list[int]: ...
+
+    @property
+    def fill_sum(self) -> float: ...
+
+    @property
+    def bounds(self) -> tuple[float, ...]: ...
 
 
 class Model(Protocol):
@@ -96,6 +119,9 @@ class Model(Protocol):
     @property
     def workers(self) -> Sized: ...
 
+    @property
+    def dispatch(self) -> Dispatches: ...
+
     def restarts_total(self) -> int: ...
 
 
@@ -104,6 +130,12 @@ class Job(Protocol):
 
     @property
     def queue_wait_s(self) -> float: ...
+
+    @property
+    def form_s(self) -> float: ...
+
+    @property
+    def timing(self) -> Timing | None: ...
 
 
 #: What starts a metric line in a TorchServe worker's output.
@@ -173,6 +205,12 @@ class _Histogram:
         series = self.of(key)
         series.counts[bisect.bisect_left(self.bounds, value)] += 1
         series.total += value
+
+    def observe_n(self, key: tuple[str, ...], value: float, count: int) -> None:
+        """Observe ``value`` ``count`` times (the requests of one batch)."""
+        series = self.of(key)
+        series.counts[bisect.bisect_left(self.bounds, value)] += count
+        series.total += value * count
 
     def observe_all(self, key: tuple[str, ...], values: Iterable[float]) -> None:
         """Observe each of ``values`` (one series lookup for them all)."""
@@ -264,6 +302,14 @@ class ServerMetrics:
         self.handler_time = _Histogram("batchserve_handler_seconds",
                                        "Time a worker's handler spent on one batch",
                                        _TIME_BUCKETS)
+        self.phases = _Histogram(
+            "batchserve_request_phase_seconds",
+            "Where a prediction's time went, by phase: queue, batch_form, worker, preprocess, "
+            "inference, postprocess, frontend (docs/batches.md)", _PHASE_BUCKETS, PHASE_LABELS)
+        #: (model, version) -> its frontend phase's series (observed once per request).
+        self._frontend_phase: dict[tuple[str, str], _Series] = {}
+        #: (model, version) -> the keys of its phases' series, in PHASES' order.
+        self._phase_keys: dict[tuple[str, str], tuple[tuple[str, str, str], ...]] = {}
         #: (model, version, reason) -> requests answered without running.
         self.refused: dict[tuple[str, str, str], int] = {}
         # Workflows: each /wfpredict request, and each call of a node (whose model's own
@@ -313,6 +359,15 @@ class ServerMetrics:
             return
         key = (model.name, model.version)
         self.latency.observe(key, latency_s)
+        if answered is not None:
+            timing = answered.timing
+            if timing is not None and timing.answered:
+                own_s = latency_s - answered.queue_wait_s - timing.round_s
+                own = self._frontend_phase.get(key)
+                if own is None:
+                    own = self._frontend_phase[key] = self.phases.of(self._phase_key(key)[6])
+                own.counts[bisect.bisect_left(_PHASE_BUCKETS, own_s)] += 1
+                own.total += own_s if own_s > 0 else 0.0
         if refused is not None:
             refusal = (*key, refused)
             self.refused[refusal] = self.refused.get(refusal, 0) + 1
@@ -366,6 +421,31 @@ class ServerMetrics:
             self.handler_time.observe(key, result.handler_time_ms / 1000)
             if result.metrics:
                 self.record_model_metrics(result.metrics)
+            self._record_phases(key, jobs)
+
+    def _phase_key(self, key: tuple[str, str]) -> tuple[tuple[str, str, str], ...]:
+        keys = self._phase_keys.get(key)
+        if keys is None:
+            keys = self._phase_keys[key] = tuple((*key, phase) for phase in PHASES)
+        return keys
+
+    def _record_phases(self, key: tuple[str, str], jobs: Sequence[Job]) -> None:
+        """A batch's phases, once per request: the queue and the batch's forming as each job
+        waited, the worker's and the handler's as the batch took them (the frontend's own time
+        is recorded per request, once answered: ``record_request``)."""
+        timing = jobs[0].timing if jobs else None
+        if timing is None or not timing.answered:
+            return
+        keys = self._phase_key(key)
+        phases = self.phases
+        phases.observe_all(keys[0], [job.queue_wait_s - job.form_s for job in jobs])
+        phases.observe_all(keys[1], [job.form_s for job in jobs])
+        count = len(jobs)
+        phases.observe_n(keys[2], timing.worker_s, count)
+        if timing.steps:
+            phases.observe_n(keys[3], timing.preprocess_s, count)
+            phases.observe_n(keys[5], timing.postprocess_s, count)
+        phases.observe_n(keys[4], timing.inference_s, count)
 
     def record_workflow(self, workflow: str, status: int, latency_s: float) -> None:
         """One workflow prediction answered with ``status`` (0: its client left)."""
@@ -479,8 +559,10 @@ class ServerMetrics:
             return
         yield from self._model_gauges()
         yield self._refused_family()
-        for histogram in (self.batch_size, self.queue_wait, self.latency, self.handler_time):
+        for histogram in (self.batch_size, self.queue_wait, self.latency, self.handler_time,
+                          self.phases):
             yield histogram.family()
+        yield from self._dispatch_families()
         yield from self._workflow_families()
 
     def _workflow_families(self) -> Iterator[Family]:
@@ -507,6 +589,28 @@ class ServerMetrics:
             workers.add(MODEL_LABELS, key, len(model.workers))
             restarts.add(MODEL_LABELS, key, model.restarts_total())
         yield from (depth, workers, restarts)
+
+    def _dispatch_families(self) -> Iterator[Family]:
+        """Why each model's batches left, and how full they were (read when scraped)."""
+        reasons = Family("batchserve_dispatch_total",
+                         "Batches dispatched, by why they left the queue: full, max_delay, "
+                         "adaptive, deadline, slot_free, sequence (docs/batches.md)", "counter")
+        fill = Family("batchserve_batch_fill",
+                      "Fill of each dispatched batch: its size / batch_size", "histogram")
+        bucket_labels = (*FILL_LABELS, "le")
+        for model in list(self._models):
+            key = (model.name, model.version)
+            stats = model.dispatch
+            for reason, count in list(stats.reasons.items()):
+                reasons.add(DISPATCH_LABELS, (*key, reason), float(count))
+            seen = 0
+            bounds = [*map(java_double, stats.bounds), "+Inf"]
+            for le, count in zip(bounds, list(stats.fill_counts), strict=True):
+                seen += count
+                fill.add(bucket_labels, (*key, le), float(seen), "_bucket")
+            fill.add(FILL_LABELS, key, float(seen), "_count")
+            fill.add(FILL_LABELS, key, stats.fill_sum, "_sum")
+        yield from (reasons, fill)
 
     def _refused_family(self) -> Family:
         family = Family("batchserve_refused_requests_total",

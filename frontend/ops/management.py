@@ -178,6 +178,7 @@ def describe_model(model: Model, gpu_usage: Mapping[int, str] | None = None
     our ``batching`` section; ``gpu_usage`` maps GPU ids to each worker's ``gpuUsage``."""
     s = model.settings
     sizes = list(model.recent_batch_sizes)
+    reasons, fill = model.dispatch.recent_summary()
     return {
         "modelName": model.name,
         "modelVersion": model.version,
@@ -211,6 +212,9 @@ def describe_model(model: Model, gpu_usage: Mapping[int, str] | None = None
             "requestsTotal": model.requests_total,
             "recentBatchSizes": sizes,
             "meanBatchSize": round(sum(sizes) / len(sizes), 3) if sizes else 0.0,
+            # Why the recent batches left the queue, and how full they were (docs/batches.md).
+            "dispatchReasons": reasons,
+            "batchFill": fill,
             **({"openSequences": model.sequences.open_sequences}
                if model.sequences is not None else {}),
         },

@@ -32,6 +32,7 @@ from typing import Any
 from frontend.errors import BadRequest, QueueFull, ServeError, expired
 from frontend.models.model import Model as Model
 from frontend.models.registry import ModelRegistry
+from frontend.observe import timing
 from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
 from frontend.ops.ids import new_request_id
@@ -77,7 +78,7 @@ class Call:
     """One prediction in the plane, from ``begin`` to ``end``."""
 
     __slots__ = ("ended", "error", "job", "model", "origin", "sequence_id", "started",
-                 "status", "timer", "version")
+                 "status", "timer", "version", "wants_timing")
 
     def __init__(self, origin: Origin, job: Job) -> None:
         self.origin = origin
@@ -95,6 +96,8 @@ class Call:
         self.ended = False
         #: A stateful model's request: its sequence (the transport returns it to the client).
         self.sequence_id: str | None = None
+        #: Its answer carries Server-Timing (``server_timing``; the request asked, or always).
+        self.wants_timing = False
 
     def fail(self, error: ServeError) -> None:
         """Answered with ``error``: its status, and why (for the refusal metrics)."""
@@ -128,10 +131,13 @@ class InferencePlane:
     """Resolve, build, queue, await, record: see the module's docstring."""
 
     def __init__(self, registry: ModelRegistry, metrics: ServerMetrics,
-                 access: AccessLog) -> None:
+                 access: AccessLog, server_timing: str = timing.OFF) -> None:
         self.registry = registry
         self.metrics = metrics
         self.access = access
+        #: ``server_timing`` (config.properties): off, request (a request may ask) or always.
+        self.server_timing = timing.parse_mode(server_timing)
+        self._timing_on = self.server_timing != timing.OFF
 
     # -- the two phases ---------------------------------------------------------------------
 
@@ -161,6 +167,9 @@ class InferencePlane:
         assert call.model is not None, "open first"
         timeout_s = self._build(call, headers, inputs, weight, instances, tensor_format,
                                 sequence_id, explain)
+        if self._timing_on:  # one attribute read per request when off
+            call.wants_timing = self.server_timing == timing.ALWAYS or timing.asks(
+                call.job.request.headers.get(timing.SERVER_TIMING_REQUEST))
         if deadline_s is not None:
             timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
         self._submit(call, timeout_s, loop or asyncio.get_running_loop())
@@ -254,7 +263,18 @@ class InferencePlane:
             self.metrics.count_response(call.status)
         self.access.write(origin.peer, origin.method, origin.path, origin.protocol, call.status,
                           latency_s, model.name if model else "-",
-                          model.version if model else "-", job.queue_wait_s, job.batch_size)
+                          model.version if model else "-", job.queue_wait_s, job.batch_size,
+                          job.form_s, job.timing)
+
+    @staticmethod
+    def timing_header(call: Call) -> str | None:
+        """The ``Server-Timing`` value for the call's answer, written now (None: the call does
+        not want one)."""
+        if not call.wants_timing:
+            return None
+        job = call.job
+        return timing.header(job.queue_wait_s, job.form_s, job.timing,
+                             time.perf_counter() - call.started)
 
     async def ask(self, model: Model, request: worker_pb2.Request) -> Answer:
         """Send one request of the server's own (a describe) through the model's queue,

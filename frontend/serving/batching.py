@@ -12,6 +12,7 @@ frontend/serving/simulation.py drive the same batcher with simulated time.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import logging
 import time
@@ -30,6 +31,136 @@ logger = logging.getLogger(__name__)
 #: few ulps above 0 at the very wake-up that asked for it; asyncio, too, runs a timer up to its
 #: clock's resolution (1 ns) early.
 MIN_WAIT_S = 1e-9
+
+# Why a batch left the queue (docs/batches.md; ``batchserve_dispatch_total``'s reason label).
+#: It held max_batch_size items when a worker waiting for it took it.
+FULL = "full"
+#: The wait ran out: max_batch_delay after the batch's first job was found.
+MAX_DELAY = "max_delay"
+#: The adaptive policy let it go early: nobody else was expected soon enough to pay.
+ADAPTIVE = "adaptive"
+#: A queued job's deadline would have passed before the policy's wait ended.
+DEADLINE = "deadline"
+#: A worker with a batch in flight took a full batch as soon as it had room for a second
+#: (batches_in_flight).
+SLOT_FREE = "slot_free"
+#: A stateful model's batch (sequence batching), whatever the policy decided.
+SEQUENCE = "sequence"
+REASONS = (FULL, MAX_DELAY, ADAPTIVE, DEADLINE, SLOT_FREE, SEQUENCE)
+#: Bounds of the batch fill histogram (size / batch_size).
+FILL_BUCKETS = (0.125, 0.25, 0.5, 0.75, 1.0)
+#: Batches whose reason and fill ``DispatchStats.recent`` keeps (as describe's batch sizes).
+RECENT_BATCHES = 64
+#: Weight of one completed batch in the service-time estimate a deadline keeps in reserve.
+SERVICE_ALPHA = 0.2
+#: A batch leaves this many expected service times before a queued job's deadline (a batch
+#: that could not be answered in time would be answered 504 anyway).
+DEADLINE_RESERVE = 2.0
+#: ...and at least this long before it (before any batch was answered).
+DEADLINE_MIN_RESERVE_S = 0.001
+
+
+class BatchTiming:
+    """What one dispatched batch shares with each of its jobs (``Job.timing``): why it left,
+    its size, and once its worker answered, where its time went (seconds). A plain class with
+    slots: one is made per batch, none per request."""
+
+    __slots__ = ("answered", "dispatched_at", "inference_s", "postprocess_s", "preprocess_s",
+                 "reason", "round_s", "size", "steps", "worker_s")
+
+    def __init__(self, reason: str, size: int, dispatched_at: float) -> None:
+        self.reason = reason
+        self.size = size
+        #: The batcher's clock when it left the queue.
+        self.dispatched_at = dispatched_at
+        #: Its worker answered it (the fields below are set).
+        self.answered = False
+        #: From leaving the queue to the worker's reply being read.
+        self.round_s = 0.0
+        #: Of ``round_s``, what was not the handler's timed steps: sending, waiting in the worker
+        #: behind the batch ahead, decoding, encoding, the reply's way back.
+        self.worker_s = 0.0
+        #: The handler's steps had their own times (else ``inference_s`` is its whole time).
+        self.steps = False
+        self.preprocess_s = 0.0
+        self.inference_s = 0.0
+        self.postprocess_s = 0.0
+
+    def answer(self, round_s: float, handler_time_ms: float,
+               phases: worker_pb2.HandlerPhases | None) -> None:
+        """The worker answered after ``round_s``: split that time (``phases``: the worker's
+        account of its handler, None from a worker that sends none)."""
+        if phases is not None and (phases.steps or phases.inference_ms):
+            self.steps = phases.steps
+            self.preprocess_s = phases.preprocess_ms / 1000
+            self.inference_s = phases.inference_ms / 1000
+            self.postprocess_s = phases.postprocess_ms / 1000
+        else:
+            self.inference_s = handler_time_ms / 1000
+        handler_s = self.preprocess_s + self.inference_s + self.postprocess_s
+        if handler_s > round_s:  # preprocessing ahead overlapped the wait: never more than all
+            scale = round_s / handler_s if handler_s > 0 else 0.0
+            self.preprocess_s *= scale
+            self.inference_s *= scale
+            self.postprocess_s *= scale
+            handler_s = round_s
+        self.round_s = round_s
+        self.worker_s = round_s - handler_s
+        self.answered = True
+
+
+class DispatchStats:
+    """Why a model's batches left and how full they were: totals since it was registered (for
+    the metrics page) and the last ``RECENT_BATCHES`` (for describe). Shared by every batcher of
+    a model (a stateful model's lanes)."""
+
+    __slots__ = ("batches", "fill_counts", "fill_sum", "reasons", "recent")
+    #: The fill histogram's bucket bounds.
+    bounds = FILL_BUCKETS
+
+    def __init__(self) -> None:
+        self.reasons: dict[str, int] = dict.fromkeys(REASONS, 0)
+        #: Batches per fill bucket (``FILL_BUCKETS``, then above the last: an oversized
+        #: KServe request), their count and the sum of their fills.
+        self.fill_counts = [0] * (len(FILL_BUCKETS) + 1)
+        self.batches = 0
+        self.fill_sum = 0.0
+        #: (reason, fill) of the last batches.
+        self.recent: collections.deque[tuple[str, float]] = collections.deque(
+            maxlen=RECENT_BATCHES)
+
+    def add(self, reason: str, fill: float) -> None:
+        self.reasons[reason] += 1
+        self.fill_counts[bisect.bisect_left(FILL_BUCKETS, fill)] += 1
+        self.batches += 1
+        self.fill_sum += fill
+        self.recent.append((reason, fill))
+
+    def recent_summary(self) -> tuple[dict[str, int], dict[str, object]]:
+        """Describe's ``dispatchReasons`` (reason -> batches, of the recent ones) and
+        ``batchFill`` (their mean fill, and how many fell in each fill bucket: "le" bounds as
+        the metrics page's)."""
+        recent = list(self.recent)
+        reasons = {reason: 0 for reason in REASONS}
+        buckets = {f"{bound:g}": 0 for bound in FILL_BUCKETS}
+        labels = list(buckets)
+        over = 0
+        for reason, fill in recent:
+            reasons[reason] += 1
+            index = bisect.bisect_left(FILL_BUCKETS, fill)
+            if index < len(labels):
+                buckets[labels[index]] += 1
+            else:
+                over += 1
+        fills = [fill for _, fill in recent]
+        summary: dict[str, object] = {
+            "batches": len(recent),
+            "mean": round(sum(fills) / len(fills), 3) if fills else 0.0,
+            "buckets": buckets,
+        }
+        if over:
+            summary["over"] = over
+        return {reason: count for reason, count in reasons.items() if count}, summary
 
 
 @dataclass(slots=True, eq=False)
@@ -57,6 +188,11 @@ class Job:
     weight: int = 1
     #: Which batch the job rode in (KServe's batchId), set by the worker.
     batch_id: str = ""
+    #: Of ``queue_wait_s``, the time a free worker spent collecting its batch (the rest: no
+    #: worker was free for it).
+    form_s: float = 0.0
+    #: Its batch's reason, size and times (every job of a batch shares one), once dispatched.
+    timing: BatchTiming | None = None
 
     def add_part(self, part: worker_pb2.Response) -> None:
         """An intermediate response: the first one turns the answer into a stream."""
@@ -120,6 +256,8 @@ class Batcher:
         policy: BatchPolicy,
         clock: Callable[[], float] = time.monotonic,
         call_later: CallLater = loop_call_later,
+        stats: DispatchStats | None = None,
+        sequence: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -128,6 +266,12 @@ class Batcher:
         self.max_batch_size = max_batch_size
         self.capacity = capacity
         self.policy = policy
+        #: Why its batches left, how full (shared with the model's other batchers, if any).
+        self.stats = stats if stats is not None else DispatchStats()
+        #: A stateful model's lane: every batch's reason is ``SEQUENCE``.
+        self._sequence = sequence
+        #: The batcher's clock (monotonic seconds), which its jobs' times are read on.
+        self.clock = clock
         self._clock = clock
         self._call_later = call_later
         self._queue: collections.deque[Job] = collections.deque()
@@ -147,6 +291,12 @@ class Batcher:
         self._queued_weight = 0
         #: Called, one per job taken, when the full queue makes room (see ``when_room``).
         self._room_waiters: collections.deque[Callable[[], None]] = collections.deque()
+        #: The earliest deadline of a queued job (stale: to be found again when asked).
+        self._earliest = float("inf")
+        self._earliest_stale = False
+        #: What a batch is expected to take in the worker (an EWMA of the answered ones): a
+        #: batch leaves ``DEADLINE_RESERVE`` times that before its first job's deadline.
+        self._service_s = 0.0
 
     @property
     def depth(self) -> int:
@@ -193,6 +343,8 @@ class Batcher:
         """Queue a job, or raise QueueFull (503) at once when the queue is full."""
         self.refuse_if_full()
         job.enqueued_at = now = self._clock()
+        if job.deadline < self._earliest:
+            self._earliest = job.deadline
         self.policy.on_arrival(now)
         self._queue.append(job)
         self._queued_weight += job.weight
@@ -203,6 +355,7 @@ class Batcher:
     def _drop_finished(self) -> None:
         """Forget jobs whose future is already done (client gone, or expired)."""
         if any(not job.is_live() for job in self._queue):
+            self._earliest_stale = True
             self._queue = collections.deque(job for job in self._queue if job.is_live())
             self._queued_weight = sum(job.weight for job in self._queue)
             if not self._queue:
@@ -252,9 +405,11 @@ class Batcher:
             return True
         return False
 
-    def take_full(self) -> list[Job] | None:
+    def take_full(self, reason: str = SLOT_FREE) -> list[Job] | None:
         """A full batch if the queue holds one (and batches hold more than one request),
-        for a worker that has a batch in flight; else None. Never waits."""
+        for a worker that has a batch in flight; else None. Never waits. ``reason``: a
+        dispatcher asks as a slot comes free (``SLOT_FREE``); the batcher, for a busy worker
+        parked for it, as an arrival fills the batch (``FULL``)."""
         if (self.max_batch_size < 2 or self._queued_weight < self.max_batch_size
                 or self._closed is not None):
             return None
@@ -262,7 +417,7 @@ class Batcher:
         self._expire(now)
         if self._queued_weight < self.max_batch_size:
             return None
-        jobs = self._take(now)
+        jobs = self._take(now, now, reason)
         if not self._queue:
             self._collecting_since = None
         return jobs
@@ -272,7 +427,7 @@ class Batcher:
         full batches to busy ones with room."""
         self._release_free()
         while self._parked_full and not self._parked:
-            jobs = self.take_full()
+            jobs = self.take_full(FULL)
             if jobs is None:
                 return
             self._hand(self._parked_full.popleft(), jobs)
@@ -291,16 +446,44 @@ class Batcher:
             if not self._queue:
                 self._collecting_since = None
                 return
-            if self._collecting_since is None:
-                self._collecting_since = now
-            wait = self.policy.wait_s(self._queued_weight, now - self._collecting_since,
-                                      len(self._parked), now)
+            since = self._collecting_since
+            if since is None:
+                since = self._collecting_since = now
+            waited_s = now - since
+            wait = self.policy.wait_s(self._queued_weight, waited_s, len(self._parked), now)
             if wait > MIN_WAIT_S:
-                self._wake_in(now, wait)
-                return
-            jobs = self._take(now)
+                left = self._before_deadline(now)
+                if left >= wait:
+                    self._wake_in(now, wait)
+                    return
+                if left > MIN_WAIT_S:
+                    self._wake_in(now, left)
+                    return
+                reason = DEADLINE
+            else:
+                reason = self._reason(waited_s)
+            jobs = self._take(now, since, reason)
             self._collecting_since = now if self._queue else None
             self._hand(self._parked.popleft(), jobs)
+
+    def _reason(self, waited_s: float) -> str:
+        """Why the policy let a batch go now (it said: no more waiting)."""
+        if self._sequence:
+            return SEQUENCE
+        if self._queued_weight >= self.max_batch_size:
+            return FULL
+        if waited_s >= self.policy.max_delay_s - MIN_WAIT_S:
+            return MAX_DELAY
+        return ADAPTIVE
+
+    def _before_deadline(self, now: float) -> float:
+        """Seconds the batch may still wait so that the queued job with the earliest deadline
+        leaves with twice the time a batch takes in the worker still ahead of it."""
+        if self._earliest_stale:
+            self._earliest = min((job.deadline for job in self._queue), default=float("inf"))
+            self._earliest_stale = False
+        reserve = DEADLINE_RESERVE * self._service_s
+        return self._earliest - max(reserve, DEADLINE_MIN_RESERVE_S) - now
 
     def _wake_in(self, now: float, wait_s: float) -> None:
         at = now + wait_s
@@ -327,7 +510,7 @@ class Batcher:
         if not self._queue or self.policy.wait_s(self._queued_weight, 0.0,
                                                  len(self._parked) + 1, now) > MIN_WAIT_S:
             return None
-        jobs = self._take(now)
+        jobs = self._take(now, now, self._reason(0.0))
         if not self._queue or not self._parked:
             self._collecting_since = None
         return jobs
@@ -335,8 +518,14 @@ class Batcher:
     def completed(self, size: int, service_s: float) -> None:
         """A worker answered a batch of ``size`` in ``service_s`` (feeds the policy)."""
         self.policy.on_completed(size, service_s, self._clock())
+        if self._service_s == 0.0:
+            self._service_s = service_s
+        else:
+            self._service_s += SERVICE_ALPHA * (service_s - self._service_s)
 
-    def _take(self, now: float) -> list[Job]:
+    def _take(self, now: float, since: float, reason: str) -> list[Job]:
+        """The next batch out of the queue (``since``: when a free worker began collecting it;
+        ``reason``: why it leaves)."""
         # Up to max_batch_size items; the first job always goes, so a request with more
         # instances than that is processed whole rather than rejected (KServe's rule).
         batch = [self._queue.popleft()]
@@ -346,8 +535,16 @@ class Batcher:
             items += job.weight
             batch.append(job)
         self._queued_weight -= items
+        self._earliest_stale = True
+        if self._sequence:
+            reason = SEQUENCE
+        timing = BatchTiming(reason, items, now)
+        self.stats.add(reason, items / self.max_batch_size)
         for job in batch:
-            job.queue_wait_s = now - job.enqueued_at
+            enqueued = job.enqueued_at
+            job.queue_wait_s = now - enqueued
+            job.form_s = now - (since if since > enqueued else enqueued)
+            job.timing = timing
             job.dispatched = True
             job.batch_size = items
         if not self._queue:
@@ -370,9 +567,11 @@ class Batcher:
         for job in reversed(jobs):
             job.dispatched = False
             job.batch_size = 0
+            job.timing = None
             if job.is_live():
                 self._queue.appendleft(job)
                 self._queued_weight += job.weight
+                self._earliest = min(self._earliest, job.deadline)
         if self._queue:
             self._emptied.clear()
             if self._parked or self._parked_full:
@@ -383,6 +582,7 @@ class Batcher:
         jobs leave a worker that went down)."""
         jobs, self._queue = self._queue, collections.deque()
         self._queued_weight = 0
+        self._earliest, self._earliest_stale = float("inf"), False
         self._emptied.set()
         self._make_room(len(jobs))
         return list(jobs)

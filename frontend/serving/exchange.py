@@ -64,6 +64,12 @@ class PredictExchange:
         start = time.perf_counter()
         result = (worker_pb2.PredictResult.FromString(reply.payload)
                   if reply.kind is Kind.PREDICTED else None)
+        if result is not None and jobs:
+            timing = jobs[0].timing  # one per batch, shared by its jobs
+            if timing is not None:
+                timing.answer(self._batcher.clock() - timing.dispatched_at,
+                              result.handler_time_ms,
+                              result.phases if result.HasField("phases") else None)
         self._on_batch(jobs, result)
         if result is not None:
             self._batcher.completed(sum(job.weight for job in jobs), service_s)

@@ -27,6 +27,9 @@ class BatchPolicy(Protocol):
     seconds, the same clock for every hook.
     """
 
+    #: The longest a batch waits for company (a dispatch at it is counted as ``max_delay``).
+    max_delay_s: float
+
     def on_arrival(self, now: float) -> None:
         """A job entered the queue (once per job, before the ``wait_s`` that counts it)."""
         ...

@@ -17,7 +17,7 @@ import random
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.dispatch import Dispatcher
@@ -111,6 +111,8 @@ class SimulationResult:
     p50_latency_s: float
     p99_latency_s: float
     throughput_per_s: float
+    #: Batches per reason they left the queue (``batching.REASONS``).
+    reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def mean_batch_size(self) -> float:
@@ -246,12 +248,14 @@ def simulate(
         loop.close()
     if ended:
         raise RuntimeError(f"a simulated worker stopped: {ended[0]!r}")
-    return _summary(latencies, sum(worker.batches for worker in simulated), last_answer)
+    return _summary(latencies, sum(worker.batches for worker in simulated), last_answer,
+                    {reason: count for reason, count in batcher.stats.reasons.items() if count})
 
 
-def _summary(latencies: list[float], batches: int, last_answer_s: float) -> SimulationResult:
+def _summary(latencies: list[float], batches: int, last_answer_s: float,
+             reasons: dict[str, int]) -> SimulationResult:
     if not latencies:
-        return SimulationResult(0, 0, 0.0, 0.0, 0.0, 0.0)
+        return SimulationResult(0, 0, 0.0, 0.0, 0.0, 0.0, reasons)
     ordered = sorted(latencies)
     return SimulationResult(
         jobs=len(ordered),
@@ -260,4 +264,5 @@ def _summary(latencies: list[float], batches: int, last_answer_s: float) -> Simu
         p50_latency_s=ordered[len(ordered) // 2],
         p99_latency_s=ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
         throughput_per_s=len(ordered) / last_answer_s,
+        reasons=reasons,
     )

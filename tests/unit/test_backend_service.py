@@ -737,3 +737,30 @@ def test_a_stateful_batch_is_never_re_run(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot read bad1"):
         service.predict(batch)
     assert _calls(service) == [2]
+
+
+# --- where the handler's time went (backend/phases.py) --------------------------------------
+
+
+def test_a_handler_with_steps_reports_each_steps_time(tmp_path: Path) -> None:
+    service = load(tmp_path, "phased.py", "phased.py")
+
+    result = service.predict(bodies([b"a", b"b"]))
+
+    assert [r.body for r in result.responses] == [b"a", b"b"]
+    phases = result.phases
+    assert phases.steps
+    assert phases.preprocess_ms >= 20 and phases.inference_ms >= 60
+    assert phases.postprocess_ms >= 30
+    steps_ms = phases.preprocess_ms + phases.inference_ms + phases.postprocess_ms
+    assert steps_ms <= result.handler_time_ms
+
+
+def test_a_function_handler_reports_its_whole_time_as_inference(tmp_path: Path) -> None:
+    service = load(tmp_path, "echo.py", "echo.py")
+
+    result = service.predict(bodies([b"a"]))
+
+    assert not result.phases.steps
+    assert result.phases.inference_ms == result.handler_time_ms
+    assert result.phases.preprocess_ms == result.phases.postprocess_ms == 0.0

@@ -125,11 +125,27 @@ def test_abandoned_and_expired_jobs_are_never_dispatched(
     (gone,) = r.submit("gone")
     (expiring,) = r.submit("expiring", deadline=0.03)
     r.submit("live")
-    worker = r.park()  # collects: three of four, for up to D
     gone.future.cancel()
-    r.time.run_until(0.05)  # the deadline passes while the worker collects
+    r.time.run_until(0.05)  # the deadline passes while no worker is free
+    worker = r.park()
+    r.time.run_until(0.2)
     assert worker.batches == [["live"]]
     assert isinstance(expiring.future.exception(), GatewayTimeout)
+    assert r.batcher.depth == 0
+
+
+def test_a_deadline_sends_the_batch_a_worker_collects_before_it_passes(
+        loop: asyncio.AbstractEventLoop) -> None:
+    r = _rig(loop, 4, delay_s=0.05)
+    (gone,) = r.submit("gone")
+    (expiring,) = r.submit("expiring", deadline=0.03)
+    r.submit("live")
+    worker = r.park()  # collects: three of four, for up to D
+    gone.future.cancel()
+    r.time.run_until(0.05)  # the deadline would pass while the worker collects: it goes first
+    assert worker.batches == [["expiring", "live"]]
+    assert not expiring.future.done() and expiring.timing is not None
+    assert expiring.timing.reason == "deadline" and expiring.queue_wait_s < 0.03
     assert r.batcher.depth == 0
 
 

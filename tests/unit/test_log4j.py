@@ -429,7 +429,8 @@ def test_access_and_metric_logs_go_through_the_named_loggers(clean_logging: None
     stamp, name, message = lines[0].split(" ", 2)
     assert abs(int(stamp) - now) <= 2 and name == "ACCESS_LOG"
     assert message == f'/127.0.0.1:1 "GET /p{ESCAPED} HTTP/1.1" 404 1.0ms model=- version=- ' \
-        "queue_ms=0.00 batch=0"
+        "queue_ms=0.00 batch=0 form_ms=- worker_ms=- preprocess_ms=- inference_ms=- " \
+        "postprocess_ms=- frontend_ms=- reason=-"
     assert lines[1].endswith("TS_METRICS Requests4XX.Count:1.0|#Level:Host")
 
     logging.getLogger("ACCESS_LOG").setLevel(log4j.OFF)

@@ -20,6 +20,7 @@ from frontend.observe.exposition import Family, java_double, render
 from frontend.observe.metric_specs import MetricSpec, load_metrics_config
 from frontend.observe.metrics import HOSTNAME, ServerMetrics, _Histogram, parse_metric_line
 from frontend.observe.system import SystemSampler, parse_nvidia_smi
+from frontend.serving.batching import DispatchStats
 from protos import worker_pb2
 
 BOUNDS = (0.001, 0.01, 0.1, 1.0)
@@ -106,6 +107,7 @@ class _Model:
     name, version = "m", "1.0"
     batcher = type("Depth", (), {"depth": 0})()
     workers: list[object] = []
+    dispatch = DispatchStats()
 
     def restarts_total(self) -> int:
         return 0
@@ -113,6 +115,8 @@ class _Model:
 
 class _Job:
     queue_wait_s = 0.0042
+    form_s = 0.0
+    timing = None
 
 
 def _metric(name: str, value: float, kind: str = "counter", unit: str = "Count",

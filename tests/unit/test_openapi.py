@@ -230,7 +230,7 @@ def test_management_schemas() -> None:
     assert "customizedMetadata" not in description["required"]
     assert set(description["properties"]["batching"]["required"]) == {
         "policy", "queueDepth", "inFlightBatches", "batchesTotal", "requestsTotal",
-        "recentBatchSizes", "meanBatchSize"}
+        "recentBatchSizes", "meanBatchSize", "dispatchReasons", "batchFill"}
 
 
 def test_list_and_scale_parameters() -> None:

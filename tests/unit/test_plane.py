@@ -442,7 +442,8 @@ def test_predict_returns_the_worker_answer_and_records_it_once(rig: Rig) -> None
     [line] = rig.access_lines()
     assert '127.0.0.1:5000 "POST /predictions/m HTTP/1.1" 200 ' in line
     assert "model=m version=1.0" in line
-    assert line.endswith(" batch=1")
+    assert " batch=1 form_ms=0.00 worker_ms=- " in line  # the stand-in worker times nothing
+    assert line.endswith(" reason=full")
     assert model.batcher.depth == 0
 
 
@@ -628,3 +629,24 @@ def test_a_timeout_in_a_worker_is_not_a_refusal(rig: Rig,
     assert isinstance(error, GatewayTimeout)
     call.fail(error)
     assert (call.status, call.refusal()) == (504, None)
+
+
+# ---- Server-Timing: who gets it ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "asked", "wanted"), [
+    ("off", True, False), ("off", False, False),
+    ("request", True, True), ("request", False, False),
+    ("always", False, True)])
+def test_server_timing_is_given_as_the_server_key_and_the_request_say(
+        rig: Rig, loop: asyncio.AbstractEventLoop, mode: str, asked: bool,
+        wanted: bool) -> None:
+    rig.plane = InferencePlane(rig.registry, rig.metrics, rig.access, mode)
+    rig.add_model()
+    headers = [(b"x-server-timing", b"true")] if asked else []
+    call = _sent(rig, loop, headers, _body(b"x"))
+    assert call.wants_timing is wanted
+    header = rig.plane.timing_header(call)
+    # Not answered by a worker yet: only the total so far.
+    assert (header is not None and re.fullmatch(r"total;dur=[0-9.]+", header)) if wanted \
+        else header is None

@@ -18,6 +18,7 @@ from frontend.api.grpc.common import (
     answer,
     body_of,
     rpc_status,
+    send_timing,
     unary,
 )
 from frontend.errors import ServeError
@@ -54,9 +55,11 @@ class InferenceServicer(PredictionServicer, inference_pb2_grpc.InferenceAPIsServ
             deadline_s=rpc.time_remaining(),
             sequence_id=request.sequence_id if request.HasField("sequence_id") else None)
 
-    async def _predict_whole(self, request: Any, rpc: Rpc) -> tuple[bytes, str | None]:
+    async def _predict_whole(self, request: Any, rpc: Rpc, context: Context | None = None
+                             ) -> tuple[bytes, str | None]:
         """One request's whole answer (its parts joined), and its sequence when its model is
-        stateful (the id the server made, when the request named none)."""
+        stateful (the id the server made, when the request named none); with the unary RPC's
+        ``context``, its Server-Timing goes in the trailing metadata (``send_timing``)."""
         async with self.plane.call(rpc.origin("/-")) as call:
             result = await self._start(request, rpc, call)
             if isinstance(result, ResponseStream):
@@ -64,11 +67,14 @@ class InferenceServicer(PredictionServicer, inference_pb2_grpc.InferenceAPIsServ
             else:
                 body = body_of(result)
             call.status = 200
+            if context is not None:
+                send_timing(context, call)
             return body, call.sequence_id
 
     @unary(KeyKind.INFERENCE)
     async def Predictions(self, raw: bytes, context: Context) -> Any:
-        body, sequence_id = await self._predict_whole(self._parsed(raw), Rpc.of(context))
+        body, sequence_id = await self._predict_whole(self._parsed(raw), Rpc.of(context),
+                                                      context)
         response = inference_pb2.PredictionResponse(prediction=body)
         if sequence_id is not None:
             response.sequence_id = sequence_id

@@ -7,7 +7,14 @@ from typing import Any
 
 from frontend import __version__
 from frontend.api.grpc import wire
-from frontend.api.grpc.common import Context, PredictionServicer, Rpc, body_of, unary
+from frontend.api.grpc.common import (
+    Context,
+    PredictionServicer,
+    Rpc,
+    body_of,
+    send_timing,
+    unary,
+)
 from frontend.errors import InternalError
 from frontend.ops import kserve
 from frontend.ops.auth import KeyKind
@@ -64,4 +71,5 @@ class OpenInferenceServicer(PredictionServicer,
                                     "ModelInfer cannot carry")
             response = open_inference_pb2.ModelInferResponse.FromString(body_of(result))
             call.status = 200
+            send_timing(context, call)
             return response

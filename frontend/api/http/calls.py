@@ -10,6 +10,9 @@ from frontend.errors import InternalError
 from frontend.ops.plane import Answer, Call, InferencePlane, Origin
 from protos import worker_pb2
 
+#: The response header that says where a prediction's time went (docs/batches.md).
+SERVER_TIMING = b"server-timing"
+
 
 def http_origin(scope: common.Scope) -> Origin:
     client = scope.get("client") or ("-", 0)
@@ -23,6 +26,16 @@ def response_headers(request_id: str, response: worker_pb2.Response) -> common.H
     headers.extend((key.lower().encode("latin-1", "replace"),
                     value.encode("latin-1", "replace"))
                    for key, value in response.headers.items())
+    return headers
+
+
+def with_timing(call: Call, headers: common.Headers) -> common.Headers:
+    """``headers`` with Server-Timing added when the call wants it (``server_timing``)."""
+    if not call.wants_timing:
+        return headers
+    value = InferencePlane.timing_header(call)
+    if value is not None:
+        headers.append((SERVER_TIMING, value.encode("latin-1")))
     return headers
 
 

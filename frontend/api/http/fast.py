@@ -37,6 +37,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from frontend.api.http import common
+from frontend.api.http.calls import with_timing
 from frontend.api.http.cors import CorsPolicy, with_cors
 from frontend.api.http.inference import InferenceApp
 from frontend.api.http.protocol import ServerProtocol
@@ -223,6 +224,8 @@ class PredictionsProtocol(ServerProtocol):
             assert isinstance(result, worker_pb2.Response)
             status, content_type, body, headers = self.inference.answer(result, request_id,
                                                                         call.sequence_id)
+            if call.wants_timing:  # server_timing: off by default, one attribute read
+                headers = with_timing(call, headers)
             self._respond(prediction, status, content_type, body, headers)
         except ServeError as error:
             self._refuse(prediction, error)

@@ -19,7 +19,12 @@ from collections.abc import Sequence
 from urllib.parse import parse_qsl
 
 from frontend.api.http import common
-from frontend.api.http.calls import answer_unless_gone, http_origin, response_headers
+from frontend.api.http.calls import (
+    answer_unless_gone,
+    http_origin,
+    response_headers,
+    with_timing,
+)
 from frontend.api.http.forms import is_form, parse_form
 from frontend.api.http.kserve import KServeRoutes
 from frontend.api.http.openapi import inference_description
@@ -242,7 +247,8 @@ class InferenceApp(common.Routes):
                 return
             status, content_type, body, headers = self.answer(result, request_id,
                                                               call.sequence_id)
-            await common.send_bytes(send, status, body, content_type, headers)
+            await common.send_bytes(send, status, body, content_type,
+                                    with_timing(call, headers))
             call.status = status
 
     async def workflow_predict(self, scope: common.Scope, receive: common.Receive,

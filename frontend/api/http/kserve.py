@@ -24,6 +24,7 @@ from frontend.api.http.calls import (
     check_response_size,
     http_origin,
     response_headers,
+    with_timing,
 )
 from frontend.errors import (
     InternalError,
@@ -128,7 +129,9 @@ class KServeRoutes:
         response = await self._answer(call, receive)
         if response is None:
             return 0
-        headers, failed = await self._send_error(send, call.job.request, response)
+        headers, failed = await self._send_error(send, call.job.request,
+                                                 response)
+        headers = with_timing(call, headers)
         if failed:
             return failed
         key = b"explanations" if explain else b"predictions"
@@ -209,7 +212,9 @@ class KServeRoutes:
         response = await self._answer(call, receive)
         if response is None:
             return 0
-        headers, failed = await self._send_error(send, call.job.request, response)
+        headers, failed = await self._send_error(send, call.job.request,
+                                                 response)
+        headers = with_timing(call, headers)
         if failed:
             return failed
         content_type = (response.content_type or "application/json").encode("latin-1")

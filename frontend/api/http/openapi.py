@@ -470,7 +470,8 @@ _MODEL_DESCRIPTION_SCHEMA: Json = {
             "description": "How requests are being batched (batchserve's own; not in "
                            "TorchServe).",
             "required": ["policy", "queueDepth", "inFlightBatches", "batchesTotal",
-                         "requestsTotal", "recentBatchSizes", "meanBatchSize"],
+                         "requestsTotal", "recentBatchSizes", "meanBatchSize",
+                         "dispatchReasons", "batchFill"],
             "properties": {
                 "policy": {"type": "string"},
                 "queueDepth": {"type": "integer"},
@@ -479,6 +480,27 @@ _MODEL_DESCRIPTION_SCHEMA: Json = {
                 "requestsTotal": {"type": "integer"},
                 "recentBatchSizes": {"type": "array", "items": {"type": "integer"}},
                 "meanBatchSize": {"type": "number"},
+                "dispatchReasons": {
+                    "type": "object",
+                    "description": "Why the recent batches left the queue: full, max_delay, "
+                                   "adaptive, deadline, slot_free, sequence (only those "
+                                   "that occurred), with their counts.",
+                    "additionalProperties": {"type": "integer"},
+                },
+                "batchFill": {
+                    "type": "object",
+                    "description": "The recent batches' fill (size / batch_size): how many, "
+                                   "their mean, and how many fell in each bucket (its upper "
+                                   "bound).",
+                    "required": ["batches", "mean", "buckets"],
+                    "properties": {
+                        "batches": {"type": "integer"},
+                        "mean": {"type": "number"},
+                        "buckets": {"type": "object",
+                                    "additionalProperties": {"type": "integer"}},
+                        "over": {"type": "integer"},
+                    },
+                },
             },
         },
         "customizedMetadata": {
