@@ -275,6 +275,9 @@ def batching() -> list[Json]:
         heatmap("Batch fill distribution", "Each batch's size over the model's batch_size "
                 "(batchserve_batch_fill): 1 is a full batch.", "percentunit",
                 f"sum by (le) (increase({_m('batchserve_batch_fill_bucket')}[{RATE}]))"),
+        timeseries("Mean batch fill", "Each model's mean batch size over its batch_size "
+                   "(batchserve_batch_fill): 100% means every batch left full.", "percentunit",
+                   (_mean("batchserve_batch_fill"), "{{model_name}}")),
         timeseries("Why batches left", "Batches dispatched per second by reason: full, "
                    "max_delay (maxBatchDelay reached), adaptive (nobody else was coming), "
                    "deadline, slot_free (a second batch slot was free), sequence "
