@@ -10,13 +10,15 @@ A real server (real workers, an echo archive, a model with no worker) answers pr
   which must at least be in TorchServe's metrics configuration;
 * every dashboard query returns a finite value from the two readings, evaluated by Prometheus'
   own promtool (``promtool test rules``, the readings as its input series one minute apart, the
-  dashboard's variables set to this server and its models), as Grafana would show it.
+  dashboard's variables set to this server and its models), as Grafana would show it; and every
+  alert rule evaluates on them without an error.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -198,9 +200,15 @@ def test_every_dashboard_query_returns_data_from_the_server(
                        f'"query", "{index}", "", "")',
                "eval_time": "1m", "exp_samples": [{"labels": f'{{query="{index}"}}', "value": 1}]}
               for index, query in enumerate(evaluated)]
-    tests = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+    # The alert rules are evaluated on the same series: an expression that fails on the real
+    # label sets (two series left with one label set, say) fails the test. None may fire yet
+    # (each waits its `for:`).
+    shutil.copy(queries.RULES, tmp_path / queries.RULES.name)
+    quiet = [{"eval_time": "1m", "alertname": rule["alert"], "exp_alerts": []}
+             for rule in queries.rules()]
+    tests = {"rule_files": [queries.RULES.name], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": _series(first, second, instance),
-        "promql_expr_test": checks}]}
+        "promql_expr_test": checks, "alert_rule_test": quiet}]}
     path = tmp_path / "dashboard.test.yml"
     path.write_text(yaml.safe_dump(tests, width=1000), encoding="utf-8")
     result = subprocess.run([tool, "test", "rules", path.name], cwd=tmp_path,
@@ -208,5 +216,6 @@ def test_every_dashboard_query_returns_data_from_the_server(
     output = result.stdout + result.stderr
     failed = [f"{query.where}: {query.expr}" for index, query in enumerate(evaluated)
               if f'query="{index}"' in output]
-    assert result.returncode == 0, "no data for:\n" + "\n".join(failed) + f"\n{output[-3000:]}"
+    assert result.returncode == 0, ("queries with no data: " + ("\n".join(failed) or "none")
+                                    + f"\npromtool says:\n{output[-3000:]}")
     assert "SUCCESS" in result.stdout
