@@ -314,7 +314,7 @@ def host() -> list[Json]:
                    (f"max by (instance) ({_h('CPUUtilization')})", "{{instance}} CPU"),
                    (f"max by (instance) ({_h('MemoryUtilization')})", "{{instance}} memory"),
                    (f"max by (instance) ({_h('DiskUtilization')})", "{{instance}} disk")),
-        timeseries("Memory", "Memory used and available on the host.", "decmbytes",
+        timeseries("Memory", "Memory used and available on the host, in MiB.", "mbytes",
                    (f"max by (instance) ({_h('MemoryUsed')})", "{{instance}} used"),
                    (f"max by (instance) ({_h('MemoryAvailable')})", "{{instance}} available")),
         timeseries("GPU utilisation", "Per GPU (DeviceId), on hosts with GPUs: compute and "
@@ -323,7 +323,7 @@ def host() -> list[Json]:
                     "{{instance}} GPU {{DeviceId}}"),
                    (f"max by (instance, DeviceId) ({_h('GPUMemoryUtilization')})",
                     "{{instance}} GPU {{DeviceId}} memory")),
-        timeseries("GPU memory used", "Per GPU (DeviceId), on hosts with GPUs.", "decmbytes",
+        timeseries("GPU memory used", "Per GPU (DeviceId), on hosts with GPUs, in MiB.", "mbytes",
                    (f"max by (instance, DeviceId) ({_h('GPUMemoryUsed')})",
                     "{{instance}} GPU {{DeviceId}}")),
     ]
