@@ -162,7 +162,9 @@ def _responses() -> str:
     return "sum (\n    " + "\n  or\n    ".join(classes) + ")"
 
 
-FIVE_XX_SHARE = f"sum(rate({_h('Requests5XX')}[{RATE}]))\n  /\n{_responses()}"
+#: 5xx over every response; 0 (not "no data") while no 5xx has been counted.
+FIVE_XX_SHARE = (f"(sum(rate({_h('Requests5XX')}[{RATE}]))\n  or\n0 * {_responses()})\n"
+                 f"  /\n{_responses()}")
 
 
 # -- the panels, row by row ------------------------------------------------------------------
@@ -213,7 +215,8 @@ def traffic() -> list[Json]:
                     "{{model_name}} {{reason}}"), stack=True),
         timeseries("Error ratio", "Refused requests over all requests, per model; and the "
                    "5xx share of every response, server-wide.", "percentunit",
-                   (f"{_rate(_m('batchserve_refused_requests_total'))}\n  /\n"
+                   (f"({_rate(_m('batchserve_refused_requests_total'))}\n  or\n"
+                    f"0 * {_rate(_m('batchserve_request_latency_seconds_count'))})\n  /\n"
                     f"{_rate(_m('batchserve_request_latency_seconds_count'))}",
                     "{{model_name}} refused"),
                    (FIVE_XX_SHARE, "5xx (server)")),
