@@ -156,8 +156,10 @@ def test_panels_have_unique_ids_and_do_not_overlap() -> None:
             for y in range(grid["y"], grid["y"] + grid["h"]):
                 assert (x, y) not in taken, f"{panel['title']!r} overlaps panel {taken[x, y]}"
                 taken[x, y] = panel["id"]
-    assert all(panel.get("datasource") == {"type": "prometheus", "uid": "${datasource}"}
-               for panel in queries.panels(board)), "a panel not on the $datasource variable"
+    for panel in queries.panels(board):
+        assert panel.get("datasource") == {"type": "prometheus", "uid": "${datasource}"}, (
+            f"{panel['title']!r} is not on the $datasource variable")
+        assert panel.get("description"), f"{panel['title']!r} says not what it shows"
 
 
 def test_every_dashboard_query_is_filtered_by_the_variables() -> None:
@@ -258,3 +260,9 @@ def test_each_alert_rule_says_what_and_how_bad() -> None:
         assert re.fullmatch(r"\d+m", rule.get("for", "")), f"{rule['alert']}: no for:"
         assert rule["labels"]["severity"] in SEVERITIES, rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+
+
+def test_the_docs_explain_every_alert() -> None:
+    docs = (queries.ROOT / "docs" / "grafana.md").read_text(encoding="utf-8")
+    for rule in queries.rules():
+        assert f"| {rule['alert']} |" in docs, f"docs/grafana.md does not list {rule['alert']}"
