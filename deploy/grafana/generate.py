@@ -28,16 +28,26 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 #: The interval of rate() and increase() in panels: Grafana's, at least 4 scrape intervals.
 RATE = "$__rate_interval"
 HOST = 'job=~"$job",instance=~"$instance"'
-MODEL = f'{HOST},model_name=~"$model"'
 #: Handlers' metrics name their model in TorchServe's dimension ModelName.
 HANDLER_MODEL = 'ModelName=~"$model"'
+#: The label naming the model: ``model_name`` (TorchServe's ts_* and batchserve's first
+#: families), ``model`` on the families issue 26 added (why batches left, their fill, the
+#: phases of a request).
+MODEL_LABEL = {"batchserve_dispatch_total": "model", "batchserve_batch_fill": "model",
+               "batchserve_request_phase_seconds": "model"}
 
 Json = dict[str, Any]
 
 
+def model_label(metric: str) -> str:
+    """The label that names the model in ``metric`` (a family, or a histogram's sample)."""
+    family = metric.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+    return MODEL_LABEL.get(family, "model_name")
+
+
 def _m(metric: str, extra: str = "") -> str:
     """``metric`` with the model filters (and ``extra`` matchers)."""
-    return f"{metric}{{{MODEL}{',' + extra if extra else ''}}}"
+    return f'{metric}{{{HOST},{model_label(metric)}=~"$model"{"," + extra if extra else ""}}}'
 
 
 def _h(metric: str, extra: str = "") -> str:
@@ -49,12 +59,16 @@ def _rate(selector: str, by: str = "model_name") -> str:
     return f"sum by ({by}) (rate({selector}[{RATE}]))"
 
 
-def _quantile(q: float, histogram: str, by: str = "model_name", extra: str = "") -> str:
-    return (f"histogram_quantile({q}, sum by ({by}, le) "
-            f"(rate({_m(histogram + '_bucket', extra)}[{RATE}])))")
+def _quantile(q: float, histogram: str, by: str | None = None) -> str:
+    """The ``q`` quantile of ``histogram`` per model (or per ``by``)."""
+    return (f"histogram_quantile({q}, sum by ({by or model_label(histogram)}, le) "
+            f"(rate({_m(histogram + '_bucket')}[{RATE}])))")
 
 
-def _mean(histogram: str, by: str = "model_name") -> str:
+def _mean(histogram: str, by: str | None = None) -> str:
+    """The mean of ``histogram`` per model (or per ``by``): the rate of its sum over its
+    count's."""
+    by = by or model_label(histogram)
     return (f"{_rate(_m(histogram + '_sum'), by)}\n  /\n"
             f"{_rate(_m(histogram + '_count'), by)}")
 
@@ -280,7 +294,7 @@ def batching() -> list[Json]:
                 f"sum by (le) (increase({_m('batchserve_batch_fill_bucket')}[{RATE}]))"),
         timeseries("Mean batch fill", "Each model's mean batch size over its batch_size "
                    "(batchserve_batch_fill): 100% means every batch left full.", "percentunit",
-                   (_mean("batchserve_batch_fill"), "{{model_name}}")),
+                   (_mean("batchserve_batch_fill"), "{{model}}")),
         timeseries("Why batches left", "Batches dispatched per second by reason: full, "
                    "max_delay (maxBatchDelay reached), adaptive (nobody else was coming), "
                    "deadline, slot_free (a second batch slot was free), sequence "

@@ -37,8 +37,7 @@ from tests.unit import queries
 
 #: Families another part of issue 26 adds (dispatch reasons, batch fill, the phases of a
 #: request's time): the dashboard plots them; until the server exports them they are only
-#: parsed. Labels assumed: ``model_name`` and ``model_version`` as every batchserve_* family,
-#: plus ``reason`` and ``phase``.
+#: parsed. Their labels: ``model``, ``model_version``, and ``reason`` or ``phase``.
 PENDING = {
     "batchserve_dispatch_total",
     "batchserve_batch_fill_bucket", "batchserve_batch_fill_sum", "batchserve_batch_fill_count",
