@@ -12,7 +12,7 @@ TS_STAMP := $(TS_VENV)/.install-stamp-torchserve-0.12.0-wfa
 DEMO_MODEL := model_store/resnet-152-batch_v2.mar
 EXAMPLE := examples/image_classifier/resnet_152_batch
 
-.PHONY: demo test lint install clean image browser
+.PHONY: demo test lint install clean image browser promtool
 
 install: $(STAMP)
 
@@ -58,9 +58,25 @@ browser:
 		echo "chromium could not be installed: the browser CORS test will skip"; \
 	else echo "no chromium (not root, or no apt-get): the browser CORS test will skip"; fi
 
+# Prometheus' promtool for the Grafana dashboard's and the alert rules' tests
+# (tests/unit/test_grafana_dashboard.py, tests/integration/test_grafana_metrics.py), when none
+# is on the PATH: taken out of Debian's prometheus package (apt-get download, dpkg-deb -x) into
+# .promtool/, so no Prometheus service is installed or started. Without apt (or, not as root,
+# without package lists) the promtool checks skip, saying why.
+PROMTOOL := .promtool/promtool
+promtool:
+	@command -v promtool >/dev/null 2>&1 || test -x $(PROMTOOL) || \
+	( command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 && \
+	  rm -rf .promtool && mkdir -p .promtool/deb && cd .promtool/deb && \
+	  { apt-get download -q prometheus 2>/dev/null || { [ "$$(id -u)" = 0 ] && \
+	    apt-get update -q && apt-get download -q prometheus; }; } && \
+	  dpkg-deb -x prometheus_*.deb root && mv root/usr/bin/promtool .. && \
+	  cd .. && rm -rf deb && ./promtool --version ) || \
+	echo "promtool could not be had (Debian's prometheus package): its checks will skip"
+
 # The checks first (seconds), then the suite: ruff, mypy --strict (its files and settings are
 # in pyproject.toml: frontend/, backend/, model_archiver/, protos/framing.py), pytest.
-test: lint $(TS_STAMP) $(SM_STAMP) browser
+test: lint $(TS_STAMP) $(SM_STAMP) browser promtool
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

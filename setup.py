@@ -58,7 +58,12 @@ EXTRAS_REQUIRE = {
         # KServe and KEDA CRDs) validate what it renders.
         "helm-python-sdk>=0.2.2,<0.3",
         "kubernetes-validate>=1.32,<2",
+        # jsonschema also validates the Grafana dashboard (deploy/grafana) against Grafana's
+        # JSON schemas (tests/unit/test_grafana_dashboard.py).
         "jsonschema>=4.18",
+        # The PromQL of the dashboard and the alert rules, parsed to check the metrics and
+        # labels they use (promtool, from Debian's prometheus package, checks them too).
+        "promql-parser>=0.5,<1",
     ],
     # Explanations (/explanations, KServe's explain) with Captum's IntegratedGradients, as
     # TorchServe's image classifier gives them; without it they answer 501.
