@@ -30,11 +30,9 @@ RATE = "$__rate_interval"
 HOST = 'job=~"$job",instance=~"$instance"'
 #: Handlers' metrics name their model in TorchServe's dimension ModelName.
 HANDLER_MODEL = 'ModelName=~"$model"'
-#: The label naming the model: ``model_name`` (TorchServe's ts_* and batchserve's first
-#: families), ``model`` on the families issue 26 added (why batches left, their fill, the
-#: phases of a request).
-MODEL_LABEL = {"batchserve_dispatch_total": "model", "batchserve_batch_fill": "model",
-               "batchserve_request_phase_seconds": "model"}
+#: The label naming the model: ``model_name`` on every family (TorchServe's ts_* and
+#: batchserve's); kept as a table so a family that names it otherwise can say so.
+MODEL_LABEL: dict[str, str] = {}
 
 Json = dict[str, Any]
 

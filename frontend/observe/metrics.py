@@ -75,9 +75,9 @@ _TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 #: Phases of a request's time are shorter than whole requests: finer buckets at the bottom.
 _PHASE_BUCKETS = (0.0001, 0.00025, *_TIME_BUCKETS)
 #: Labels of the batching families shared with the dashboard and Grafana (docs/batches.md).
-PHASE_LABELS = ("model", "model_version", "phase")
-DISPATCH_LABELS = ("model", "model_version", "reason")
-FILL_LABELS = ("model", "model_version")
+PHASE_LABELS = (*MODEL_LABELS, "phase")
+DISPATCH_LABELS = (*MODEL_LABELS, "reason")
+FILL_LABELS = MODEL_LABELS
 _HOST_LABELS = ("Host", HOSTNAME)
 _REFUSALS = ("queue_full", "unavailable", "deadline")
 

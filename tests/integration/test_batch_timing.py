@@ -176,17 +176,17 @@ def test_phases_reasons_and_server_timing(build_mar, start_server, model_store: 
     found = samples(server)
     for reason, count in (("max_delay", 1), ("full", 1), ("deadline", 1), ("adaptive", 0),
                           ("slot_free", 0), ("sequence", 0)):
-        assert value(found, "batchserve_dispatch_total", model="fixed", reason=reason) == count
-    assert value(found, "batchserve_batch_fill_count", model="fixed") == 3
-    assert value(found, "batchserve_batch_fill_bucket", model="fixed", le="0.25") == 2
-    assert value(found, "batchserve_batch_fill_sum", model="fixed") == pytest.approx(1.5)
+        assert value(found, "batchserve_dispatch_total", model_name="fixed", reason=reason) == count
+    assert value(found, "batchserve_batch_fill_count", model_name="fixed") == 3
+    assert value(found, "batchserve_batch_fill_bucket", model_name="fixed", le="0.25") == 2
+    assert value(found, "batchserve_batch_fill_sum", model_name="fixed") == pytest.approx(1.5)
     for phase in ("queue", "batch_form", "worker", "preprocess", "inference", "postprocess",
                   "frontend"):
-        assert value(found, "batchserve_request_phase_seconds_count", model="fixed",
+        assert value(found, "batchserve_request_phase_seconds_count", model_name="fixed",
                      phase=phase) == 6, phase
-    assert value(found, "batchserve_request_phase_seconds_sum", model="fixed",
+    assert value(found, "batchserve_request_phase_seconds_sum", model_name="fixed",
                  phase="inference") >= 6 * INFERENCE_MS / 1000
-    assert value(found, "batchserve_request_phase_seconds_sum", model="fixed",
+    assert value(found, "batchserve_request_phase_seconds_sum", model_name="fixed",
                  phase="batch_form") >= MAX_DELAY_MS / 1000 - 0.001
 
     # The access log: every line ends with the phases and the batch's reason.

@@ -164,7 +164,7 @@ def test_panels_have_unique_ids_and_do_not_overlap() -> None:
 
 def test_every_dashboard_query_is_filtered_by_the_variables() -> None:
     """Each selector keeps to the chosen job and instance, and a per-model metric to the
-    chosen models, by the label that names its model (model_name, model, ModelName)."""
+    chosen models, by the label that names its model (model_name, or ModelName for a handler's)."""
     model_label = _generator().model_label
     for query in queries.dashboard_queries():
         found = queries.uses(queries.substitute(query.expr, ANY))
@@ -175,7 +175,7 @@ def test_every_dashboard_query_is_filtered_by_the_variables() -> None:
                 assert model_label(metric) in labels, f"{query.where}: {metric} not by $model"
             if metric in ("PredictionTime", "HandlerTime"):
                 assert "ModelName" in labels, f"{query.where}: {metric} not by $model"
-    assert model_label("batchserve_request_phase_seconds_bucket") == "model"
+    assert model_label("batchserve_request_phase_seconds_bucket") == "model_name"
     assert model_label("batchserve_queue_depth") == "model_name"
 
 
