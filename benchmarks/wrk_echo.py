@@ -16,6 +16,11 @@ client (``-c1``) gives the latency of a request that never waits for a batch. Fi
 project's own asyncio load generator (benchmarks/loadgen.py) runs once per server with 16
 clients, for comparison with wrk's numbers (see benchmarks/RESULTS.md for why they differ).
 
+``--variant 'LABEL:key=value;key2=value2'`` (repeatable) adds batchserve with those
+config.properties keys (a key written ``$NAME=value`` is an environment variable of its
+instead), and prints each variant's ratio to the plain server: the cost of a feature that is
+off by default (``--variant 'timing:server_timing=always'``).
+
 ``--tls`` adds batchserve with its inference address over HTTPS (a self-signed EC P-256
 certificate made for the run; wrk keeps its connections, so this is the cost of TLS records,
 not of handshakes), and prints its ratio to plain HTTP. (The load generator speaks plain HTTP
@@ -150,6 +155,23 @@ def _source_at(revision: str, work: Path) -> Path:
     return tree
 
 
+def _variant(text: str) -> tuple[str, str, dict[str, str]]:
+    """``LABEL:key=value;$ENV=value`` as (label, config.properties lines, environment)."""
+    label, sep, rest = text.partition(":")
+    if not sep or not label.strip():
+        raise SystemExit(f"--variant {text!r}: expected LABEL:key=value;...")
+    properties, env = [], {}
+    for item in filter(None, (part.strip() for part in rest.split(";"))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SystemExit(f"--variant {text!r}: {item!r} is not key=value")
+        if key.startswith("$"):
+            env[key[1:]] = value
+        else:
+            properties.append(f"{key}={value}\n")
+    return label.strip(), "".join(properties), env
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -160,7 +182,11 @@ def main() -> int:
                              "venv's packages), for a before/after ratio in the same run")
     parser.add_argument("--tls", action="store_true",
                         help="also serve batchserve over HTTPS, for the cost of TLS")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL:K=V;K=V",
+                        help="also serve batchserve with these config.properties keys "
+                             "($NAME=value: an environment variable); repeatable")
     args = parser.parse_args()
+    variants = [_variant(text) for text in args.variant]
     if shutil.which("wrk") is None:
         raise SystemExit("needs wrk: apt-get install -y wrk")
     work = Path(tempfile.mkdtemp(prefix="bench-wrk-"))
@@ -178,6 +204,9 @@ def main() -> int:
         if args.tls:
             servers.append(("batchserve TLS", stack.enter_context(
                 Batchserve(store, extra_properties=_self_signed(work)))))
+        for label, properties, env in variants:
+            servers.append((f"batchserve {label}", stack.enter_context(
+                Batchserve(store, extra_properties=properties, env=env))))
         targets = []
         for label, server in servers:
             for policy in ("adaptive", "fixed"):
@@ -238,6 +267,15 @@ def main() -> int:
                   f"{tls.median('rate') / plain.median('rate'):.2f}x (wrk req/s), p99 "
                   f"{tls.median('p99_ms'):.2f} vs {plain.median('p99_ms'):.2f} ms, lone p50 "
                   f"{tls.lone.p50_ms if tls.lone else 0:.2f} vs "
+                  f"{plain.lone.p50_ms if plain.lone else 0:.2f} ms")
+    for label, _, _ in variants:
+        for policy in ("adaptive", "fixed"):
+            plain, varied = (next(t for t in targets if t.name == f"{name} {policy}")
+                             for name in ("batchserve", f"batchserve {label}"))
+            print(f"\n{policy}: {label} / plain = "
+                  f"{varied.median('rate') / plain.median('rate'):.2f}x (wrk req/s), p99 "
+                  f"{varied.median('p99_ms'):.2f} vs {plain.median('p99_ms'):.2f} ms, lone p50 "
+                  f"{varied.lone.p50_ms if varied.lone else 0:.2f} vs "
                   f"{plain.lone.p50_ms if plain.lone else 0:.2f} ms")
     print("\nrounds (req/s): " + "; ".join(
         f"{t.name}: {', '.join(f'{r.rate:,.0f}' for r in t.runs)}" for t in targets))
