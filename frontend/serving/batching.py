@@ -57,6 +57,9 @@ class Job:
     weight: int = 1
     #: Which batch the job rode in (KServe's batchId), set by the worker.
     batch_id: str = ""
+    #: What tracing noted of its batch (frontend/observe/tracing.py); None when tracing is
+    #: off, or before the batch's reply.
+    trace: object = None
 
     def add_part(self, part: worker_pb2.Response) -> None:
         """An intermediate response: the first one turns the answer into a stream."""

@@ -1,0 +1,271 @@
+"""OpenTelemetry traces of predictions: optional (``otel_traces=true``, or the standard
+``OTEL_TRACES_EXPORTER=otlp``), with the ``otel`` extra installed (docs/batches.md, "Traces").
+
+Only ``server.py`` imports this module, and only when tracing is on: a server without it
+imports no OpenTelemetry module, and its hot path pays one ``is None`` check per request (the
+plane's ``end``); its batches pay nothing (the server hands the workers the metrics' batch
+recorder itself).
+
+The spans are made after the fact, from the times the plane and the batcher keep anyway, so
+nothing is timed twice and no span is open while a request waits:
+
+* when a batch's reply is read, its own span ``batch`` (a root: a batch serves requests of
+  many traces) from the moment it left the queue to its reply; each of its jobs notes it;
+* when a request ends (``InferencePlane.end``), its span (kind SERVER; a child of the
+  caller's context when its headers or gRPC metadata carry a W3C ``traceparent``, with its
+  ``tracestate``), linked to its batch's span, with three children: ``queue`` (waiting to be
+  dispatched), ``batch`` (its time in its batch: sent to the worker until the reply is read)
+  and ``worker`` (the handler's time on the batch, as the worker reports it, ending at the
+  reply).
+
+Spans leave through the SDK's ``BatchSpanProcessor``: a background thread exports them over
+OTLP (HTTP or gRPC), off the event loop; when its queue is full, spans are dropped, never
+waited for.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from frontend import __version__
+from frontend.errors import ConfigError
+from protos import worker_pb2
+
+if TYPE_CHECKING:
+    from frontend.config import ServerConfig
+
+logger = logging.getLogger(__name__)
+
+#: The instrumentation scope the spans are reported under.
+SCOPE = "batchserve"
+#: Attribute names (ours under ``batchserve.``; the HTTP and RPC ones are OpenTelemetry's).
+MODEL = "batchserve.model.name"
+VERSION = "batchserve.model.version"
+BATCH_ID = "batchserve.batch.id"
+BATCH_SIZE = "batchserve.batch.size"
+BATCH_REQUESTS = "batchserve.batch.requests"
+REQUEST_ID = "batchserve.request.id"
+STATUS = "batchserve.response.status"
+HANDLER_MS = "batchserve.handler_time_ms"
+
+
+class TracedModel(Protocol):
+    """What a span says of a model (``frontend.models.model.Model``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+
+class TracedJob(Protocol):
+    """What the spans read of a request's job (``frontend.serving.batching.Job``)."""
+
+    request: worker_pb2.Request
+    enqueued_at: float
+    queue_wait_s: float
+    dispatched: bool
+    batch_size: int
+    batch_id: str
+    trace: object
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTrace:
+    """A batch's span and times, as each of its jobs notes them (``Job.trace``)."""
+
+    context: SpanContext
+    #: When it left the queue, and when its reply was read (ns since the epoch).
+    sent_ns: int
+    replied_ns: int
+    #: The handler's time on it, as the worker reports it (0: failed as a whole).
+    handler_ms: float
+
+
+class _Clock:
+    """Times of time.monotonic() and time.perf_counter(), in ns since the epoch (what spans
+    carry), read against one reading of each clock."""
+
+    __slots__ = ("monotonic", "perf", "wall_ns")
+
+    def __init__(self) -> None:
+        self.wall_ns = time.time_ns()
+        self.monotonic = time.monotonic()
+        self.perf = time.perf_counter()
+
+    def of_monotonic(self, at: float) -> int:
+        return self.wall_ns - int((self.monotonic - at) * 1e9)
+
+    def of_perf(self, at: float) -> int:
+        return self.wall_ns - int((self.perf - at) * 1e9)
+
+
+class Tracing:
+    """The server's spans: one TracerProvider of its own (no global: several servers can run
+    in one process), exporting through a BatchSpanProcessor."""
+
+    def __init__(self, exporter: SpanExporter, resource: Resource | None = None) -> None:
+        self.provider = TracerProvider(resource=resource or service_resource())
+        self.provider.add_span_processor(BatchSpanProcessor(exporter))
+        self._tracer = self.provider.get_tracer(SCOPE, __version__)
+        self._propagator = TraceContextTextMapPropagator()
+
+    def batch(self, model: TracedModel, jobs: Sequence[TracedJob],
+              result: worker_pb2.PredictResult | None) -> None:
+        """A batch's reply was read (``result`` None: it failed as a whole): its span, noted
+        on each of its jobs for their own spans. (Never raises: it runs in the middle of the
+        batch's accounting, where an error would read as a broken worker.)"""
+        try:
+            if jobs:
+                self._batch(model, jobs, result)
+        except Exception:
+            logger.exception("tracing a batch of %s failed", model.name)
+
+    def _batch(self, model: TracedModel, jobs: Sequence[TracedJob],
+               result: worker_pb2.PredictResult | None) -> None:
+        clock = _Clock()
+        first = jobs[0]
+        # Every job of a batch left the queue at once: enqueued_at + queue_wait_s is that time.
+        sent_ns = clock.of_monotonic(first.enqueued_at + first.queue_wait_s)
+        handler_ms = result.handler_time_ms if result is not None else 0.0
+        span = self._tracer.start_span(
+            "batch", kind=SpanKind.INTERNAL, start_time=sent_ns, attributes={
+                MODEL: model.name, VERSION: model.version, BATCH_ID: first.batch_id,
+                BATCH_SIZE: first.batch_size, BATCH_REQUESTS: len(jobs),
+                HANDLER_MS: handler_ms})
+        if result is None:
+            span.set_status(Status(StatusCode.ERROR, "the batch failed as a whole"))
+        span.end(end_time=clock.wall_ns)
+        noted = BatchTrace(span.get_span_context(), sent_ns, clock.wall_ns, handler_ms)
+        for job in jobs:
+            job.trace = noted
+
+    def request(self, job: TracedJob, model: TracedModel | None, *, started: float,
+                latency_s: float, method: str, path: str, protocol: str, status: int) -> None:
+        """A request ended (``started``: its time.perf_counter() at its start; ``status``:
+        its answer's HTTP status, 0 when the client left first): its span and children.
+        (Never raises: the request is answered already.)"""
+        try:
+            self._request(job, model, started, latency_s, method, path, protocol, status)
+        except Exception:
+            logger.exception("tracing a request failed")
+
+    def _request(self, job: TracedJob, model: TracedModel | None, started: float,
+                 latency_s: float, method: str, path: str, protocol: str, status: int) -> None:
+        clock = _Clock()
+        start_ns = clock.of_perf(started)
+        end_ns = clock.of_perf(started + latency_s)
+        request = job.request
+        parent = self._propagator.extract(request.headers) if "traceparent" in \
+            request.headers else None
+        noted = job.trace if isinstance(job.trace, BatchTrace) else None
+        links = [Link(noted.context)] if noted is not None else None
+        is_grpc = method == "gRPC"
+        attributes: dict[str, str | int | float] = {STATUS: status}
+        if is_grpc:
+            attributes["rpc.system"] = "grpc"
+        else:
+            attributes.update({"http.request.method": method, "url.path": path,
+                               "network.protocol.version": protocol.removeprefix("HTTP/")})
+            if status:
+                attributes["http.response.status_code"] = status
+        if model is not None:
+            attributes[MODEL] = model.name
+            attributes[VERSION] = model.version
+        if request.request_id:
+            attributes[REQUEST_ID] = request.request_id
+        if job.dispatched:
+            attributes[BATCH_ID] = job.batch_id
+            attributes[BATCH_SIZE] = job.batch_size
+        # Named by method and path once the path named a model (a name the server knows, not
+        # whatever a client sent), else by the method alone: few names, as OpenTelemetry asks.
+        name = f"{method} {path}" if model is not None else method
+        span = self._tracer.start_span(name, context=parent, kind=SpanKind.SERVER,
+                                       start_time=start_ns, attributes=attributes, links=links)
+        if status >= 500 or status == 0:
+            span.set_status(Status(StatusCode.ERROR, "the client left before its answer"
+                                   if status == 0 else f"answered {status}"))
+        if span.is_recording():
+            inside = trace.set_span_in_context(span)
+            if job.enqueued_at:
+                queued_ns = clock.of_monotonic(job.enqueued_at)
+                left_ns = (clock.of_monotonic(job.enqueued_at + job.queue_wait_s)
+                           if job.dispatched else end_ns)
+                self._child("queue", inside, queued_ns, left_ns)
+            if noted is not None:
+                self._child("batch", inside, noted.sent_ns, noted.replied_ns, links,
+                            {BATCH_ID: job.batch_id, BATCH_SIZE: job.batch_size})
+                if noted.handler_ms:
+                    self._child("worker", inside,
+                                noted.replied_ns - int(noted.handler_ms * 1e6),
+                                noted.replied_ns, None, {HANDLER_MS: noted.handler_ms})
+        span.end(end_time=end_ns)
+
+    def _child(self, name: str, parent: Context, start_ns: int, end_ns: int,
+               links: list[Link] | None = None,
+               attributes: Mapping[str, str | int | float] | None = None) -> None:
+        self._tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL,
+                                start_time=start_ns, links=links,
+                                attributes=attributes).end(end_time=end_ns)
+
+    def close(self) -> None:
+        """Export what is left and stop the exporter (blocking: run it off the event loop)."""
+        self.provider.shutdown()
+
+
+def service_resource(environ: Mapping[str, str] | None = None) -> Resource:
+    """The resource the spans come from: OpenTelemetry's own (``OTEL_SERVICE_NAME``,
+    ``OTEL_RESOURCE_ATTRIBUTES``), named ``batchserve`` where they name no service."""
+    resource = Resource.create({"service.version": __version__})
+    name = resource.attributes.get("service.name")
+    if not isinstance(name, str) or name.startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": SCOPE}))
+    return resource
+
+
+def otlp_exporter(config: ServerConfig, environ: Mapping[str, str]) -> SpanExporter:
+    """The OTLP exporter ``config`` asks for (``otel_exporter_otlp_protocol`` and
+    ``_endpoint``, else OpenTelemetry's own variables, which the exporters read)."""
+    protocol = (config.otel_exporter_otlp_protocol
+                or environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "").strip()
+                or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip() or "http/protobuf")
+    endpoint = config.otel_exporter_otlp_endpoint or None
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcExporter,
+            )
+        except ImportError as exc:
+            raise ConfigError(f"OTLP over gRPC needs the otel extra (pip install "
+                              f"'batchserve[otel]'): {exc}") from None
+        return GrpcExporter(endpoint=endpoint)
+    if protocol != "http/protobuf":
+        raise ConfigError(f"OTLP protocol {protocol!r}: expected http/protobuf or grpc")
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+    except ImportError as exc:
+        raise ConfigError(f"OTLP over HTTP needs the otel extra (pip install "
+                          f"'batchserve[otel]'): {exc}") from None
+    return HttpExporter(endpoint=endpoint.rstrip("/") + "/v1/traces" if endpoint else None)
+
+
+def start_tracing(config: ServerConfig, environ: Mapping[str, str]) -> Tracing:
+    """The server's tracing, exporting where ``config`` says."""
+    exporter = otlp_exporter(config, environ)
+    logger.info("tracing is on: spans are exported over OTLP by %s", type(exporter).__module__)
+    return Tracing(exporter)
