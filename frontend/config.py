@@ -780,7 +780,7 @@ def load_config(
                          token_authorization_off_by="KServe's mode (PROTOCOL_VERSION); set "
                          "disable_token_authorization=false to keep tokens")
     elif config.disable_token_authorization:
-        labels = [f"disable_token_authorization=true in {config_file}",
+        labels = [f"disable_token_authorization=true in {config_file}", "",
                   "TS_DISABLE_TOKEN_AUTHORIZATION=true", "", "--disable-token-auth"]
         setter = next(label for source, label in zip(reversed(sources), reversed(labels),
                                                      strict=True)

@@ -26,18 +26,28 @@ waited for.
 from __future__ import annotations
 
 import logging
+import random
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Decision
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
 from frontend import __version__
 from frontend.errors import ConfigError
@@ -113,15 +123,68 @@ class _Clock:
         return self.wall_ns - int((self.perf - at) * 1e9)
 
 
+#: W3C Trace Context's traceparent: version, trace id, parent id, flags (lower-case hex); a
+#: later version may append fields.
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSET = Status(StatusCode.UNSET)
+
+
+def caller_context(headers: Mapping[str, str]) -> SpanContext | None:
+    """The caller's span in a request's ``traceparent`` (and ``tracestate``), as W3C Trace
+    Context reads them; None when there is none, or it is malformed (the request then starts
+    a trace of its own)."""
+    value = headers.get("traceparent")
+    if value is None:
+        return None
+    match = _TRACEPARENT.fullmatch(value.strip())
+    if match is None:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if version == "ff" or (version == "00" and rest) or trace_id == "0" * 32 or \
+            span_id == "0" * 16:
+        return None
+    state = headers.get("tracestate")
+    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
+                       trace_flags=TraceFlags(int(flags, 16) & TraceFlags.SAMPLED),
+                       trace_state=TraceState.from_header([state]) if state else None)
+
+
 class Tracing:
-    """The server's spans: one TracerProvider of its own (no global: several servers can run
-    in one process), exporting through a BatchSpanProcessor."""
+    """The server's spans, made finished (``ReadableSpan``: the SDK's own Tracer would open
+    each span, lock its attributes and run its processors, for four spans per request that
+    are all known at once) and handed to a ``BatchSpanProcessor``. The sampler is the SDK's
+    (``OTEL_TRACES_SAMPLER``; by default the caller's decision, else sampled), asked once per
+    request and per batch; a request's children share its decision."""
 
     def __init__(self, exporter: SpanExporter, resource: Resource | None = None) -> None:
-        self.provider = TracerProvider(resource=resource or service_resource())
-        self.provider.add_span_processor(BatchSpanProcessor(exporter))
-        self._tracer = self.provider.get_tracer(SCOPE, __version__)
-        self._propagator = TraceContextTextMapPropagator()
+        # The provider is made for what the SDK reads from OpenTelemetry's variables (the
+        # sampler); its tracer is not used. Nothing is registered globally: several servers
+        # can run in one process.
+        provider = TracerProvider(resource=resource or service_resource(),
+                                  shutdown_on_exit=False)
+        self._resource = provider.resource
+        self._sampler = provider.sampler
+        self._scope = InstrumentationScope(SCOPE, __version__)
+        self._processor = BatchSpanProcessor(exporter)
+
+    def _sampled(self, parent: SpanContext | None, trace_id: int, name: str,
+                 kind: SpanKind) -> tuple[bool, TraceState | None]:
+        """The sampler's decision for a new span, and the trace state it carries."""
+        if self._sampler is DEFAULT_ON:  # parent-based, always on: no need to ask
+            return (parent.trace_flags.sampled if parent is not None else True,
+                    parent.trace_state if parent is not None else None)
+        decision = self._sampler.should_sample(
+            trace.set_span_in_context(trace.NonRecordingSpan(parent))
+            if parent is not None else None, trace_id, name, kind)
+        return decision.decision is Decision.RECORD_AND_SAMPLE, decision.trace_state
+
+    def _emit(self, name: str, context: SpanContext, parent: SpanContext | None,
+              kind: SpanKind, start_ns: int, end_ns: int, attributes: dict[str, Any],
+              links: Sequence[Link] = (), status: Status = _UNSET) -> None:
+        self._processor.on_end(ReadableSpan(
+            name, context, parent, self._resource, attributes, (), links, kind, None, status,
+            start_ns, end_ns, self._scope))
 
     def batch(self, model: TracedModel, jobs: Sequence[TracedJob],
               result: worker_pb2.PredictResult | None) -> None:
@@ -129,7 +192,8 @@ class Tracing:
         on each of its jobs for their own spans. (Never raises: it runs in the middle of the
         batch's accounting, where an error would read as a broken worker.)"""
         try:
-            if jobs:
+            # A describe (the server's own request, no client's) is no prediction to trace.
+            if jobs and not jobs[0].request.describe:
                 self._batch(model, jobs, result)
         except Exception:
             logger.exception("tracing a batch of %s failed", model.name)
@@ -138,18 +202,20 @@ class Tracing:
                result: worker_pb2.PredictResult | None) -> None:
         clock = _Clock()
         first = jobs[0]
+        trace_id = _new_trace_id()
+        sampled, state = self._sampled(None, trace_id, "batch", SpanKind.INTERNAL)
+        if not sampled:
+            return
+        context = SpanContext(trace_id, _new_span_id(), False, _SAMPLED, state)
         # Every job of a batch left the queue at once: enqueued_at + queue_wait_s is that time.
         sent_ns = clock.of_monotonic(first.enqueued_at + first.queue_wait_s)
         handler_ms = result.handler_time_ms if result is not None else 0.0
-        span = self._tracer.start_span(
-            "batch", kind=SpanKind.INTERNAL, start_time=sent_ns, attributes={
-                MODEL: model.name, VERSION: model.version, BATCH_ID: first.batch_id,
-                BATCH_SIZE: first.batch_size, BATCH_REQUESTS: len(jobs),
-                HANDLER_MS: handler_ms})
-        if result is None:
-            span.set_status(Status(StatusCode.ERROR, "the batch failed as a whole"))
-        span.end(end_time=clock.wall_ns)
-        noted = BatchTrace(span.get_span_context(), sent_ns, clock.wall_ns, handler_ms)
+        self._emit("batch", context, None, SpanKind.INTERNAL, sent_ns, clock.wall_ns, {
+            MODEL: model.name, VERSION: model.version, BATCH_ID: first.batch_id,
+            BATCH_SIZE: first.batch_size, BATCH_REQUESTS: len(jobs), HANDLER_MS: handler_ms},
+            status=_UNSET if result is not None else
+            Status(StatusCode.ERROR, "the batch failed as a whole"))
+        noted = BatchTrace(context, sent_ns, clock.wall_ns, handler_ms)
         for job in jobs:
             job.trace = noted
 
@@ -165,21 +231,27 @@ class Tracing:
 
     def _request(self, job: TracedJob, model: TracedModel | None, started: float,
                  latency_s: float, method: str, path: str, protocol: str, status: int) -> None:
+        request = job.request
+        parent = caller_context(request.headers) if "traceparent" in request.headers else None
+        trace_id = parent.trace_id if parent is not None else _new_trace_id()
+        # Named by method and path once the path named a model (a name the server knows, not
+        # whatever a client sent), else by the method alone: few names, as OpenTelemetry asks.
+        name = f"{method} {path}" if model is not None else method
+        sampled, state = self._sampled(parent, trace_id, name, SpanKind.SERVER)
+        if not sampled:
+            return
         clock = _Clock()
         start_ns = clock.of_perf(started)
         end_ns = clock.of_perf(started + latency_s)
-        request = job.request
-        parent = self._propagator.extract(request.headers) if "traceparent" in \
-            request.headers else None
         noted = job.trace if isinstance(job.trace, BatchTrace) else None
-        links = [Link(noted.context)] if noted is not None else None
-        is_grpc = method == "gRPC"
-        attributes: dict[str, str | int | float] = {STATUS: status}
-        if is_grpc:
+        links = (Link(noted.context),) if noted is not None else ()
+        attributes: dict[str, Any] = {STATUS: status}
+        if method == "gRPC":
             attributes["rpc.system"] = "grpc"
         else:
-            attributes.update({"http.request.method": method, "url.path": path,
-                               "network.protocol.version": protocol.removeprefix("HTTP/")})
+            attributes["http.request.method"] = method
+            attributes["url.path"] = path
+            attributes["network.protocol.version"] = protocol.removeprefix("HTTP/")
             if status:
                 attributes["http.response.status_code"] = status
         if model is not None:
@@ -190,40 +262,41 @@ class Tracing:
         if job.dispatched:
             attributes[BATCH_ID] = job.batch_id
             attributes[BATCH_SIZE] = job.batch_size
-        # Named by method and path once the path named a model (a name the server knows, not
-        # whatever a client sent), else by the method alone: few names, as OpenTelemetry asks.
-        name = f"{method} {path}" if model is not None else method
-        span = self._tracer.start_span(name, context=parent, kind=SpanKind.SERVER,
-                                       start_time=start_ns, attributes=attributes, links=links)
-        if status >= 500 or status == 0:
-            span.set_status(Status(StatusCode.ERROR, "the client left before its answer"
-                                   if status == 0 else f"answered {status}"))
-        if span.is_recording():
-            inside = trace.set_span_in_context(span)
-            if job.enqueued_at:
-                queued_ns = clock.of_monotonic(job.enqueued_at)
-                left_ns = (clock.of_monotonic(job.enqueued_at + job.queue_wait_s)
-                           if job.dispatched else end_ns)
-                self._child("queue", inside, queued_ns, left_ns)
-            if noted is not None:
-                self._child("batch", inside, noted.sent_ns, noted.replied_ns, links,
-                            {BATCH_ID: job.batch_id, BATCH_SIZE: job.batch_size})
-                if noted.handler_ms:
-                    self._child("worker", inside,
-                                noted.replied_ns - int(noted.handler_ms * 1e6),
-                                noted.replied_ns, None, {HANDLER_MS: noted.handler_ms})
-        span.end(end_time=end_ns)
+        context = SpanContext(trace_id, _new_span_id(), False, _SAMPLED, state)
+        self._emit(name, context, parent, SpanKind.SERVER, start_ns, end_ns, attributes, links,
+                   _UNSET if 0 < status < 500 else Status(
+                       StatusCode.ERROR, "the client left before its answer" if status == 0
+                       else f"answered {status}"))
+        if job.enqueued_at:
+            left_ns = (clock.of_monotonic(job.enqueued_at + job.queue_wait_s)
+                       if job.dispatched else end_ns)
+            self._child("queue", context, clock.of_monotonic(job.enqueued_at), left_ns, {})
+        if noted is not None:
+            self._child("batch", context, noted.sent_ns, noted.replied_ns,
+                        {BATCH_ID: job.batch_id, BATCH_SIZE: job.batch_size}, links)
+            if noted.handler_ms:
+                self._child("worker", context, noted.replied_ns - int(noted.handler_ms * 1e6),
+                            noted.replied_ns, {HANDLER_MS: noted.handler_ms})
 
-    def _child(self, name: str, parent: Context, start_ns: int, end_ns: int,
-               links: list[Link] | None = None,
-               attributes: Mapping[str, str | int | float] | None = None) -> None:
-        self._tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL,
-                                start_time=start_ns, links=links,
-                                attributes=attributes).end(end_time=end_ns)
+    def _child(self, name: str, parent: SpanContext, start_ns: int, end_ns: int,
+               attributes: dict[str, Any], links: Sequence[Link] = ()) -> None:
+        context = SpanContext(parent.trace_id, _new_span_id(), False, _SAMPLED,
+                              parent.trace_state)
+        self._emit(name, context, parent, SpanKind.INTERNAL, start_ns, end_ns, attributes,
+                   links)
 
     def close(self) -> None:
         """Export what is left and stop the exporter (blocking: run it off the event loop)."""
-        self.provider.shutdown()
+        self._processor.shutdown()  # type: ignore[no-untyped-call]  # the SDK's, untyped
+
+
+def _new_trace_id() -> int:
+    """A random trace id (never the invalid 0), as the SDK's RandomIdGenerator makes it."""
+    return random.getrandbits(128) or 1
+
+
+def _new_span_id() -> int:
+    return random.getrandbits(64) or 1
 
 
 def service_resource(environ: Mapping[str, str] | None = None) -> Resource:
