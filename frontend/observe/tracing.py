@@ -9,7 +9,7 @@ recorder itself).
 The spans are made after the fact, from the times the plane and the batcher keep anyway, so
 nothing is timed twice and no span is open while a request waits:
 
-* when a batch's reply is read, its own span ``batch`` (a root: a batch serves requests of
+* when a batch's reply is read, its own span ``batch {model}`` (a root: a batch serves requests of
   many traces) from the moment it left the queue to its reply; each of its jobs notes it;
 * when a request ends (``InferencePlane.end``), its span (kind SERVER; a child of the
   caller's context when its headers or gRPC metadata carry a W3C ``traceparent``, with its
@@ -203,14 +203,15 @@ class Tracing:
         clock = _Clock()
         first = jobs[0]
         trace_id = _new_trace_id()
-        sampled, state = self._sampled(None, trace_id, "batch", SpanKind.INTERNAL)
+        name = f"batch {model.name}"
+        sampled, state = self._sampled(None, trace_id, name, SpanKind.INTERNAL)
         if not sampled:
             return
         context = SpanContext(trace_id, _new_span_id(), False, _SAMPLED, state)
         # Every job of a batch left the queue at once: enqueued_at + queue_wait_s is that time.
         sent_ns = clock.of_monotonic(first.enqueued_at + first.queue_wait_s)
         handler_ms = result.handler_time_ms if result is not None else 0.0
-        self._emit("batch", context, None, SpanKind.INTERNAL, sent_ns, clock.wall_ns, {
+        self._emit(name, context, None, SpanKind.INTERNAL, sent_ns, clock.wall_ns, {
             MODEL: model.name, VERSION: model.version, BATCH_ID: first.batch_id,
             BATCH_SIZE: first.batch_size, BATCH_REQUESTS: len(jobs), HANDLER_MS: handler_ms},
             status=_UNSET if result is not None else

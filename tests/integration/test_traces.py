@@ -242,7 +242,7 @@ def test_queue_batch_and_worker_children_within_the_request(traced: Traced) -> N
 
 def test_the_batch_is_a_span_linked_from_each_of_its_requests(traced: Traced) -> None:
     batches = {bytes(span.span_id): span for _, span in traced.receiver.spans
-               if span.name == "batch" and not span.parent_span_id}
+               if span.name == f"batch {MODEL}" and not span.parent_span_id}
     assert len(batches) == 2
     linked: dict[bytes, list[trace_pb2.Span]] = {key: [] for key in batches}
     for span in _by_kind(traced, trace_pb2.Span.SPAN_KIND_SERVER):
