@@ -167,6 +167,7 @@ class Tracing:
         self._sampler = provider.sampler
         self._scope = InstrumentationScope(SCOPE, __version__)
         self._processor = BatchSpanProcessor(exporter)
+        _quieten_drops()
 
     def _sampled(self, parent: SpanContext | None, trace_id: int, name: str,
                  kind: SpanKind) -> tuple[bool, TraceState | None]:
@@ -289,6 +290,41 @@ class Tracing:
     def close(self) -> None:
         """Export what is left and stop the exporter (blocking: run it off the event loop)."""
         self._processor.shutdown()  # type: ignore[no-untyped-call]  # the SDK's, untyped
+
+
+#: The SDK's span processor logs a warning for every span it drops (its queue full: the
+#: receiver is slow or away), a flood under load; this logger is where it does.
+_DROPS_LOGGER = "opentelemetry.sdk._shared_internal"
+#: At most one such warning per this many seconds.
+DROP_WARNING_EVERY_S = 60.0
+
+
+class _OncePerInterval(logging.Filter):
+    """Lets a repeated message through once per ``every_s``, saying how many it held back."""
+
+    def __init__(self, every_s: float) -> None:
+        super().__init__()
+        self._every_s = every_s
+        self._last = -every_s
+        self._held = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or "dropping" not in str(record.msg):
+            return True
+        now = time.monotonic()
+        if now - self._last < self._every_s:
+            self._held += 1
+            return False
+        if self._held:
+            record.msg = f"{record.msg} ({self._held} more spans dropped since the last warning)"
+        self._last, self._held = now, 0
+        return True
+
+
+def _quieten_drops() -> None:
+    target = logging.getLogger(_DROPS_LOGGER)
+    if not any(isinstance(f, _OncePerInterval) for f in target.filters):
+        target.addFilter(_OncePerInterval(DROP_WARNING_EVERY_S))
 
 
 def _new_trace_id() -> int:

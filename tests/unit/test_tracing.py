@@ -5,14 +5,18 @@ spans' structure against a real server and receiver: tests/integration/test_trac
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from frontend.observe import tracing as tracing_module
 from frontend.observe.tracing import Tracing, caller_context
 from frontend.serving.batching import Job
 from protos import worker_pb2
@@ -129,3 +133,35 @@ def test_the_sampler_of_opentelemetrys_variables_is_asked(
                         method="POST", path="/predictions/m", protocol="HTTP/1.1", status=200)
 
     assert _exported(run) == []
+
+
+def test_spans_dropped_by_a_full_queue_warn_once_not_per_span(
+        loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The receiver is stuck: the processor's queue (4 spans here) fills and it drops spans;
+    the SDK's warning for each is let through once."""
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "4")
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
+    drops = logging.getLogger(tracing_module._DROPS_LOGGER)
+    for old in list(drops.filters):  # a fresh interval for this test
+        drops.removeFilter(old)
+    release = threading.Event()
+
+    class Stuck(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            release.wait(10)
+            return SpanExportResult.SUCCESS
+
+    tracing = Tracing(Stuck())
+    try:
+        with caplog.at_level(logging.WARNING, logger=tracing_module._DROPS_LOGGER):
+            for _ in range(50):
+                job = _job(loop)
+                tracing.request(job, _Model(), started=time.perf_counter(), latency_s=0.001,
+                                method="POST", path="/predictions/m", protocol="HTTP/1.1",
+                                status=200)
+    finally:
+        release.set()
+        tracing.close()
+    warned = [record for record in caplog.records if "dropping" in record.getMessage()]
+    assert len(warned) == 1
