@@ -97,7 +97,9 @@ class TracedJob(Protocol):
 class BatchTrace:
     """A batch's span and times, as each of its jobs notes them (``Job.trace``)."""
 
-    context: SpanContext
+    #: Its span (None: not sampled, so its requests link to nothing, and still show their
+    #: time in it).
+    context: SpanContext | None
     #: When it left the queue, and when its reply was read (ns since the epoch).
     sent_ns: int
     replied_ns: int
@@ -180,6 +182,15 @@ class Tracing:
             if parent is not None else None, trace_id, name, kind)
         return decision.decision is Decision.RECORD_AND_SAMPLE, decision.trace_state
 
+    def _sampled_caller(self, job: TracedJob, name: str) -> bool:
+        """Whether the job's request is sampled for its caller's sake (a caller that traces
+        gets the batch its request rode in, whatever the sampler says of batches)."""
+        if "traceparent" not in job.request.headers:
+            return False
+        caller = caller_context(job.request.headers)
+        return caller is not None and \
+            self._sampled(caller, caller.trace_id, name, SpanKind.SERVER)[0]
+
     def _emit(self, name: str, context: SpanContext, parent: SpanContext | None,
               kind: SpanKind, start_ns: int, end_ns: int, attributes: dict[str, Any],
               links: Sequence[Link] = (), status: Status = _UNSET) -> None:
@@ -206,17 +217,18 @@ class Tracing:
         trace_id = _new_trace_id()
         name = f"batch {model.name}"
         sampled, state = self._sampled(None, trace_id, name, SpanKind.INTERNAL)
-        if not sampled:
-            return
-        context = SpanContext(trace_id, _new_span_id(), False, _SAMPLED, state)
         # Every job of a batch left the queue at once: enqueued_at + queue_wait_s is that time.
         sent_ns = clock.of_monotonic(first.enqueued_at + first.queue_wait_s)
         handler_ms = result.handler_time_ms if result is not None else 0.0
-        self._emit(name, context, None, SpanKind.INTERNAL, sent_ns, clock.wall_ns, {
-            MODEL: model.name, VERSION: model.version, BATCH_ID: first.batch_id,
-            BATCH_SIZE: first.batch_size, BATCH_REQUESTS: len(jobs), HANDLER_MS: handler_ms},
-            status=_UNSET if result is not None else
-            Status(StatusCode.ERROR, "the batch failed as a whole"))
+        context = None
+        if sampled or any(self._sampled_caller(job, name) for job in jobs):
+            context = SpanContext(trace_id, _new_span_id(), False, _SAMPLED, state)
+            self._emit(name, context, None, SpanKind.INTERNAL, sent_ns, clock.wall_ns, {
+                MODEL: model.name, VERSION: model.version, BATCH_ID: first.batch_id,
+                BATCH_SIZE: first.batch_size, BATCH_REQUESTS: len(jobs),
+                HANDLER_MS: handler_ms},
+                status=_UNSET if result is not None else
+                Status(StatusCode.ERROR, "the batch failed as a whole"))
         noted = BatchTrace(context, sent_ns, clock.wall_ns, handler_ms)
         for job in jobs:
             job.trace = noted
@@ -246,7 +258,7 @@ class Tracing:
         start_ns = clock.of_perf(started)
         end_ns = clock.of_perf(started + latency_s)
         noted = job.trace if isinstance(job.trace, BatchTrace) else None
-        links = (Link(noted.context),) if noted is not None else ()
+        links = (Link(noted.context),) if noted is not None and noted.context else ()
         attributes: dict[str, Any] = {STATUS: status}
         if method == "gRPC":
             attributes["rpc.system"] = "grpc"

@@ -165,3 +165,29 @@ def test_spans_dropped_by_a_full_queue_warn_once_not_per_span(
         tracing.close()
     warned = [record for record in caplog.records if "dropping" in record.getMessage()]
     assert len(warned) == 1
+
+
+def test_a_batch_is_kept_when_a_caller_of_its_asks_for_sampling(
+        loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampling 0 % of the requests without a caller's decision: a batch with a sampled
+    caller's request is exported (and linked), one without is not."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    traced, untraced, alone = _job(loop, f"00-{TRACE}-{SPAN}-01"), _job(loop), _job(loop)
+
+    def run(tracing: Tracing) -> None:
+        result = worker_pb2.PredictResult(handler_time_ms=1.0)
+        tracing.batch(_Model(), [traced, untraced], result)
+        tracing.batch(_Model(), [alone], result)
+        for job in (traced, untraced, alone):
+            tracing.request(job, _Model(), started=time.perf_counter() - 0.01, latency_s=0.01,
+                            method="POST", path="/predictions/m", protocol="HTTP/1.1",
+                            status=200)
+
+    spans = _exported(run)
+    [batch] = [span for span in spans if span.name == "batch m"]
+    [request] = [span for span in spans if span.kind is SpanKind.SERVER]
+    assert f"{request.context.trace_id:032x}" == TRACE
+    assert [link.context for link in request.links] == [batch.context]
+    assert sorted(span.name for span in spans) == sorted(
+        ["batch m", "POST /predictions/m", "queue", "batch", "worker"])
