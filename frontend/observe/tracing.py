@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: The longest a stopping server waits for its last spans to be exported.
+CLOSE_TIMEOUT_S = 5.0
 #: The instrumentation scope the spans are reported under.
 SCOPE = "batchserve"
 #: Attribute names (ours under ``batchserve.``; the HTTP and RPC ones are OpenTelemetry's).
@@ -299,9 +302,17 @@ class Tracing:
         self._emit(name, context, parent, SpanKind.INTERNAL, start_ns, end_ns, attributes,
                    links)
 
-    def close(self) -> None:
-        """Export what is left and stop the exporter (blocking: run it off the event loop)."""
-        self._processor.shutdown()  # type: ignore[no-untyped-call]  # the SDK's, untyped
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Export what is left and stop the exporter, waiting at most ``timeout_s``: a
+        receiver that is away (the exporter retries for up to its own timeout) must not hold
+        up the server's stop. Blocking: run it off the event loop."""
+        closing = threading.Thread(target=self._processor.shutdown, name="otel-close",
+                                   daemon=True)
+        closing.start()
+        closing.join(timeout_s)
+        if closing.is_alive():
+            logger.warning("tracing: the spans still waiting to be exported were dropped (the "
+                           "OTLP receiver did not take them within %g s)", timeout_s)
 
 
 #: The SDK's span processor logs a warning for every span it drops (its queue full: the

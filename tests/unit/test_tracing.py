@@ -191,3 +191,24 @@ def test_a_batch_is_kept_when_a_caller_of_its_asks_for_sampling(
     assert [link.context for link in request.links] == [batch.context]
     assert sorted(span.name for span in spans) == sorted(
         ["batch m", "POST /predictions/m", "queue", "batch", "worker"])
+
+
+def test_closing_waits_for_a_receiver_that_is_away_only_so_long(
+        loop: asyncio.AbstractEventLoop) -> None:
+    release = threading.Event()
+
+    class Away(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            release.wait(30)
+            return SpanExportResult.FAILURE
+
+    tracing = Tracing(Away())
+    job = _job(loop)
+    tracing.request(job, _Model(), started=time.perf_counter(), latency_s=0.001, method="POST",
+                    path="/predictions/m", protocol="HTTP/1.1", status=200)
+    start = time.monotonic()
+    try:
+        tracing.close(timeout_s=0.5)
+        assert time.monotonic() - start < 5
+    finally:
+        release.set()
