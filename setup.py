@@ -31,6 +31,14 @@ INSTALL_REQUIRES = [
     "cryptography>=42",
 ]
 
+#: The otel extra: the SDK and both OTLP exporters (light: pure Python, on the grpcio and
+#: protobuf the server has anyway).
+OTEL = [
+    "opentelemetry-sdk>=1.30,<2",
+    "opentelemetry-exporter-otlp-proto-http>=1.30,<2",
+    "opentelemetry-exporter-otlp-proto-grpc>=1.30,<2",
+]
+
 EXTRAS_REQUIRE = {
     "dev": [
         "pytest>=8.0",
@@ -64,12 +72,18 @@ EXTRAS_REQUIRE = {
         # The PromQL of the dashboard and the alert rules, parsed to check the metrics and
         # labels they use (promtool, from Debian's prometheus package, checks them too).
         "promql-parser>=0.5,<1",
+        # Traces (the otel extra, below) in the tests: tests/integration/test_traces.py exports
+        # to an OTLP receiver built on opentelemetry-proto, which the exporters bring.
+        *OTEL,
     ],
     # Explanations (/explanations, KServe's explain) with Captum's IntegratedGradients, as
     # TorchServe's image classifier gives them; without it they answer 501.
     "explain": [
         "captum>=0.9,<0.10",
     ],
+    # OpenTelemetry traces of predictions (otel_traces=true: docs/batches.md, "Traces"),
+    # exported over OTLP/HTTP or OTLP/gRPC; imported only when tracing is on.
+    "otel": OTEL,
     # benchmarks/ (python -m benchmarks.suite): plots and progress bars.
     "bench": [
         "matplotlib>=3.8",

@@ -297,6 +297,22 @@ def _parse_regex(text: str) -> str:
     return text
 
 
+#: ``otel_exporter_otlp_protocol``: OTLP over HTTP (protobuf bodies) or over gRPC.
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")
+
+
+def _parse_otlp_protocol(text: str) -> str:
+    if text and text not in OTLP_PROTOCOLS:
+        raise ValueError(f"expected one of {', '.join(OTLP_PROTOCOLS)}")
+    return text
+
+
+def _parse_otlp_endpoint(text: str) -> str:
+    if text and urlsplit(text).scheme not in ("http", "https"):
+        raise ValueError("expected http://host:port or https://host:port")
+    return text
+
+
 def option(*keys: str, parse: Callable[[str], object], default: Any = MISSING,
            default_factory: Callable[[], Any] | Any = MISSING) -> Any:
     """A ServerConfig field read from config.properties ``keys`` (a later alias is the same
@@ -494,6 +510,17 @@ class ServerConfig:
     #: workers are stopped.
     drain_timeout_s: float = option(
         "drain_timeout", parse=_parse_non_negative_float, default=DEFAULT_DRAIN_TIMEOUT_S)
+    #: OpenTelemetry traces of predictions (the ``otel`` extra; docs/batches.md, "Traces"):
+    #: also on when the standard ``OTEL_TRACES_EXPORTER`` names ``otlp`` (``otel_env``).
+    otel_traces: bool = option("otel_traces", parse=parse_bool, default=False)
+    #: Where spans go: the OTLP receiver's base URL (``/v1/traces`` is added for HTTP); empty:
+    #: the standard ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``, else the OTLP default.
+    otel_exporter_otlp_endpoint: str = option("otel_exporter_otlp_endpoint",
+                                              parse=_parse_otlp_endpoint, default="")
+    #: ``http/protobuf`` or ``grpc``; empty: ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL``, else
+    #: ``http/protobuf``.
+    otel_exporter_otlp_protocol: str = option("otel_exporter_otlp_protocol",
+                                              parse=_parse_otlp_protocol, default="")
 
     @property
     def workflow_folder(self) -> Path | None:
@@ -747,7 +774,8 @@ def load_config(
             resolve_env_references(read_properties(config_file), environ), str(config_file))
     envvars_on = parse_bool(file_values.get("enable_envvars_config", "false"))
     urls_from_env = parse_bool(file_values.get("use_env_allowed_urls", "false"))
-    sources = [file_values, env_overrides(environ, envvars_on, urls_from_env),
+    sources = [file_values, otel_env(environ),
+               env_overrides(environ, envvars_on, urls_from_env),
                kserve_env(environ, envvars_on), cli_overrides]
     config, unknown = build_config(*sources)
     for key in unknown:
@@ -768,7 +796,7 @@ def load_config(
                          token_authorization_off_by="KServe's mode (PROTOCOL_VERSION); set "
                          "disable_token_authorization=false to keep tokens")
     elif config.disable_token_authorization:
-        labels = [f"disable_token_authorization=true in {config_file}",
+        labels = [f"disable_token_authorization=true in {config_file}", "",
                   "TS_DISABLE_TOKEN_AUTHORIZATION=true", "", "--disable-token-auth"]
         setter = next(label for source, label in zip(reversed(sources), reversed(labels),
                                                      strict=True)
@@ -791,3 +819,19 @@ def kserve_env(environ: Mapping[str, str], enabled: bool) -> dict[str, str]:
         raise ConfigError(f"PROTOCOL_VERSION={protocol!r}: expected one of "
                           f"{', '.join(KSERVE_PROTOCOLS)}")
     return {"kserve_protocol": protocol} if protocol else {}
+
+
+def otel_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """OpenTelemetry's own switches, which every OpenTelemetry SDK reads: traces on when
+    ``OTEL_TRACES_EXPORTER`` names ``otlp``, off when it is ``none`` or ``OTEL_SDK_DISABLED``
+    is true (these win over config.properties; ``TS_OTEL_TRACES`` and the command line win
+    over them)."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return {"otel_traces": "false"}
+    exporters = {name.strip().lower()
+                 for name in environ.get("OTEL_TRACES_EXPORTER", "").split(",")}
+    if "otlp" in exporters:
+        return {"otel_traces": "true"}
+    if "none" in exporters:
+        return {"otel_traces": "false"}
+    return {}

@@ -19,12 +19,15 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from frontend.api.grpc.servers import GrpcServers
 from frontend.api.http.app import serve_http
 from frontend.config import Address, ServerConfig
 from frontend.errors import ConfigError, ServeError
 from frontend.models.loader import ModelLoader, RegisterRequest
+from frontend.models.model import BatchRecorder
+from frontend.models.model import Model as LoadedModel
 from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots, restore_requests
 from frontend.models.startup import model_store_lister, startup_entries
@@ -34,6 +37,7 @@ from frontend.observe.metrics import Model, ServerMetrics
 from frontend.ops.auth import TokenAuthority
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
+from frontend.serving.batching import Job
 from frontend.serving.forkserver import Launch
 from frontend.serving.placement import CpuAssigner, GpuAssigner, Placement
 from frontend.serving.workers import start_failures
@@ -41,6 +45,10 @@ from frontend.tls import load_certificate
 from frontend.workflows import archive as workflow_archives
 from frontend.workflows.loader import WorkflowLoader
 from frontend.workflows.registry import WorkflowRegistry
+from protos import worker_pb2
+
+if TYPE_CHECKING:  # imported only when tracing is on (start_tracing)
+    from frontend.observe.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +107,31 @@ def server_metrics(config: ServerConfig, models: Iterable[Model], gpu_count: int
         interval_s=config.metric_time_interval_s, named_loggers=named_loggers)
 
 
+def start_tracing(config: ServerConfig) -> Tracing:
+    """The server's OpenTelemetry tracing (``otel_traces``): only here, and only when it is
+    on, is OpenTelemetry imported."""
+    try:
+        from frontend.observe.tracing import start_tracing as start
+    except ImportError as exc:
+        raise ConfigError(f"otel_traces=true (or OTEL_TRACES_EXPORTER=otlp) needs the otel "
+                          f"extra: pip install 'batchserve[otel]' ({exc})") from None
+    return start(config, os.environ)
+
+
+def traced_batches(record: BatchRecorder, tracing: Tracing | None) -> BatchRecorder:
+    """What each batch's reply is told to: the metrics, and the tracing when it is on (when
+    off, the metrics' own recorder: the batches pay nothing for tracing)."""
+    if tracing is None:
+        return record
+
+    def record_and_trace(model: LoadedModel, jobs: list[Job],
+                         result: worker_pb2.PredictResult | None) -> None:
+        record(model, jobs, result)
+        tracing.batch(model, jobs, result)
+
+    return record_and_trace
+
+
 class Server:
     def __init__(self, config: ServerConfig,
                  on_started: Callable[[Server], None] | None = None, *,
@@ -141,6 +174,7 @@ class Server:
         https = any(address.is_tls for address in (
             config.inference_address, config.management_address, config.metrics_address))
         self._tls = certificate.ssl_context() if certificate is not None and https else None
+        tracing = start_tracing(config) if config.otel_traces else None
         run_dir, owns_run_dir = self._make_run_dir()
         run_dir.chmod(0o700)
         registry = ModelRegistry()
@@ -150,13 +184,13 @@ class Server:
         logs = ServerLogs(config.log_location, config.enable_access_log, self.named_loggers)
         loader = ModelLoader(config, run_dir, registry,
                              Placement(gpus, cpus, registry.worker_count),
-                             metrics.record_batch, logs.model, events=metrics,
-                             forkserver=self._forkserver)
+                             traced_batches(metrics.record_batch, tracing), logs.model,
+                             events=metrics, forkserver=self._forkserver)
         auth = None
         if not config.disable_token_authorization:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
-        plane = InferencePlane(registry, metrics, logs.access, config.server_timing)
+        plane = InferencePlane(registry, metrics, logs.access, config.server_timing, tracing)
         workflows = WorkflowLoader(config, loader, WorkflowRegistry(), run_dir / "workflows")
         self.services = Services(config, registry, loader, metrics, auth, snapshots, plane,
                                  workflows)
@@ -175,6 +209,8 @@ class Server:
                 await workflows.close()
                 await loader.close(drain_timeout_s=self._drain_left())
                 await metrics.close()
+                if tracing is not None:  # what is left is exported, off the event loop
+                    await asyncio.to_thread(tracing.close)
                 if auth is not None:
                     auth.remove()
                 if owns_run_dir:

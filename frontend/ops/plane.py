@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frontend.errors import BadRequest, QueueFull, ServeError, expired
 from frontend.models.model import Model as Model
@@ -41,6 +41,9 @@ from frontend.serving.sequences import SEQUENCE_ID_HEADER as SEQUENCE_ID_HEADER
 from frontend.serving.sequences import name_sequence
 from frontend.serving.streams import ResponseStream as ResponseStream
 from protos import worker_pb2
+
+if TYPE_CHECKING:  # imported by the server only when tracing is on
+    from frontend.observe.tracing import Tracing
 
 # NOTE: Model, SEQUENCE_ID_HEADER and ResponseStream are imported "as" themselves: the
 # transports take them from here (the model a call resolved to, the header that names a
@@ -131,13 +134,16 @@ class InferencePlane:
     """Resolve, build, queue, await, record: see the module's docstring."""
 
     def __init__(self, registry: ModelRegistry, metrics: ServerMetrics,
-                 access: AccessLog, server_timing: str = timing.OFF) -> None:
+                 access: AccessLog, server_timing: str = timing.OFF,
+                 tracing: Tracing | None = None) -> None:
         self.registry = registry
         self.metrics = metrics
         self.access = access
         #: ``server_timing`` (config.properties): off, request (a request may ask) or always.
         self.server_timing = timing.parse_mode(server_timing)
         self._timing_on = self.server_timing != timing.OFF
+        #: OpenTelemetry spans of each call (None: tracing is off, and nothing is traced).
+        self.tracing = tracing
 
     # -- the two phases ---------------------------------------------------------------------
 
@@ -265,6 +271,10 @@ class InferencePlane:
                           latency_s, model.name if model else "-",
                           model.version if model else "-", job.queue_wait_s, job.batch_size,
                           job.form_s, job.timing)
+        if self.tracing is not None:
+            self.tracing.request(job, model, started=call.started, latency_s=latency_s,
+                                 method=origin.method, path=origin.path,
+                                 protocol=origin.protocol, status=call.status)
 
     @staticmethod
     def timing_header(call: Call) -> str | None:

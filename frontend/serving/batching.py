@@ -193,6 +193,9 @@ class Job:
     form_s: float = 0.0
     #: Its batch's reason, size and times (every job of a batch shares one), once dispatched.
     timing: BatchTiming | None = None
+    #: What tracing noted of its batch (frontend/observe/tracing.py); None when tracing is
+    #: off, or before the batch's reply.
+    trace: object = None
 
     def add_part(self, part: worker_pb2.Response) -> None:
         """An intermediate response: the first one turns the answer into a stream."""
