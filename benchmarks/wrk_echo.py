@@ -19,7 +19,9 @@ clients, for comparison with wrk's numbers (see benchmarks/RESULTS.md for why th
 ``--variant 'LABEL:key=value;key2=value2'`` (repeatable) adds batchserve with those
 config.properties keys (a key written ``$NAME=value`` is an environment variable of its
 instead), and prints each variant's ratio to the plain server: the cost of a feature that is
-off by default (``--variant 'timing:server_timing=always'``).
+off by default (``--variant 'timing:server_timing=always'``). ``{otlp}`` in a value is the
+URL of an OTLP/HTTP receiver this process runs for the run (it reads and drops what it is
+sent): ``--variant 'traces:otel_traces=true;otel_exporter_otlp_endpoint={otlp}'``.
 
 ``--tls`` adds batchserve with its inference address over HTTPS (a self-signed EC P-256
 certificate made for the run; wrk keeps its connections, so this is the cost of TLS records,
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.server
 import io
 import re
 import shutil
@@ -39,6 +42,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +159,27 @@ def _source_at(revision: str, work: Path) -> Path:
     return tree
 
 
+class _OtlpSink:
+    """An OTLP/HTTP receiver that reads every export and answers it with an empty (valid)
+    ExportTraceServiceResponse, on a daemon thread of this process."""
+
+    def __init__(self) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 def _variant(text: str) -> tuple[str, str, dict[str, str]]:
     """``LABEL:key=value;$ENV=value`` as (label, config.properties lines, environment)."""
     label, sep, rest = text.partition(":")
@@ -186,7 +211,9 @@ def main() -> int:
                         help="also serve batchserve with these config.properties keys "
                              "($NAME=value: an environment variable); repeatable")
     args = parser.parse_args()
-    variants = [_variant(text) for text in args.variant]
+    sink = _OtlpSink() if any("{otlp}" in text for text in args.variant) else None
+    variants = [_variant(text.replace("{otlp}", sink.url if sink else "")) for text in
+                args.variant]
     if shutil.which("wrk") is None:
         raise SystemExit("needs wrk: apt-get install -y wrk")
     work = Path(tempfile.mkdtemp(prefix="bench-wrk-"))
