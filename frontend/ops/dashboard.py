@@ -173,12 +173,15 @@ class Dashboard:
         """The families the page reads, by name: ours always (they are kept in every
         metrics_mode), the others where the metrics page has them."""
         metrics = self._metrics
-        found: dict[str, Family] = {LATENCY: metrics.latency.family(),
-                                    BATCH_SIZE: metrics.batch_size.family()}
+        found: dict[str, Family] = {}
         if metrics.mode != "legacy":
-            wanted = {PHASES, FILL, *REASONS}
+            wanted = {LATENCY, BATCH_SIZE, PHASES, FILL, *REASONS}
             found.update((family.name, family) for family in metrics.families()
                          if family.name in wanted)
+        if LATENCY not in found:
+            found[LATENCY] = metrics.latency.family()
+        if BATCH_SIZE not in found:
+            found[BATCH_SIZE] = metrics.batch_size.family()
         histograms = {name: timeseries.read_histograms(family)
                       for name, family in found.items() if family.type == "histogram"}
         counters = {name: timeseries.read_counters(family)

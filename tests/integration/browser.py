@@ -39,7 +39,7 @@ class Browser:
     """One headless Chromium; ``open`` a page, then ``evaluate`` in it and ``screenshot`` it.
     Use it as a context manager: it is closed (and killed if it must be) at the end."""
 
-    def __init__(self, work_dir: Path, width: int = 1280, height: int = 1600) -> None:
+    def __init__(self, work_dir: Path, width: int = 1280, height: int = 1800) -> None:
         chromium = chromium_or_skip()
         self.width, self.height = width, height
         self.log = work_dir / "chromium.log"
@@ -125,8 +125,11 @@ class Browser:
         """Poll ``expression`` in the page until it is truthy; its value."""
         deadline = time.monotonic() + timeout_s
         while True:
-            value = self.evaluate(expression)
-            if value:
+            try:
+                value = self.evaluate(expression)
+            except AssertionError as error:  # the page is still loading: no context yet
+                value = error
+            if value and not isinstance(value, AssertionError):
                 return value
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}: last {value!r}")
