@@ -15,6 +15,7 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ import pytest
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
          "--no-first-run", "--disable-quic", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--hide-scrollbars")
+
+_LAUNCH = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4); "
+           "os.execv(sys.argv[3], sys.argv[3:])")
 
 
 def chromium_or_skip() -> str:
@@ -45,11 +49,12 @@ class Browser:
         self.log = work_dir / "chromium.log"
         to_browser, self._commands = os.pipe()
         self._answers, from_browser = os.pipe()
-        # The shell puts the two pipe ends on fds 3 and 4, where Chromium looks for them.
-        script = f'exec "$0" "$@" 3<&{to_browser} 4>&{from_browser}'
+        # A small launcher puts the two pipe ends on fds 3 and 4, where Chromium looks for
+        # them, and becomes Chromium (dash's redirections take only fds 0-9).
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                ["sh", "-c", script, chromium, *FLAGS,
+                [sys.executable, "-c", _LAUNCH, str(to_browser), str(from_browser), chromium,
+                 *FLAGS,
                  f"--user-data-dir={work_dir / 'profile'}", "--remote-debugging-pipe",
                  "about:blank"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
