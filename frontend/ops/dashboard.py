@@ -124,8 +124,14 @@ class Dashboard:
                 self.tick()
             except Exception:  # one bad sample must not end the history
                 logger.exception("the live page's sampler failed")
-            # On the interval's boundaries, whatever the time one sample took.
-            await asyncio.sleep(self.interval_s - self._monotonic() % self.interval_s)
+            await asyncio.sleep(self.next_delay_s(self._monotonic()))
+
+    def next_delay_s(self, now: float) -> float:
+        """How long until the next sample: to the next interval boundary (whatever the time
+        one sample took), at least half an interval away (a timer that fires a little early
+        must not take a second sample at once: its rates would be over a moment)."""
+        delay = self.interval_s - now % self.interval_s
+        return delay + self.interval_s if delay < self.interval_s / 2 else delay
 
     async def _read_gpus_forever(self) -> None:
         while True:

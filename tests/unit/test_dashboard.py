@@ -235,6 +235,14 @@ def test_the_history_is_bounded_and_served_since_a_time() -> None:
     json.dumps(document)  # what the route sends
 
 
+def test_samples_are_taken_on_the_interval_boundaries_never_twice_in_a_moment() -> None:
+    dashboard = Dashboard([], ServerMetrics([], system_metrics=False))
+    assert dashboard.next_delay_s(100.25) == pytest.approx(0.75)
+    assert dashboard.next_delay_s(100.0) == pytest.approx(1.0)
+    # A timer that woke a millisecond early waits for the next boundary but one.
+    assert dashboard.next_delay_s(100.999) == pytest.approx(1.001)
+
+
 def test_gpu_readings_join_each_sample() -> None:
     clock, model = Clock(), fake_model("m", workers=1)
     metrics = ServerMetrics([model], system_metrics=False)
