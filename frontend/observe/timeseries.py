@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from frontend.observe.exposition import Family
 
@@ -96,6 +97,39 @@ def read_histograms(family: Family) -> dict[Labels, Buckets]:
     return series
 
 
+class _KeptSeries(Protocol):
+    @property
+    def counts(self) -> Sequence[int]: ...
+
+    @property
+    def total(self) -> float: ...
+
+
+class KeptHistogram(Protocol):
+    """A histogram as the server's metrics keep theirs (``metrics._Histogram``): a count per
+    bucket (the last above every bound) and a sum per label values."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def bounds(self) -> tuple[float, ...]: ...
+
+    @property
+    def labels(self) -> tuple[str, ...]: ...
+
+    @property
+    def series(self) -> Mapping[tuple[str, ...], _KeptSeries]: ...
+
+
+def read_kept_histogram(histogram: KeptHistogram) -> dict[Labels, Buckets]:
+    """Each series of a kept histogram, by its labels (what ``read_histograms`` reads from
+    its family, without writing the family first)."""
+    return {tuple(zip(histogram.labels, key, strict=True)):
+            Buckets(histogram.bounds, tuple(itertools.accumulate(series.counts)), series.total)
+            for key, series in list(histogram.series.items())}
+
+
 def read_counters(family: Family) -> dict[Labels, float]:
     """Each series of a counter (or gauge) family, by its labels."""
     return {tuple(zip(labels, values, strict=True)): value
@@ -103,18 +137,31 @@ def read_counters(family: Family) -> dict[Labels, float]:
             if not name.endswith(("_created", "_bucket", "_sum", "_count"))}
 
 
-def of_model(series: Mapping[Labels, T], model: str, version: str
-             ) -> Iterator[tuple[dict[str, str], T]]:
-    """The series of one model version (labelled ``model_name`` or ``model``; a
-    ``model_version`` label, where there is one, must match), with their other labels."""
+#: Series grouped by model version: (model, version; None where they have no version label)
+#: -> each series' other labels and value.
+ByModel = dict[tuple[str, str | None], list[tuple[dict[str, str], T]]]
+
+
+def by_model(series: Mapping[Labels, T]) -> ByModel[T]:
+    """``series`` grouped by their model (labelled ``model_name`` or ``model``) and version
+    (``model_version``, where they have it); series of no model are left out. One pass, so
+    that each model's are then found at once."""
+    grouped: ByModel[T] = {}
     for labels, value in series.items():
         named = dict(labels)
         name = named.pop("model_name", None)
         if name is None:
             name = named.pop("model", None)
-        if name != model or named.pop("model_version", version) != version:
-            continue
-        yield named, value
+        if name is not None:
+            version = named.pop("model_version", None)
+            grouped.setdefault((name, version), []).append((named, value))
+    return grouped
+
+
+def of_model(grouped: ByModel[T], model: str, version: str) -> list[tuple[dict[str, str], T]]:
+    """The series of one model version: those of its version, and those of its name without a
+    version label."""
+    return [*grouped.get((model, version), ()), *grouped.get((model, None), ())]
 
 
 def by_label(series: Iterable[tuple[dict[str, str], T]], label: str) -> dict[str, T]:

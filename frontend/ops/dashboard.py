@@ -26,10 +26,9 @@ import psutil
 
 from frontend.models.model import Model
 from frontend.observe import timeseries
-from frontend.observe.exposition import Family
 from frontend.observe.metrics import ServerMetrics
 from frontend.observe.system import Reading, read_gpus
-from frontend.observe.timeseries import Buckets, Labels, Ring
+from frontend.observe.timeseries import Buckets, ByModel, Ring
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +39,9 @@ BATCH_SIZE = "batchserve_batch_size"
 PHASES = "batchserve_request_phase_seconds"
 FILL = "batchserve_batch_fill"
 REASONS = ("batchserve_dispatch_total", "batchserve_dispatch")
+WANTED = frozenset({LATENCY, BATCH_SIZE, PHASES, FILL, *REASONS})
+#: How often the metrics page is searched for a family it has not had yet, in seconds.
+RESCAN_S = 10.0
 #: The models whose history is kept, at most (the first by name); the rest are listed only.
 MAX_MODELS = 32
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
@@ -68,11 +70,14 @@ class _Reading:
     fill: Buckets | None = None
     phases: dict[str, Buckets] = field(default_factory=dict)
     reasons: dict[str, float] = field(default_factory=dict)
+    #: The families it was read from (a rate needs the family in both readings: one that
+    #: has just been found holds everything since the server started).
+    families: frozenset[str] = frozenset()
     refused: float = 0.0
     busy_s: dict[str, float] = field(default_factory=dict)
 
 
-def _histogram(readings: dict[Labels, Buckets], model: Model) -> Buckets | None:
+def _histogram(readings: ByModel[Buckets], model: Model) -> Buckets | None:
     return next((value for _, value in
                  timeseries.of_model(readings, model.name, model.version)), None)
 
@@ -97,6 +102,9 @@ class Dashboard:
         self.samples: Ring[Sample] = Ring(max(1, math.ceil(window_s / interval_s)))
         self._before: dict[tuple[str, str], _Reading] = {}
         self._before_at: float | None = None
+        #: The wanted families the metrics page has had, and when to look for the others.
+        self._on_page: set[str] = set()
+        self._rescan_at = 0.0
         self._cpu_before = psutil.cpu_times()
         #: The GPUs' last reading, for each sample until the next.
         self._gpus: list[dict[str, float]] = []
@@ -174,32 +182,42 @@ class Dashboard:
         self.samples.append(taken, sample)
         return sample
 
-    def _read_families(self) -> tuple[dict[str, dict[Labels, Buckets]],
-                                      dict[str, dict[Labels, float]]]:
-        """The families the page reads, by name: ours always (they are kept in every
-        metrics_mode), the others where the metrics page has them."""
+    def _read_families(self) -> tuple[dict[str, ByModel[Buckets]], dict[str, ByModel[float]]]:
+        """The families the page reads, by name. The server's histograms kept as ours are
+        (latency and batch sizes, in every metrics_mode) are read directly; the others from
+        the metrics page, each second once it has them, and every ``RESCAN_S`` until then
+        (building the page is what costs)."""
         metrics = self._metrics
-        found: dict[str, Family] = {}
-        if metrics.mode != "legacy":
-            wanted = {LATENCY, BATCH_SIZE, PHASES, FILL, *REASONS}
-            found.update((family.name, family) for family in metrics.families()
-                         if family.name in wanted)
-        if LATENCY not in found:
-            found[LATENCY] = metrics.latency.family()
-        if BATCH_SIZE not in found:
-            found[BATCH_SIZE] = metrics.batch_size.family()
-        histograms = {name: timeseries.read_histograms(family)
-                      for name, family in found.items() if family.type == "histogram"}
-        counters = {name: timeseries.read_counters(family)
-                    for name, family in found.items() if family.type != "histogram"}
+        kept = {name: histogram for histogram in vars(metrics).values()
+                if isinstance(histogram, type(metrics.latency))
+                and (name := histogram.name) in WANTED}
+        histograms = {name: timeseries.by_model(timeseries.read_kept_histogram(histogram))
+                      for name, histogram in kept.items()}
+        counters: dict[str, ByModel[float]] = {}
+        missing = WANTED - kept.keys()
+        now = self._monotonic()
+        if metrics.mode == "legacy" or not missing or (
+                not missing & self._on_page and now < self._rescan_at):
+            return histograms, counters
+        self._rescan_at = now + RESCAN_S
+        for family in metrics.families():
+            if family.name not in missing:
+                continue
+            self._on_page.add(family.name)
+            if family.type == "histogram":
+                histograms[family.name] = timeseries.by_model(
+                    timeseries.read_histograms(family))
+            else:
+                counters[family.name] = timeseries.by_model(timeseries.read_counters(family))
         return histograms, counters
 
-    def _read(self, model: Model, histograms: dict[str, dict[Labels, Buckets]],
-              counters: dict[str, dict[Labels, float]]) -> _Reading:
+    def _read(self, model: Model, histograms: dict[str, ByModel[Buckets]],
+              counters: dict[str, ByModel[float]]) -> _Reading:
         reading = _Reading(
             latency=_histogram(histograms.get(LATENCY, {}), model),
             batches=_histogram(histograms.get(BATCH_SIZE, {}), model),
-            fill=_histogram(histograms.get(FILL, {}), model))
+            fill=_histogram(histograms.get(FILL, {}), model),
+            families=frozenset((*histograms, *counters)))
         if PHASES in histograms:
             reading.phases = timeseries.by_label(
                 timeseries.of_model(histograms[PHASES], model.name, model.version), "phase")
@@ -235,14 +253,15 @@ class Dashboard:
         batches = now.batches.since(before.batches) if now.batches is not None else None
         row["batches"] = per_s(batches.count) if batches is not None else 0.0
         row["meanBatch"] = _round(batches.mean()) if batches is not None else None
-        if now.fill is not None:
+        both = now.families & before.families
+        if now.fill is not None and FILL in both:
             row["fill"] = _round(now.fill.since(before.fill).mean())
-        if now.phases:
+        if now.phases and PHASES in both:
             row["phasesMs"] = {
                 phase: {"mean": _ms(spent.mean()), "p99": _ms(spent.quantile(0.99))}
                 for phase, buckets in now.phases.items()
                 if (spent := buckets.since(before.phases.get(phase))).count}
-        if now.reasons:
+        if now.reasons and both & set(REASONS):
             row["reasons"] = {reason: per_s(count - before.reasons.get(reason, 0.0))
                               for reason, count in now.reasons.items()}
         busy = {worker: _round(min(1.0, max(0.0, (spent - before.busy_s.get(worker, spent))

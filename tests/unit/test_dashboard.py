@@ -26,12 +26,13 @@ from frontend.observe.timeseries import (
     Buckets,
     Ring,
     by_label,
+    by_model,
     of_model,
     read_counters,
     read_histograms,
 )
 from frontend.ops.auth import TokenAuthority
-from frontend.ops.dashboard import MAX_MODELS, Dashboard
+from frontend.ops.dashboard import MAX_MODELS, RESCAN_S, Dashboard
 from protos import worker_pb2
 from tests.unit.services import call, make_services
 
@@ -87,10 +88,10 @@ def test_our_histograms_and_counters_read_back_from_their_families() -> None:
     reasons.add(("model", "reason"), ("m", "full"), 5.0)
     reasons.add(("model", "reason"), ("m", "max_delay"), 2.0)
     reasons.add(("model", "reason"), ("other", "full"), 9.0)
-    counts = by_label(of_model(read_counters(reasons), "m", "1.0"), "reason")
+    counts = by_label(of_model(by_model(read_counters(reasons)), "m", "1.0"), "reason")
     assert counts == {"full": 5.0, "max_delay": 2.0}
     # A model_version label must match.
-    assert list(of_model(series, "m", "2.0")) == []
+    assert of_model(by_model(series), "m", "2.0") == []
 
 
 # ---- the sampler --------------------------------------------------------------------------------
@@ -209,6 +210,29 @@ def test_the_phases_fill_and_reasons_show_once_the_server_keeps_them() -> None:
     assert row["phasesMs"]["inference"]["mean"] == 20.0
     assert row["fill"] == 0.5
     assert row["reasons"] == {"full": 8.0, "max_delay": 4.0}
+
+
+def test_a_family_found_later_starts_its_rates_from_the_next_sample() -> None:
+    """The metrics page is searched for a family it has not had every RESCAN_S only; once
+    found, its first reading holds everything since the server started: no rate from it."""
+    clock, model = Clock(), fake_model("m", workers=1)
+    reasons = Family("batchserve_dispatch_total", "", "counter")
+    metrics = WithIssue26Families([])
+    dashboard = Dashboard([model], metrics, clock=clock, monotonic=clock)
+    dashboard.tick()  # searched: not there
+    reasons.add(("model", "reason"), ("m", "full"), 500.0)  # the server counted them all along
+    metrics.extra.append(reasons)
+    clock.now += 1.0
+    (row,) = dashboard.tick()["models"]  # type: ignore[index]
+    assert "reasons" not in row  # not searched again yet
+    clock.now += RESCAN_S
+    (row,) = dashboard.tick()["models"]  # type: ignore[index]
+    assert "reasons" not in row  # found: the baseline
+    reasons.samples.clear()
+    reasons.add(("model", "reason"), ("m", "full"), 503.0)
+    clock.now += 1.0
+    (row,) = dashboard.tick()["models"]  # type: ignore[index]
+    assert row["reasons"] == {"full": 3.0}  # read each second from now on
 
 
 def test_the_history_is_bounded_and_served_since_a_time() -> None:
