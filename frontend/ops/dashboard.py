@@ -258,7 +258,8 @@ class Dashboard:
             row["fill"] = _round(now.fill.since(before.fill).mean())
         if now.phases and PHASES in both:
             row["phasesMs"] = {
-                phase: {"mean": _ms(spent.mean()), "p99": _ms(spent.quantile(0.99))}
+                phase: {"mean": _ms(spent.mean()),
+                        **{name: _ms(spent.quantile(q)) for name, q in QUANTILES}}
                 for phase, buckets in now.phases.items()
                 if (spent := buckets.since(before.phases.get(phase))).count}
         if now.reasons and both & set(REASONS):

@@ -246,9 +246,12 @@ def test_the_page_draws_its_plots_in_a_browser_with_token_auth(served: Served,
             assert boxes[plot]["height"] > 50, (plot, boxes[plot])
             # A few seconds of a 5-minute axis are a few pixels wide: blank is 0 (below).
             assert _coloured_pixels(shot, boxes[plot]) >= 5, f"{plot} looks blank"
-        # An empty plot has no coloured pixels: the check above can fail.
+        # An empty plot has no coloured pixels (the check above can fail); one of those the
+        # server keeps once issue 26's timing and reasons are in draws as the others do.
         for plot in _MAYBE:
-            if not page["points"][plot]:
+            if page["points"][plot]:
+                assert _coloured_pixels(shot, boxes[plot]) >= 5, f"{plot} looks blank"
+            else:
                 assert _coloured_pixels(shot, boxes[plot]) == 0, plot
 
         # Without a key in the URL, the page asks for it; the form's key is used.

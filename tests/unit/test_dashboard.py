@@ -208,6 +208,9 @@ def test_the_phases_fill_and_reasons_show_once_the_server_keeps_them() -> None:
     (row,) = dashboard.tick()["models"]  # type: ignore[index]
     assert row["phasesMs"]["queue"]["mean"] == 3.0
     assert row["phasesMs"]["inference"]["mean"] == 20.0
+    # All in (0.01, 0.1]: the percentiles interpolate within it.
+    assert row["phasesMs"]["inference"]["p50"] == 55.0
+    assert row["phasesMs"]["queue"]["p99"] == pytest.approx(9.9)
     assert row["fill"] == 0.5
     assert row["reasons"] == {"full": 8.0, "max_delay": 4.0}
 
