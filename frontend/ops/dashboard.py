@@ -6,8 +6,8 @@ counts anyway: the metrics' histograms and counters (request latency, batch size
 and, where the server keeps them, the request phases, batch fill and dispatch reasons, found
 by their names), each model's queue depth and batches in flight, each worker's busy time
 (``Worker.busy_seconds``: one addition per batch), the host's CPU and, where there are GPUs,
-their utilisation and memory (read in a thread, every few seconds). Nothing runs on a
-request's path. A sample holds rates and percentiles over the second before it; the last
+their utilisation and memory (read in a thread, every few seconds). Nothing else runs on
+a request's path. A sample holds rates and percentiles over the second before it; the last
 ``window_s`` of them are kept in a ring (bounded memory; at most ``MAX_MODELS`` models are
 followed).
 """
