@@ -4,7 +4,7 @@
 
 The same server and load as tests/integration/test_dashboard.py (the ``sleep`` fixture
 handler, batch size 4, two workers, six clients, token authorization on), for ``--seconds``,
-then the page in headless Chromium; the PNG is reduced to 64 colours to stay small.
+then the page in headless Chromium; the PNG is reduced to 128 colours to stay small.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def main() -> None:
         finally:
             server.stop()
     shot = shot.crop((0, 0, shot.width, min(shot.height, height)))
-    shot.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(args.output, optimize=True)
+    shot.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(args.output, optimize=True)
     print(f"{args.output}: {args.output.stat().st_size} bytes; answers {load.statuses}")
 
 
