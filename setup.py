@@ -98,8 +98,10 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["frontend*", "backend*", "protos*", "model_archiver*",
                                     "workflow_archiver*"]),
-    # frontend/observe/metrics.yaml: TorchServe's default metrics configuration (data).
+    # frontend/observe/metrics.yaml: TorchServe's default metrics configuration (data);
+    # frontend/api/http/dashboard.html: the live page (GET /dashboard), served as it is.
     package_data={"protos": ["*.proto", "*.pyi"], "frontend.observe": ["*.yaml"],
+                  "frontend.api.http": ["*.html"],
                   "backend.compat.ts": ["version.txt"],
                   "": ["py.typed"]},
     install_requires=INSTALL_REQUIRES,

@@ -35,6 +35,7 @@ from frontend.observe.logs import ServerLogs
 from frontend.observe.metric_specs import load_metrics_config
 from frontend.observe.metrics import Model, ServerMetrics
 from frontend.ops.auth import TokenAuthority
+from frontend.ops.dashboard import Dashboard
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
 from frontend.serving.batching import Job
@@ -192,13 +193,15 @@ class Server:
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
         plane = InferencePlane(registry, metrics, logs.access, config.server_timing, tracing)
         workflows = WorkflowLoader(config, loader, WorkflowRegistry(), run_dir / "workflows")
+        dashboard = Dashboard(registry, metrics, gpu_count=gpus.count)
         self.services = Services(config, registry, loader, metrics, auth, snapshots, plane,
-                                 workflows)
+                                 workflows, dashboard)
         grpc_servers = GrpcServers(
             self.services, certificate if config.enable_grpc_ssl else None
         ) if config.enable_grpc else None
         with logs:
             await metrics.start()
+            dashboard.start()
             try:
                 await self._serve(http_services=self.services, loader=loader,
                                   snapshots=snapshots, auth=auth, grpc_servers=grpc_servers,
@@ -208,6 +211,7 @@ class Server:
                     await grpc_servers.stop(grace_s=0)
                 await workflows.close()
                 await loader.close(drain_timeout_s=self._drain_left())
+                await dashboard.close()
                 await metrics.close()
                 if tracing is not None:  # what is left is exported, off the event loop
                     await asyncio.to_thread(tracing.close)

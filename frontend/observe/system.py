@@ -58,23 +58,29 @@ class SystemSampler:
         return readings
 
     def _gpus(self) -> list[Reading]:
-        devices = _physical_devices(self.gpu_count)
-        try:
-            import pynvml  # nvidia-ml-py
-        except ImportError:
-            return _nvidia_smi(devices)
-        pynvml.nvmlInit()
-        try:
-            readings: list[Reading] = []
-            for index, device in enumerate(devices):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(device)
-                rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
-                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-                readings.extend(_gpu_readings(index, float(rates.memory),
-                                              float(int(memory.used) // _MiB), float(rates.gpu)))
-            return readings
-        finally:
-            pynvml.nvmlShutdown()
+        return read_gpus(self.gpu_count)
+
+
+def read_gpus(gpu_count: int) -> list[Reading]:
+    """The first ``gpu_count`` GPUs' utilisation, memory utilisation and memory used
+    (blocking; raises when they cannot be read). The live page reads them too."""
+    devices = _physical_devices(gpu_count)
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return _nvidia_smi(devices)
+    pynvml.nvmlInit()
+    try:
+        readings: list[Reading] = []
+        for index, device in enumerate(devices):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(device)
+            rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            readings.extend(_gpu_readings(index, float(rates.memory),
+                                          float(int(memory.used) // _MiB), float(rates.gpu)))
+        return readings
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def _gpu_readings(index: int, memory_utilization: float, memory_used_mb: float,

@@ -1,5 +1,5 @@
 """What the API layers share: config, registry, loader, the inference plane, metrics, token
-authority, snapshots, workflows."""
+authority, snapshots, workflows, the live page's sampler."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots
 from frontend.observe.metrics import ServerMetrics
 from frontend.ops.auth import TokenAuthority
+from frontend.ops.dashboard import Dashboard
 from frontend.ops.plane import InferencePlane
 from frontend.workflows.loader import WorkflowLoader
 
@@ -26,3 +27,5 @@ class Services:
     plane: InferencePlane
     #: The workflows (their registry is ``workflows.registry``).
     workflows: WorkflowLoader
+    #: The live page's sampler (None: no page data, as in tests that build no server).
+    dashboard: Dashboard | None = None

@@ -123,6 +123,9 @@ class Dispatcher:
         self._call_later = call_later
         self._clock = clock
         self.in_flight: collections.deque[InFlight] = collections.deque()
+        #: Seconds the worker spent on the batches answered so far (each from when it could
+        #: start it to its reply): the live page's utilisation, one addition per batch.
+        self.busy_s = 0.0
         self._parked: Take | None = None
         self._stopping = False
         self._done = False
@@ -138,6 +141,11 @@ class Dispatcher:
             return DispatchState.IDLE
         return (DispatchState.FULL if len(self.in_flight) >= self._max_in_flight
                 else DispatchState.BUSY)
+
+    def busy_seconds(self) -> float:
+        """Seconds the worker has been busy so far, the batch it is on included."""
+        head = self.in_flight[0].started if self.in_flight else None
+        return self.busy_s + (self._clock() - head if head is not None else 0.0)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -233,6 +241,7 @@ class Dispatcher:
         self._forget(batch)
         now = self._clock()
         service_s = now - (batch.started if batch.started is not None else now)
+        self.busy_s += service_s
         if self.in_flight:
             self._begin(self.in_flight[0])
         if isinstance(outcome, BaseException):
@@ -270,6 +279,8 @@ class Dispatcher:
             return
         self.in_flight.popleft()
         self._forget(batch)
+        if batch.started is not None:
+            self.busy_s += self._clock() - batch.started
         error = GatewayTimeout(f"{self.name} did not answer within the response timeout of "
                                f"{self._timeout_s:g} s")
         fail_jobs(batch.jobs, error)

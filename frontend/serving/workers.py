@@ -185,6 +185,8 @@ class Worker:
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self._log_tasks: list[asyncio.Task[None]] = []
         self._dispatcher: Dispatcher | None = None
+        #: Busy seconds of its past lives' dispatchers (``busy_seconds``).
+        self._busy_before_s = 0.0
         self._on_down = on_down or (lambda: None)
         #: A stateful model's: the sequences this worker serves (``batcher`` is its batcher).
         self._lane = lane
@@ -506,6 +508,7 @@ class Worker:
             self._stop_requested.remove_done_callback(on_stop)
             # Cancelled with batches in flight: nobody will deliver their answers now.
             dispatcher.abandon(WorkerDied(f"{self.name} stopped during a batch"))
+            self._busy_before_s += dispatcher.busy_s
             self._dispatcher = None
             self._lane_down(None)
 
@@ -520,6 +523,13 @@ class Worker:
     def in_flight(self) -> int:
         """Batches sent to the worker and not answered yet."""
         return len(self._dispatcher.in_flight) if self._dispatcher is not None else 0
+
+    def busy_seconds(self) -> float:
+        """Seconds this worker slot has spent on batches, over all its lives (the live page
+        reads it each second: its utilisation is the increase over the time passed)."""
+        dispatcher = self._dispatcher
+        return self._busy_before_s + (dispatcher.busy_seconds() if dispatcher is not None
+                                      else 0.0)
 
     def _batch_done(self, jobs: list[Job], result: worker_pb2.PredictResult | None) -> None:
         """A batch's reply was read (``result`` None: the batch failed as a whole)."""

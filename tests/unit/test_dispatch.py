@@ -160,6 +160,30 @@ def test_idle_then_busy_then_full_then_back() -> None:
     scenario(test)
 
 
+def test_busy_time_counts_the_worker_on_its_batches_once_with_two_in_flight() -> None:
+    """The live page's utilisation: busy while a batch is on the worker (the one it is on
+    counted as it goes), idle time not, and two batches in flight not counted twice."""
+    def test(r: Rig) -> None:
+        r.dispatcher.start()
+        r.clock.advance(5)  # idle
+        assert r.dispatcher.busy_seconds() == 0.0
+        r.submit("a", "b", "c", "d")  # two full batches in flight
+        r.clock.advance(1.5)
+        assert r.dispatcher.busy_seconds() == pytest.approx(1.5)  # on the first, so far
+        r.connection.answer()
+        r.clock.advance(1)
+        assert r.dispatcher.busy_s == pytest.approx(1.5)
+        assert r.dispatcher.busy_seconds() == pytest.approx(2.5)
+        r.connection.answer()
+        r.clock.advance(4)  # idle again
+        assert r.dispatcher.busy_seconds() == pytest.approx(2.5)
+        r.submit("e", "f")
+        r.clock.advance(TIMEOUT_S)  # a batch that times out counts its time too
+        assert r.dispatcher.busy_s == pytest.approx(2.5 + TIMEOUT_S)
+
+    scenario(test)
+
+
 def test_the_second_slot_takes_only_full_batches() -> None:
     def test(r: Rig) -> None:
         r.dispatcher.start()

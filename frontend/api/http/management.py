@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 
 from frontend.api.http import common
+from frontend.api.http.dashboard import DashboardRoutes
 from frontend.api.http.openapi import management_description
 from frontend.errors import BadRequest, MethodNotAllowed, RouteNotFound
 from frontend.ops.auth import KeyKind
@@ -36,6 +37,8 @@ class ManagementApp(common.Routes):
         self.ops = ManagementOps(services)
         self.workflows = WorkflowOps(services)
         self.max_body_bytes = services.config.max_request_size_bytes
+        #: The live page and its data (frontend/api/http/dashboard.py).
+        self.dashboard = DashboardRoutes(services.dashboard, services.auth)
 
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:
@@ -45,6 +48,9 @@ class ManagementApp(common.Routes):
         parts = common.path_parts(scope)
         if parts == ["token"]:
             await self.token(scope, send)
+            return True
+        if parts and parts[0] == "dashboard":
+            await self.dashboard.route(scope, parts, send)
             return True
         if parts and parts[0] == "workflows" and len(parts) <= 2:
             if self.auth is not None:

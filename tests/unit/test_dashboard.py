@@ -1,0 +1,359 @@
+"""The live page's pieces without a server: the ring of samples, percentiles from histogram
+buckets, the sampler over the server's real metrics (with stand-ins for models and workers,
+and simulated time), and the page's routes and headers through the management app."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import base64
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from frontend.api.http.dashboard import PAGE_FILE, page_headers
+from frontend.api.http.management import ManagementApp
+from frontend.observe.exposition import Family
+from frontend.observe.metrics import ServerMetrics
+from frontend.observe.timeseries import (
+    Buckets,
+    Ring,
+    by_label,
+    by_model,
+    of_model,
+    read_counters,
+    read_histograms,
+)
+from frontend.ops.auth import TokenAuthority
+from frontend.ops.dashboard import MAX_MODELS, RESCAN_S, Dashboard
+from protos import worker_pb2
+from tests.unit.services import call, make_services
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+PAGE = ROOT / "frontend" / "api" / "http" / PAGE_FILE
+
+# ---- the ring and the arithmetic ---------------------------------------------------------------
+
+
+def test_the_ring_keeps_the_last_samples_and_answers_since() -> None:
+    ring: Ring[int] = Ring(3)
+    for second in range(1, 6):
+        ring.append(float(second), second * 10)
+    assert len(ring) == 3
+    assert ring.since(None) == [(3.0, 30), (4.0, 40), (5.0, 50)]
+    assert ring.since(3.0) == [(4.0, 40), (5.0, 50)]
+    assert ring.since(5.0) == []
+    assert ring.since(0.0) == [(3.0, 30), (4.0, 40), (5.0, 50)]
+
+
+def test_quantiles_interpolate_within_the_bucket_as_prometheus_does() -> None:
+    # 10 observations: 4 in (0, 1], 4 in (1, 2], 2 above 4.
+    buckets = Buckets((1.0, 2.0, 4.0), (4.0, 8.0, 8.0, 10.0), 30.0)
+    assert buckets.count == 10 and buckets.mean() == 3.0
+    assert buckets.quantile(0.2) == pytest.approx(0.5)  # rank 2 of the first 4, in (0, 1]
+    assert buckets.quantile(0.6) == pytest.approx(1.5)  # rank 6: half way through (1, 2]
+    assert buckets.quantile(0.99) == 4.0  # above every finite bound: the highest bound
+    assert Buckets((1.0,), (0.0, 0.0), 0.0).quantile(0.5) is None
+
+
+def test_a_reading_minus_the_one_before_is_what_was_observed_in_between() -> None:
+    before = Buckets((1.0, 2.0), (1.0, 3.0, 3.0), 4.0)
+    now = Buckets((1.0, 2.0), (1.0, 7.0, 8.0), 20.0)
+    between = now.since(before)
+    assert between.cumulative == (0.0, 4.0, 5.0) and between.total == 16.0
+    assert now.since(None) is now
+    # A series that went back (a restarted counter) counts from zero.
+    assert before.since(now) is before
+
+
+def test_our_histograms_and_counters_read_back_from_their_families() -> None:
+    metrics = ServerMetrics([], system_metrics=False)
+    model = SimpleNamespace(name="m", version="1.0")
+    for latency_s in (0.002, 0.003, 0.2):
+        metrics.record_request(model, latency_s)  # type: ignore[arg-type]
+    series = read_histograms(metrics.latency.family())
+    (labels, only), = series.items()
+    assert dict(labels) == {"model_name": "m", "model_version": "1.0"}
+    assert only.count == 3 and only.total == pytest.approx(0.205)
+    assert 0.0025 <= only.quantile(0.5) <= 0.005  # type: ignore[operator]
+    # A counter labelled as issue 26's names say (model, reason), read per model.
+    reasons = Family("batchserve_dispatch_total", "", "counter")
+    reasons.add(("model", "reason"), ("m", "full"), 5.0)
+    reasons.add(("model", "reason"), ("m", "max_delay"), 2.0)
+    reasons.add(("model", "reason"), ("other", "full"), 9.0)
+    counts = by_label(of_model(by_model(read_counters(reasons)), "m", "1.0"), "reason")
+    assert counts == {"full": 5.0, "max_delay": 2.0}
+    # A model_version label must match.
+    assert of_model(by_model(series), "m", "2.0") == []
+
+
+# ---- the sampler --------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeWorker:
+    """A worker slot as the sampler reads it (frontend.serving.workers.Worker)."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.id = worker_id
+        self.busy = 0.0
+        self.in_flight = 0
+        self.is_up = True
+        self.restarts = 0
+        self.pid = 4242
+        self.gpu_id = None
+        self.state = SimpleNamespace(value="READY")
+
+    def busy_seconds(self) -> float:
+        return self.busy
+
+
+def fake_model(name: str, workers: int = 2) -> Any:
+    settings = SimpleNamespace(batch_policy=SimpleNamespace(value="adaptive"), batch_size=4,
+                               max_batch_delay_ms=50)
+    return SimpleNamespace(
+        name=name, version="1.0", settings=settings,
+        batcher=SimpleNamespace(depth=3, capacity=100),
+        workers=[FakeWorker(str(i)) for i in range(workers)], recent_batch_sizes=[4, 4, 2],
+        batches_total=3, requests_total=10, health=lambda: "Healthy", restarts_total=lambda: 0)
+
+
+class WithIssue26Families(ServerMetrics):
+    """The server's metrics plus the families of issue 26's timing and reasons part, as the
+    page finds them: by name, on the metrics page."""
+
+    def __init__(self, extra: list[Family]) -> None:
+        super().__init__([], system_metrics=False)
+        self.extra = extra
+
+    def families(self) -> Iterator[Family]:
+        yield from super().families()
+        yield from self.extra
+
+
+def _job(wait_s: float) -> Any:
+    return SimpleNamespace(queue_wait_s=wait_s)
+
+
+def test_a_sample_holds_the_rates_percentiles_and_utilisation_of_the_second_before_it(
+) -> None:
+    clock, model = Clock(), fake_model("m")
+    metrics = ServerMetrics([model], system_metrics=False)
+    dashboard = Dashboard([model], metrics, clock=clock, monotonic=clock)
+    assert dashboard.tick() is None  # the baseline
+    clock.now += 2.0
+    for _ in range(10):
+        metrics.record_request(model, 0.004)
+    metrics.record_request(model, 0.001, refused="queue_full")
+    metrics.record_batch(model, [_job(0.001)] * 4, worker_pb2.PredictResult())
+    metrics.record_batch(model, [_job(0.001)] * 2, worker_pb2.PredictResult())
+    model.workers[0].busy = 1.5  # busy 1.5 s of the 2, the other idle
+    sample = dashboard.tick()
+    assert sample is not None and sample["t"] == clock.now
+    (row,) = sample["models"]  # type: ignore[misc]
+    assert row["model"] == "m" and row["queue"] == 3 and row["workersUp"] == 2
+    assert row["requests"] == 5.5 and row["refused"] == 0.5
+    assert row["batches"] == 1.0 and row["meanBatch"] == 3.0
+    latency = row["latencyMs"]
+    assert 2.5 <= latency["p50"] <= latency["p90"] <= latency["p99"] <= 5.0
+    assert row["busy"] == {"0": 0.75, "1": 0.0} and row["utilisation"] == 0.375
+    assert "phasesMs" not in row and "reasons" not in row and "fill" not in row
+    # A quiet second: rates are zero, no latency to speak of.
+    clock.now += 1.0
+    (quiet,) = dashboard.tick()["models"]  # type: ignore[index]
+    assert quiet["requests"] == 0.0 and quiet["latencyMs"] is None
+    assert quiet["meanBatch"] is None and quiet["busy"] == {"0": 0.0, "1": 0.0}
+
+
+def test_the_phases_fill_and_reasons_show_once_the_server_keeps_them() -> None:
+    clock, model = Clock(), fake_model("m", workers=1)
+    phases = Family("batchserve_request_phase_seconds", "", "histogram")
+    fill = Family("batchserve_batch_fill", "", "histogram")
+    reasons = Family("batchserve_dispatch_total", "", "counter")
+    metrics = WithIssue26Families([phases, fill, reasons])
+    dashboard = Dashboard([model], metrics, clock=clock, monotonic=clock)
+
+    def set_counts(count: float) -> None:
+        for family in (phases, fill, reasons):
+            family.samples.clear()
+        for phase, seconds in (("queue", 0.003), ("inference", 0.02)):
+            for le in ("0.01", "0.1", "+Inf"):
+                phases.add(("model", "phase", "le"), ("m", phase, le),
+                           count if float(le) >= seconds else 0.0, "_bucket")
+            phases.add(("model", "phase"), ("m", phase), count * seconds, "_sum")
+        for le in ("0.5", "1.0", "+Inf"):
+            fill.add(("model", "le"), ("m", le), count, "_bucket")
+        fill.add(("model",), ("m",), count * 0.5, "_sum")
+        reasons.add(("model", "reason"), ("m", "full"), count)
+        reasons.add(("model", "reason"), ("m", "max_delay"), count / 2)
+
+    set_counts(0.0)
+    dashboard.tick()
+    clock.now += 1.0
+    set_counts(8.0)
+    (row,) = dashboard.tick()["models"]  # type: ignore[index]
+    assert row["phasesMs"]["queue"]["mean"] == 3.0
+    assert row["phasesMs"]["inference"]["mean"] == 20.0
+    # All in (0.01, 0.1]: the percentiles interpolate within it.
+    assert row["phasesMs"]["inference"]["p50"] == 55.0
+    assert row["phasesMs"]["queue"]["p99"] == pytest.approx(9.9)
+    assert row["fill"] == 0.5
+    assert row["reasons"] == {"full": 8.0, "max_delay": 4.0}
+
+
+def test_a_family_found_later_starts_its_rates_from_the_next_sample() -> None:
+    """The metrics page is searched for a family it has not had every RESCAN_S only; once
+    found, its first reading holds everything since the server started: no rate from it."""
+    clock, model = Clock(), fake_model("m", workers=1)
+    reasons = Family("batchserve_dispatch_total", "", "counter")
+    metrics = WithIssue26Families([])
+    dashboard = Dashboard([model], metrics, clock=clock, monotonic=clock)
+    dashboard.tick()  # searched: not there
+    reasons.add(("model", "reason"), ("m", "full"), 500.0)  # the server counted them all along
+    metrics.extra.append(reasons)
+    clock.now += 1.0
+    (row,) = dashboard.tick()["models"]  # type: ignore[index]
+    assert "reasons" not in row  # not searched again yet
+    clock.now += RESCAN_S
+    (row,) = dashboard.tick()["models"]  # type: ignore[index]
+    assert "reasons" not in row  # found: the baseline
+    reasons.samples.clear()
+    reasons.add(("model", "reason"), ("m", "full"), 503.0)
+    clock.now += 1.0
+    (row,) = dashboard.tick()["models"]  # type: ignore[index]
+    assert row["reasons"] == {"full": 3.0}  # read each second from now on
+
+
+def test_the_history_is_bounded_and_served_since_a_time() -> None:
+    clock, models = Clock(), [fake_model(f"m{i:02}", workers=1) for i in range(MAX_MODELS + 3)]
+    metrics = ServerMetrics(models, system_metrics=False)
+    dashboard = Dashboard(models, metrics, window_s=5, clock=clock, monotonic=clock)
+    for _ in range(9):
+        dashboard.tick()
+        clock.now += 1.0
+    assert len(dashboard.samples) == 5
+    document = dashboard.document()
+    times = [sample["t"] for sample in document["samples"]]  # type: ignore[attr-defined]
+    assert times == [1004.0, 1005.0, 1006.0, 1007.0, 1008.0]
+    # Every model is listed; the history follows the first MAX_MODELS.
+    assert len(document["models"]) == MAX_MODELS + 3  # type: ignore[arg-type]
+    assert len(document["samples"][-1]["models"]) == MAX_MODELS  # type: ignore[index]
+    newer = dashboard.document(since=1006.0)["samples"]
+    assert [sample["t"] for sample in newer] == [1007.0, 1008.0]  # type: ignore[index]
+    state = document["models"][0]  # type: ignore[index]
+    assert state["model"] == "m00" and state["batchSize"] == 4
+    assert state["recentBatchSizes"] == [4, 4, 2]
+    assert state["workers"] == [{"id": "0", "state": "READY", "inFlight": 0, "restarts": 0,
+                                 "pid": 4242, "gpuId": None}]
+    json.dumps(document)  # what the route sends
+
+
+def test_samples_are_taken_on_the_interval_boundaries_never_twice_in_a_moment() -> None:
+    dashboard = Dashboard([], ServerMetrics([], system_metrics=False))
+    assert dashboard.next_delay_s(100.25) == pytest.approx(0.75)
+    assert dashboard.next_delay_s(100.0) == pytest.approx(1.0)
+    # A timer that woke a millisecond early waits for the next boundary but one.
+    assert dashboard.next_delay_s(100.999) == pytest.approx(1.001)
+
+
+def test_gpu_readings_join_each_sample() -> None:
+    clock, model = Clock(), fake_model("m", workers=1)
+    metrics = ServerMetrics([model], system_metrics=False)
+
+    def gpus(count: int) -> list[tuple[str, tuple[str, ...], float]]:
+        assert count == 1
+        return [("GPUMemoryUtilization", ("Host", "0"), 12.0),
+                ("GPUMemoryUsed", ("Host", "0"), 5120.0), ("GPUUtilization", ("Host", "0"), 37.0)]
+
+    async def run() -> dict[str, Any]:
+        dashboard = Dashboard([model], metrics, gpu_count=1, clock=clock, monotonic=clock,
+                              gpu_reader=gpus, interval_s=0.01, gpu_interval_s=0.01)
+        dashboard.start()
+        try:
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                clock.now += 1.0
+                samples = [s for _, s in dashboard.samples.since(None) if "gpus" in s]
+                if samples:
+                    return samples[-1]
+            raise AssertionError("no sample with GPU readings")
+        finally:
+            await dashboard.close()
+
+    sample = asyncio.run(run())
+    assert sample["gpus"] == [{"id": 0, "memUtil": 12.0, "memUsedMiB": 5120.0, "util": 37.0}]
+
+
+# ---- the page and its routes ------------------------------------------------------------------
+
+
+def test_the_page_is_package_data_and_its_csp_allows_only_its_own_script_and_style() -> None:
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    package_data = next(node.value for node in ast.walk(tree)
+                        if isinstance(node, ast.keyword) and node.arg == "package_data")
+    assert ast.literal_eval(package_data)["frontend.api.http"] == ["*.html"]
+    page = PAGE.read_text()
+    headers = dict(page_headers(page.encode()))
+    policy = headers[b"content-security-policy"].decode()
+    for tag in ("script", "style"):
+        (inline,) = re.findall(rf"<{tag}>(.*?)</{tag}>", page, flags=re.DOTALL)
+        digest = base64.b64encode(hashlib.sha256(inline.encode()).digest()).decode()
+        assert f"{tag}-src 'sha256-{digest}'" in policy
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    assert "frame-ancestors 'none'" in policy and "unsafe" not in policy
+    # What it writes into the page is text, never markup; it loads nothing from elsewhere.
+    assert "innerHTML" not in page and "outerHTML" not in page and "eval(" not in page
+    assert not re.search(r"<script[^>]+src|https?://(?!www\.w3\.org/2000/svg)", page)
+
+
+def _dashboard_services(tmp_path: Path, auth: TokenAuthority | None = None) -> Any:
+    services = make_services(tmp_path)
+    return dataclasses.replace(services, auth=auth, dashboard=Dashboard(
+        services.registry, services.metrics))
+
+
+def test_without_token_authorization_the_data_needs_no_key(tmp_path: Path) -> None:
+    async def run() -> None:
+        app = ManagementApp(_dashboard_services(tmp_path))
+        page = await call(app, "GET", "/dashboard")
+        assert page.status == 200 and page.headers[b"content-type"].startswith(b"text/html")
+        assert b"content-security-policy" in page.headers
+        data = await call(app, "GET", "/dashboard/data", query=b"since=12.5")
+        assert data.status == 200 and data.headers[b"cache-control"] == b"no-store"
+        assert set(data.json()) == {"now", "intervalS", "windowS", "gpus", "models", "samples"}
+        assert (await call(app, "GET", "/dashboard/data", query=b"since=soon")).status == 400
+        assert (await call(app, "GET", "/dashboard/data", query=b"since=nan")).status == 400
+        assert (await call(app, "POST", "/dashboard/data")).status == 405
+        assert (await call(app, "GET", "/dashboard/other")).status == 404
+
+    asyncio.run(run())
+
+
+def test_with_token_authorization_the_data_needs_the_management_key(tmp_path: Path) -> None:
+    async def run() -> None:
+        auth = TokenAuthority(tmp_path / "key_file.json", 60)
+        auth.start()
+        keys = json.loads(auth.path.read_text())
+        app = ManagementApp(_dashboard_services(tmp_path, auth))
+        assert (await call(app, "GET", "/dashboard")).status == 200  # the page has no data
+        for headers in ([], [(b"authorization", b"Bearer " + keys["inference"]["key"].encode())]):
+            refused = await call(app, "GET", "/dashboard/data", headers=headers)
+            assert refused.status == 401 and refused.json()["code"] == 401
+        management = [(b"authorization", b"Bearer " + keys["management"]["key"].encode())]
+        assert (await call(app, "GET", "/dashboard/data", headers=management)).status == 200
+
+    asyncio.run(run())
