@@ -47,16 +47,16 @@ $(SM_STAMP):
 		sagemaker-pytorch-inference==2.0.25 "setuptools<81" && touch $(SM_STAMP) || \
 		echo "the SageMaker toolkit could not be installed: its tests will skip"
 
-# A real browser for the CORS test (tests/integration/test_cors_and_legacy.py): Debian's
-# chromium, installed with apt-get when missing and this runs as root; otherwise that one
-# test skips, saying why.
+# A real browser for the CORS and live-page tests (tests/integration/test_cors_and_legacy.py,
+# test_dashboard.py): Debian's chromium, installed with apt-get when missing and this runs as
+# root; otherwise those tests skip, saying why.
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
 			--no-install-recommends chromium) || \
-		echo "chromium could not be installed: the browser CORS test will skip"; \
-	else echo "no chromium (not root, or no apt-get): the browser CORS test will skip"; fi
+		echo "chromium could not be installed: the browser CORS and dashboard tests will skip"; \
+	else echo "no chromium (not root, or no apt-get): the browser CORS and dashboard tests will skip"; fi
 
 # Prometheus' promtool for the Grafana dashboard's and the alert rules' tests
 # (tests/unit/test_grafana_dashboard.py, tests/integration/test_grafana_metrics.py), when none
