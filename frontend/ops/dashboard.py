@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -29,11 +30,15 @@ from frontend.observe import timeseries
 from frontend.observe.metrics import ServerMetrics
 from frontend.observe.system import Reading, read_gpus
 from frontend.observe.timeseries import Buckets, ByModel, Ring
+from frontend.serving.batching import DispatchStats
 
 logger = logging.getLogger(__name__)
 
 #: Our families the page reads (those of the request phases, the batch fill and the dispatch
-#: reasons exist where the server keeps them; until then their plots say "no data yet").
+#: reasons exist where the server keeps them; until then their plots say "no data yet"). The
+#: fill and the reasons are read from each model's own ``DispatchStats`` where it has them,
+#: which is what the metrics page writes them from: building the page each second would
+#: hold the event loop for milliseconds.
 LATENCY = "batchserve_request_latency_seconds"
 BATCH_SIZE = "batchserve_batch_size"
 PHASES = "batchserve_request_phase_seconds"
@@ -195,6 +200,9 @@ class Dashboard:
                       for name, histogram in kept.items()}
         counters: dict[str, ByModel[float]] = {}
         missing = WANTED - kept.keys()
+        if all(isinstance(getattr(model, "dispatch", None), DispatchStats)
+               for model in self._models):
+            missing -= {FILL, *REASONS}  # read from the models (``_read``)
         now = self._monotonic()
         if metrics.mode == "legacy" or not missing or (
                 not missing & self._on_page and now < self._rescan_at):
@@ -221,10 +229,22 @@ class Dashboard:
         if PHASES in histograms:
             reading.phases = timeseries.by_label(
                 timeseries.of_model(histograms[PHASES], model.name, model.version), "phase")
+        stats = getattr(model, "dispatch", None)
+        if isinstance(stats, DispatchStats):
+            reading.fill = Buckets(tuple(stats.bounds),
+                                   tuple(itertools.accumulate(list(stats.fill_counts))),
+                                   stats.fill_sum)
+            reading.reasons = {reason: float(count)
+                               for reason, count in list(stats.reasons.items())}
+            reading.families = reading.families | {FILL, REASONS[0]}
+            return self._add_refused_and_busy(model, reading)
         for name in REASONS:
             if name in counters:
                 reading.reasons = timeseries.by_label(
                     timeseries.of_model(counters[name], model.name, model.version), "reason")
+        return self._add_refused_and_busy(model, reading)
+
+    def _add_refused_and_busy(self, model: Model, reading: _Reading) -> _Reading:
         refused = self._metrics.refused
         reading.refused = float(sum(count for (name, version, _), count in list(refused.items())
                                     if name == model.name and version == model.version))

@@ -134,6 +134,14 @@ def fake_model(name: str, workers: int = 2) -> Any:
         dispatch=DispatchStats())
 
 
+def page_only_model(name: str) -> Any:
+    """A model whose batch fill and dispatch reasons are only on the metrics page (no
+    ``DispatchStats`` of its own to read them from)."""
+    model = fake_model(name, workers=1)
+    del model.dispatch
+    return model
+
+
 #: The families of issue 26's timing and reasons part, which the page finds by name.
 ISSUE_26_FAMILIES = frozenset({"batchserve_request_phase_seconds", "batchserve_batch_fill",
                                "batchserve_dispatch_total"})
@@ -190,9 +198,10 @@ def test_a_sample_holds_the_rates_percentiles_and_utilisation_of_the_second_befo
 
 
 def test_the_phases_fill_and_reasons_show_once_the_server_keeps_them() -> None:
-    # The phases are read from the server's own histogram; the fill and the reasons from the
-    # metrics page (replaced here by families the test sets).
-    clock, model = Clock(), fake_model("m", workers=1)
+    # The phases are read from the server's own histogram; the fill and the reasons, for a
+    # model without dispatch stats of its own, from the metrics page (replaced here by
+    # families the test sets).
+    clock, model = Clock(), page_only_model("m")
     fill = Family("batchserve_batch_fill", "", "histogram")
     reasons = Family("batchserve_dispatch_total", "", "counter")
     metrics = WithIssue26Families([fill, reasons])
@@ -225,10 +234,35 @@ def test_the_phases_fill_and_reasons_show_once_the_server_keeps_them() -> None:
     assert row["reasons"] == {"full": 8.0, "max_delay": 4.0}
 
 
+def test_the_fill_and_reasons_come_from_the_models_own_stats_without_building_the_page(
+) -> None:
+    # Building the metrics page each second would hold the event loop for milliseconds.
+    clock, model = Clock(), fake_model("m", workers=1)
+    metrics = ServerMetrics([model], system_metrics=False)
+    built = []
+    original = metrics.families
+
+    def families() -> Iterator[Family]:
+        built.append(clock.now)
+        return original()
+
+    metrics.families = families  # type: ignore[method-assign]
+    dashboard = Dashboard([model], metrics, clock=clock, monotonic=clock)
+    dashboard.tick()
+    for reason, fill in (("full", 1.0), ("full", 1.0), ("adaptive", 0.25), ("deadline", 0.5)):
+        model.dispatch.add(reason, fill)
+    clock.now += 2.0
+    (row,) = dashboard.tick()["models"]  # type: ignore[index]
+    assert row["reasons"]["full"] == 1.0 and row["reasons"]["adaptive"] == 0.5
+    assert row["reasons"]["deadline"] == 0.5 and row["reasons"]["max_delay"] == 0.0
+    assert row["fill"] == pytest.approx(0.6875)
+    assert built == []
+
+
 def test_a_family_found_later_starts_its_rates_from_the_next_sample() -> None:
     """The metrics page is searched for a family it has not had every RESCAN_S only; once
     found, its first reading holds everything since the server started: no rate from it."""
-    clock, model = Clock(), fake_model("m", workers=1)
+    clock, model = Clock(), page_only_model("m")
     reasons = Family("batchserve_dispatch_total", "", "counter")
     metrics = WithIssue26Families([])
     dashboard = Dashboard([model], metrics, clock=clock, monotonic=clock)
