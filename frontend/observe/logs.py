@@ -36,6 +36,9 @@ TS_MODEL_LOGGER = "MODEL_LOG"
 #: one process write their workers' output to their own model_log.log).
 MODEL_LOGGER = "batchserve.model"
 FLUSH_INTERVAL_S = 0.2
+#: Entries after which the log is flushed at once (each flush formats them on the event loop:
+#: about a millisecond for this many).
+FLUSH_ENTRIES = 256
 #: An access log entry, after its time.
 _ENTRY = '%s "%s %s %s" %d %.1fms model=%s version=%s queue_ms=%.2f batch=%d'
 _LINE = f"%s {_ENTRY}"
@@ -91,7 +94,7 @@ class BufferedLog:
         self._on = False
         #: (unix time, then the entry's fields)
         self._pending: list[tuple[Any, ...]] = []
-        self._flush_handle: asyncio.TimerHandle | None = None
+        self._flush_handle: asyncio.Handle | None = None
 
     @property
     def enabled(self) -> bool:
@@ -104,6 +107,13 @@ class BufferedLog:
         elif self.path is not None:
             self._file = self.path.open("a", encoding="utf-8", buffering=1 << 16)
             self._on = True
+
+    def _flush_soon(self) -> None:
+        """Enough entries for one flush: written on the loop's next turn, so that a flush
+        holds the loop for a bounded time however many requests a second come."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._flush_handle = asyncio.get_running_loop().call_soon(self.flush)
 
     def _schedule(self) -> None:
         """An entry was added: flush within FLUSH_INTERVAL_S (at once without a loop)."""
@@ -168,11 +178,14 @@ class AccessLog(BufferedLog):
         (its phases are worked out when the line is written)."""
         if not self._on:
             return
-        self._pending.append((time.time(), client, method, path, protocol, status,
-                              latency_s * 1000, model, version, queue_wait_s * 1000, batch_size,
-                              form_s, timing))
+        pending = self._pending
+        pending.append((time.time(), client, method, path, protocol, status,
+                        latency_s * 1000, model, version, queue_wait_s * 1000, batch_size,
+                        form_s, timing))
         if self._flush_handle is None:
             self._schedule()
+        elif len(pending) == FLUSH_ENTRIES:
+            self._flush_soon()
 
     @staticmethod
     def _phases(entry: tuple[Any, ...]) -> str:

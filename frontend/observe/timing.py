@@ -104,21 +104,32 @@ def header(queue_wait_s: float, form_s: float, timing: Timing | None, total_s: f
     return ", ".join(parts)
 
 
+_NOT_DISPATCHED = ("form_ms=- worker_ms=- preprocess_ms=- inference_ms=- postprocess_ms=- "
+                   "frontend_ms=- reason=-")
+_FAILED = ("form_ms=%.2f worker_ms=- preprocess_ms=- inference_ms=- postprocess_ms=- "
+           "frontend_ms=- reason=%s")
+_WITH_STEPS = ("form_ms=%.2f worker_ms=%.2f preprocess_ms=%.2f inference_ms=%.2f "
+               "postprocess_ms=%.2f frontend_ms=%.2f reason=%s")
+_WITHOUT_STEPS = ("form_ms=%.2f worker_ms=%.2f preprocess_ms=- inference_ms=%.2f "
+                  "postprocess_ms=- frontend_ms=%.2f reason=%s")
+
+
 def log_fields(queue_wait_s: float, form_s: float, timing: Timing | None, total_s: float
                ) -> str:
     """The access log's fields after its ``batch=``: the phases in ms (``-`` for a request no
     worker answered) and the batch's reason. ``queue_ms`` before them is ``queue`` plus
-    ``batch_form``."""
+    ``batch_form``. (Written for every request as the log is flushed, on the event loop: one
+    %-format of what ``split`` gives.)"""
     if timing is None:  # never dispatched
-        return ("form_ms=- worker_ms=- preprocess_ms=- inference_ms=- postprocess_ms=- "
-                "frontend_ms=- reason=-")
-    phases = split(queue_wait_s, form_s, timing, total_s)
-    if phases is None:  # dispatched, and its batch failed as a whole (or never came back)
-        return (f"form_ms={form_s * 1000:.2f} worker_ms=- preprocess_ms=- inference_ms=- "
-                f"postprocess_ms=- frontend_ms=- reason={timing.reason}")
-    _, form, worker, pre, inference, post, own = (seconds * 1000 for seconds in phases)
-    return (f"form_ms={form:.2f} worker_ms={worker:.2f} "
-            + (f"preprocess_ms={pre:.2f} " if timing.steps else "preprocess_ms=- ")
-            + f"inference_ms={inference:.2f} "
-            + (f"postprocess_ms={post:.2f} " if timing.steps else "postprocess_ms=- ")
-            + f"frontend_ms={own:.2f} reason={timing.reason}")
+        return _NOT_DISPATCHED
+    if not timing.answered:  # dispatched, and its batch failed as a whole (or never came back)
+        return _FAILED % (form_s * 1000, timing.reason)
+    own_ms = (total_s - queue_wait_s - timing.round_s) * 1000
+    if own_ms < 0:
+        own_ms = 0.0
+    if timing.steps:
+        return _WITH_STEPS % (form_s * 1000, timing.worker_s * 1000, timing.preprocess_s * 1000,
+                              timing.inference_s * 1000, timing.postprocess_s * 1000, own_ms,
+                              timing.reason)
+    return _WITHOUT_STEPS % (form_s * 1000, timing.worker_s * 1000, timing.inference_s * 1000,
+                             own_ms, timing.reason)

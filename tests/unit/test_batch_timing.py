@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from backend.phases import instrument
 from frontend.observe import timing
+from frontend.observe.logs import FLUSH_ENTRIES, AccessLog
 from frontend.serving.batching import (
     ADAPTIVE,
     DEADLINE,
@@ -328,3 +330,28 @@ def test_handlers_without_three_plain_steps_are_left_alone() -> None:
     assert instrument(Slotted()) is None
     assert instrument(AsyncSteps()) is None
     assert instrument(object()) is None
+
+
+def test_a_busy_access_log_is_flushed_every_flush_entries_not_only_every_interval(
+        tmp_path: Path) -> None:
+    # A flush formats its entries on the event loop: under load it must not wait for the
+    # interval and then hold the loop for thousands of them at once.
+    path = tmp_path / "access_log.log"
+    log = AccessLog(path)
+    log.open()
+
+    async def scenario() -> tuple[int, int]:
+        for _ in range(FLUSH_ENTRIES - 1):
+            log.write("127.0.0.1", "POST", "/predictions/m", "HTTP/1.1", 200, 0.001, "m", "1.0",
+                      0.0, 1)
+        await asyncio.sleep(0)  # one turn of the loop: nothing written yet (the interval)
+        before = path.read_text().count("\n")
+        log.write("127.0.0.1", "POST", "/predictions/m", "HTTP/1.1", 200, 0.001, "m", "1.0",
+                  0.0, 1)
+        await asyncio.sleep(0)  # one turn: the full flush written
+        return before, path.read_text().count("\n")
+
+    try:
+        assert asyncio.run(scenario()) == (0, FLUSH_ENTRIES)
+    finally:
+        log.close()
