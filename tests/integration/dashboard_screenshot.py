@@ -10,17 +10,14 @@ then the page in headless Chromium; the PNG is reduced to 128 colours to stay sm
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from PIL import Image
 
-from model_archiver.packaging import ArchiveOptions, build_archive
-from tests.conftest import HANDLERS, spawn_server
 from tests.integration.browser import Browser
-from tests.integration.test_dashboard import BATCH_SIZE, MODEL, Load
+from tests.integration.test_dashboard import MODEL, Load, start_served
 
 
 def main() -> None:
@@ -30,27 +27,16 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dashboard-shot-") as folder:
         root = Path(folder)
-        store = root / "model_store"
-        store.mkdir()
-        config = root / "model-config.yaml"
-        config.write_text(f"batchSize: {BATCH_SIZE}\nmaxBatchDelay: 20\n")
-        build_archive(ArchiveOptions(model_name=MODEL, version="1.0",
-                                     handler=str(HANDLERS / "sleep.py"), export_path=store,
-                                     force=True, config_file=str(config)))
-        work = root / "server"
-        work.mkdir()
-        server = spawn_server(work, store, f"{MODEL}={MODEL}.mar",
-                              config={"default_workers_per_model": 2}, flags=())
+        server, keys = start_served(root)
         try:
-            keys = json.loads((work / "key_file.json").read_text())
             load = Load(f"{server.inference}/predictions/{MODEL}",
-                        {"Authorization": f"Bearer {keys['inference']['key']}"})
+                        {"Authorization": f"Bearer {keys['inference']}"})
             load.start()
             try:
                 time.sleep(args.seconds)  # the history the page shows
                 with Browser(root, width=1280, height=1500) as browser:
                     browser.open(f"{server.management}/dashboard#token="
-                                 f"{keys['management']['key']}")
+                                 f"{keys['management']}")
                     browser.wait_for("Number(document.body.dataset.polls) >= 2", "the page")
                     shot = Image.open(browser.screenshot(root / "raw.png")).convert("RGB")
                     height = int(browser.evaluate("document.documentElement.scrollHeight"))

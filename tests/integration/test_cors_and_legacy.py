@@ -21,7 +21,6 @@ import json
 import os
 import queue
 import re
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ import requests
 from model_archiver.packaging import ArchiveOptions, build_archive
 from protos import management_pb2, management_pb2_grpc
 from tests.conftest import HANDLERS, ServerProcess, spawn_server
+from tests.integration.browser import chromium_or_skip
 
 METHODS = "GET, POST, PUT, OPTIONS"
 HEADERS = "Authorization, Content-Type, X-Custom"
@@ -216,15 +216,6 @@ def test_every_port_answers_with_cors_headers_for_an_allowed_origin(served: Serv
 # ---- CORS in a browser -----------------------------------------------------------------------
 
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.skip("no Chromium to run the page in: install Debian's chromium package "
-                "(`make test` does, when run as root)")
-
-
 _MAIN_PAGE = """<!doctype html><html><body>
 <iframe src="BLOCKED/blocked.html"></iframe>
 <script>
@@ -275,7 +266,7 @@ def test_a_browser_fetches_across_origins_only_from_the_allowed_origin(
         served: Served, tmp_path: Path) -> None:
     """One Chromium run: a page of the allowed origin fetches from each port (preflighted:
     a token, a custom header, JSON, PUT), and a frame of another origin is blocked."""
-    chromium = _chromium()
+    chromium = chromium_or_skip()
     served.pages["/main.html"] = _page(_MAIN_PAGE, served)
     served.pages["/blocked.html"] = _page(_BLOCKED_PAGE, served)
     # Chromium keeps the page open until it is stopped; the page POSTs its results to its own

@@ -94,9 +94,10 @@ class Served:
         return answer.json()  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    root = tmp_path_factory.mktemp("dashboard")
+def start_served(root: Path) -> tuple[ServerProcess, dict[str, str]]:
+    """The page's server (also the screenshot's, tests/integration/dashboard_screenshot.py):
+    the ``sleep`` handler, batch size 4, two workers, token authorization on; its keys by
+    kind (inference, management)."""
     store = root / "model_store"
     store.mkdir()
     model_config = root / "model-config.yaml"
@@ -111,7 +112,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                           config={"default_workers_per_model": 2}, flags=())
     try:
         keys = json.loads((work / "key_file.json").read_text())
-        keys = {kind: keys[kind]["key"] for kind in ("inference", "management")}
+    except BaseException:
+        server.stop()
+        raise
+    return server, {kind: keys[kind]["key"] for kind in ("inference", "management")}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    server, keys = start_served(tmp_path_factory.mktemp("dashboard"))
+    try:
         load = Load(f"{server.inference}/predictions/{MODEL}",
                     {"Authorization": f"Bearer {keys['inference']}"})
         load.start()
