@@ -159,6 +159,19 @@ def _source_at(revision: str, work: Path) -> Path:
     return tree
 
 
+def _print_ratio(targets: list[Target], label: str, title: str) -> None:
+    """Per policy, the server ``label``'s throughput over plain batchserve's, with both p99s
+    and lone-client p50s."""
+    for policy in ("adaptive", "fixed"):
+        plain, other = (next(t for t in targets if t.name == f"{name} {policy}")
+                        for name in ("batchserve", label))
+        print(f"\n{policy}: {title} = "
+              f"{other.median('rate') / plain.median('rate'):.2f}x (wrk req/s), p99 "
+              f"{other.median('p99_ms'):.2f} vs {plain.median('p99_ms'):.2f} ms, lone p50 "
+              f"{other.lone.p50_ms if other.lone else 0:.2f} vs "
+              f"{plain.lone.p50_ms if plain.lone else 0:.2f} ms")
+
+
 class _OtlpSink:
     """An OTLP/HTTP receiver that reads every export and answers it with an empty (valid)
     ExportTraceServiceResponse, on a daemon thread of this process."""
@@ -287,23 +300,9 @@ def main() -> int:
                   f"{now.lone.p50_ms if now.lone else 0:.2f} vs "
                   f"{before.lone.p50_ms if before.lone else 0:.2f} ms")
     if args.tls:
-        for policy in ("adaptive", "fixed"):
-            plain, tls = (next(t for t in targets if t.name == f"{label} {policy}")
-                          for label in ("batchserve", "batchserve TLS"))
-            print(f"\n{policy}: TLS / plain HTTP = "
-                  f"{tls.median('rate') / plain.median('rate'):.2f}x (wrk req/s), p99 "
-                  f"{tls.median('p99_ms'):.2f} vs {plain.median('p99_ms'):.2f} ms, lone p50 "
-                  f"{tls.lone.p50_ms if tls.lone else 0:.2f} vs "
-                  f"{plain.lone.p50_ms if plain.lone else 0:.2f} ms")
+        _print_ratio(targets, "batchserve TLS", "TLS / plain HTTP")
     for label, _, _ in variants:
-        for policy in ("adaptive", "fixed"):
-            plain, varied = (next(t for t in targets if t.name == f"{name} {policy}")
-                             for name in ("batchserve", f"batchserve {label}"))
-            print(f"\n{policy}: {label} / plain = "
-                  f"{varied.median('rate') / plain.median('rate'):.2f}x (wrk req/s), p99 "
-                  f"{varied.median('p99_ms'):.2f} vs {plain.median('p99_ms'):.2f} ms, lone p50 "
-                  f"{varied.lone.p50_ms if varied.lone else 0:.2f} vs "
-                  f"{plain.lone.p50_ms if plain.lone else 0:.2f} ms")
+        _print_ratio(targets, f"batchserve {label}", f"{label} / plain")
     print("\nrounds (req/s): " + "; ".join(
         f"{t.name}: {', '.join(f'{r.rate:,.0f}' for r in t.runs)}" for t in targets))
     shutil.rmtree(work, ignore_errors=True)
