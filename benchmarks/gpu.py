@@ -280,8 +280,14 @@ def run(device: str, quick: bool, seconds: float, out: Path | None) -> None:
     with Batchserve(store, properties) as server:
         for variant, batch, workers in plan:
             clients = min(256, 2 * batch * workers)
-            rows.append(served(server, names[variant], IMAGES, batch, workers, clients,
-                               seconds))
+            try:
+                rows.append(served(server, names[variant], IMAGES, batch, workers, clients,
+                                   seconds))
+            except Exception as error:  # one broken run must not cost the rest (a GPU lease)
+                print(f"  {variant} batch {batch} workers {workers}: FAILED {error!r}",
+                      flush=True)
+                rows.append({"model": names[variant], "batch": batch, "workers": workers,
+                             "clients": clients, "error": repr(error)})
         server.register(names["fp32"], model_name="lone", batch_size=1, max_batch_delay=10,
                         initial_workers=1)
         lone = run_load(f"{server.inference}/predictions/lone", IMAGES, concurrency=1,
@@ -301,6 +307,10 @@ def print_markdown(report: dict[str, Any]) -> None:
     print("\n| model | batch | workers | clients | img/s | p50 ms | p99 ms | GPU busy % |"
           "\n|---|---|---|---|---|---|---|---|")
     for row in report["served"]:
+        if "error" in row:
+            print(f"| {row['model']} | {row['batch']} | {row['workers']} | {row['clients']} | "
+                  f"failed: {row['error'][:80]} | | | |")
+            continue
         gpu = f"{row['gpu_busy_pct']:.0f}" if row["gpu_busy_pct"] is not None else "-"
         print(f"| {row['model']} | {row['batch']} | {row['workers']} | {row['clients']} | "
               f"{row['img_s']:.0f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {gpu} |")
