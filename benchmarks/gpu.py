@@ -230,14 +230,30 @@ def load_from_processes(url: str, bodies: list[bytes], clients: int, seconds: fl
     return merged
 
 
+def _py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling worker ``pid`` (every thread, idle ones too) into ``out``."""
+    if shutil.which("py-spy") is None:
+        print("  (no py-spy: not profiled)", flush=True)
+        return None
+    return subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", str(int(seconds)),
+                             "-f", "raw", "--threads", "--idle", "--nonblocking", "-o",
+                             str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def served(server: Batchserve, name: str, images: list[bytes], batch: int, workers: int,
-           clients: int, seconds: float) -> dict[str, Any]:
+           clients: int, seconds: float, profile: Path | None = None) -> dict[str, Any]:
     server.register(name, model_name=f"{name}-b{batch}-w{workers}", batch_size=batch,
                     max_batch_delay=10, initial_workers=workers)
     model = f"{name}-b{batch}-w{workers}"
     url = f"{server.inference}/predictions/{model}"
+    spy = None
+    if profile is not None:  # the first worker, while the measured load runs
+        pid = server.describe(model)["workers"][0]["pid"]  # type: ignore[index]
+        spy = _py_spy(pid, seconds + 5.0, profile / f"{model}.txt")
     with GpuSampler() as gpu:
         result = load_from_processes(url, images, clients, seconds, warmup_s=5.0)
+    if spy is not None:
+        spy.wait(timeout=60)
     sizes = server.describe(model)["batching"]["recentBatchSizes"]  # type: ignore[index]
     server.unregister(model)
     row = {"model": name, "batch": batch, "workers": workers, "clients": clients,
@@ -248,7 +264,20 @@ def served(server: Batchserve, name: str, images: list[bytes], batch: int, worke
     return row
 
 
-def run(device: str, quick: bool, seconds: float, out: Path | None) -> None:
+def parse_plan(text: str) -> list[tuple[str, int, int]]:
+    """``bf16:64:1,fp32:32:2``: the served runs, as variant:batch:workers."""
+    plan = []
+    for item in text.split(","):
+        variant, batch, workers = item.split(":")
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r} (one of {', '.join(VARIANTS)})")
+        plan.append((variant, int(batch), int(workers)))
+    return plan
+
+
+def run(device: str, quick: bool, seconds: float, out: Path | None,
+        plan: list[tuple[str, int, int]] | None = None, in_process: bool = True,
+        properties: str = "", profile: Path | None = None) -> None:
     from benchmarks.resnet152 import IMAGES, build_archive
 
     store = Path(tempfile.mkdtemp(prefix="gpu-bench-store-"))
@@ -256,48 +285,66 @@ def run(device: str, quick: bool, seconds: float, out: Path | None) -> None:
     names = {variant: model_folder(store, archive, variant) for variant in VARIANTS}
     report: dict[str, Any] = {"device": device, "quick": quick}
 
-    print("ceilings (in process):", flush=True)
-    report["ceilings"] = ceilings(store / names["fp32"], device, IMAGES, seconds / 3, quick)
-    handler_batches = [("fp32", 8)] if quick or not device.startswith("cuda") else [
-        ("fp32", 32), ("fp32", 64), ("bf16", 64), ("bf16", 128)]
-    for variant, batch in handler_batches:
-        rate = handler_ceiling(store / names[variant], device, IMAGES, batch, seconds / 3)
-        report["ceilings"].append({"what": f"whole handler in process, {variant}",
-                                   "batch": batch, "img_s": rate})
-        print(f"  handler {variant} batch {batch}: {rate:.0f} img/s", flush=True)
-    report["lone_in_process_ms"] = lone_latency_ms(store / names["fp32"], device, IMAGES,
-                                                   seconds / 3)
-    print(f"  one image in process: {report['lone_in_process_ms']:.1f} ms", flush=True)
+    report["ceilings"] = []
+    if in_process:
+        print("ceilings (in process):", flush=True)
+        report["ceilings"] = ceilings(store / names["fp32"], device, IMAGES, seconds / 3,
+                                      quick)
+        handler_batches = [("fp32", 8)] if quick or not device.startswith("cuda") else [
+            ("fp32", 32), ("fp32", 64), ("bf16", 64), ("bf16", 128)]
+        for variant, batch in handler_batches:
+            rate = handler_ceiling(store / names[variant], device, IMAGES, batch, seconds / 3)
+            report["ceilings"].append({"what": f"whole handler in process, {variant}",
+                                       "batch": batch, "img_s": rate})
+            print(f"  handler {variant} batch {batch}: {rate:.0f} img/s", flush=True)
+        report["lone_in_process_ms"] = lone_latency_ms(store / names["fp32"], device, IMAGES,
+                                                       seconds / 3)
+        print(f"  one image in process: {report['lone_in_process_ms']:.1f} ms", flush=True)
 
-    plan = [("fp32", 8, 1), ("fp32", 32, 1), ("fp32", 64, 1), ("fp32", 32, 2),
-            ("fp32", 32, 4), ("fp32", 64, 2), ("bf16", 64, 1), ("bf16", 128, 1),
-            ("bf16", 128, 2)]
-    if quick or not device.startswith("cuda"):
-        plan = [("fp32", 8, 1), ("fp32", 8, 2), ("bf16", 8, 1)]
-    properties = "number_of_gpu=1\n" if device.startswith("cuda") else "number_of_gpu=0\n"
+    if plan is None:
+        plan = [("fp32", 8, 1), ("fp32", 32, 1), ("fp32", 64, 1), ("fp32", 32, 2),
+                ("fp32", 32, 4), ("fp32", 64, 2), ("bf16", 64, 1), ("bf16", 128, 1),
+                ("bf16", 128, 2)]
+        if quick or not device.startswith("cuda"):
+            plan = [("fp32", 8, 1), ("fp32", 8, 2), ("bf16", 8, 1)]
+    # The queue holds every client's request (TorchServe's default, 100, would turn the
+    # clients of a batch of 128 away with 503s and cap the batches).
+    properties = ("number_of_gpu=1\n" if device.startswith("cuda") else "number_of_gpu=0\n") \
+        + "job_queue_size=1024\n" + properties
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
     rows = []
     print("served (HTTP, closed loop):", flush=True)
     with Batchserve(store, properties) as server:
+        report["lone_served_p50_ms"] = lone_served_ms(server, names["fp32"], seconds)
         for variant, batch, workers in plan:
             clients = min(256, 2 * batch * workers)
             try:
                 rows.append(served(server, names[variant], IMAGES, batch, workers, clients,
-                                   seconds))
+                                   seconds, profile))
             except Exception as error:  # one broken run must not cost the rest (a GPU lease)
                 print(f"  {variant} batch {batch} workers {workers}: FAILED {error!r}",
                       flush=True)
                 rows.append({"model": names[variant], "batch": batch, "workers": workers,
                              "clients": clients, "error": repr(error)})
-        server.register(names["fp32"], model_name="lone", batch_size=1, max_batch_delay=10,
-                        initial_workers=1)
-        lone = run_load(f"{server.inference}/predictions/lone", IMAGES, concurrency=1,
-                        duration_s=seconds, warmup_s=3.0, content_type="image/jpeg")
-        report["lone_served_p50_ms"] = lone.percentile_ms(50)
-        print(f"  lone client, batch 1: {lone.summary()}", flush=True)
     report["served"] = rows
     print_markdown(report)
     if out is not None:
         out.write_text(json.dumps(report, indent=2))
+
+
+def lone_served_ms(server: Batchserve, name: str, seconds: float) -> float:
+    """p50 of one client posting one image at a time to a batch-1 model (run first, on an
+    idle GPU)."""
+    from benchmarks.resnet152 import IMAGES
+
+    server.register(name, model_name="lone", batch_size=1, max_batch_delay=10,
+                    initial_workers=1)
+    lone = run_load(f"{server.inference}/predictions/lone", IMAGES, concurrency=1,
+                    duration_s=seconds, warmup_s=3.0, content_type="image/jpeg")
+    server.unregister("lone")
+    print(f"  lone client, batch 1: {lone.summary()}", flush=True)
+    return lone.percentile_ms(50)
 
 
 def print_markdown(report: dict[str, Any]) -> None:
@@ -314,8 +361,10 @@ def print_markdown(report: dict[str, Any]) -> None:
         gpu = f"{row['gpu_busy_pct']:.0f}" if row["gpu_busy_pct"] is not None else "-"
         print(f"| {row['model']} | {row['batch']} | {row['workers']} | {row['clients']} | "
               f"{row['img_s']:.0f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {gpu} |")
-    print(f"\nlone client at batch 1: served p50 {report['lone_served_p50_ms']:.1f} ms; one "
-          f"image's decode + forward in process {report['lone_in_process_ms']:.1f} ms")
+    in_process = report.get("lone_in_process_ms")
+    print(f"\nlone client at batch 1: served p50 {report['lone_served_p50_ms']:.1f} ms"
+          + (f"; one image's decode + forward in process {in_process:.1f} ms"
+             if in_process is not None else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -324,8 +373,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per served run")
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args(argv)
-    run(args.device, args.quick, args.duration, args.out)
+    add_served_options(parser)
+    run_from_args(parser.parse_args(argv))
+
+
+def run_from_args(args: argparse.Namespace) -> None:
+    run(args.device, args.quick, args.duration, args.out, args.plan, not args.no_in_process,
+        args.properties.replace(";", "\n") + "\n", args.profile)
+
+
+def add_served_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plan", type=parse_plan, help="the served runs, as "
+                        "variant:batch:workers,... (variants: fp32, bf16)")
+    parser.add_argument("--no-in-process", action="store_true",
+                        help="skip the in-process ceilings")
+    parser.add_argument("--properties", default="",
+                        help="config.properties lines for the server, ';'-separated")
+    parser.add_argument("--profile", type=Path,
+                        help="py-spy each served run's first worker into this folder")
 
 
 if __name__ == "__main__":

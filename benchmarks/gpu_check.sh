@@ -28,22 +28,30 @@ torch.cuda.is_available(), torch.cuda.get_device_name(0))'
 } > "$OUT/setup.log" 2>&1
 tail -3 "$OUT/setup.log"
 
+TESTS=${TESTS:-tests/unit/test_images.py tests/unit/test_weights_ipc.py
+tests/integration/test_forked_workers.py::test_forked_workers_run_on_the_gpu_and_answer_as_a_fresh_one_does
+tests/integration/test_forked_workers.py::test_a_fork_server_that_initialised_cuda_refuses_to_fork
+tests/integration/test_vision.py tests/e2e/test_resnet152.py}
 # shellcheck disable=SC2086
 timeout "$TESTS_S" python3 -m pytest -q -rs -p no:cacheprovider -W default $PYTEST_ARGS \
-    tests/unit/test_images.py tests/unit/test_weights_ipc.py \
-    tests/integration/test_forked_workers.py::test_forked_workers_run_on_the_gpu_and_answer_as_a_fresh_one_does \
-    tests/integration/test_forked_workers.py::test_a_fork_server_that_initialised_cuda_refuses_to_fork \
-    tests/integration/test_vision.py tests/e2e/test_resnet152.py > "$OUT/tests.log" 2>&1
+    $TESTS > "$OUT/tests.log" 2>&1
 echo "tests rc=$?"
 tail -15 "$OUT/tests.log"
 stamp tests done
 
-timeout "$BENCH_S" python3 -m benchmarks.resnet152 --device cuda --duration "$DURATION" \
-    --out "$OUT/gpu.json" > "$OUT/bench.log" 2>&1
-echo "bench rc=$?"
-tail -40 "$OUT/bench.log"
-stamp bench done
+# BENCH_ARGS: more options for the benchmark (--plan, --no-in-process, --properties,
+# --profile "$OUT/profile"); BENCH2_ARGS: a second run after it, with its own options.
+bench() {
+    # shellcheck disable=SC2086
+    timeout "$BENCH_S" python3 -m benchmarks.resnet152 --device cuda --duration "$DURATION" \
+        --out "$OUT/gpu$1.json" $2 > "$OUT/bench$1.log" 2>&1
+    echo "bench$1 rc=$?"
+    tail -40 "$OUT/bench$1.log"
+    stamp "bench$1 done"
+}
+bench "" "${BENCH_ARGS:-}"
+if [ -n "${BENCH2_ARGS:-}" ]; then bench 2 "$BENCH2_ARGS"; fi
 
 # The servers' and workers' logs, for what failed.
-tar czf "$OUT/logs.tgz" /tmp/bench-*/logs /tmp/pytest-of-*/pytest-*/*/logs 2>/dev/null
+tar czf "$OUT/logs.tgz" /tmp/bench-*/logs /tmp/pytest-of-*/pytest-*/*/logs /tmp/profile* 2>/dev/null
 nvidia-smi --query-gpu=memory.used --format=csv

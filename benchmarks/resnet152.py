@@ -23,6 +23,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from benchmarks.gpu import add_served_options
 from benchmarks.load import run_load
 from benchmarks.servers import Batchserve
 
@@ -154,14 +155,15 @@ def main() -> None:
                         "try its code paths")
     parser.add_argument("--quick", action="store_true", help="with --device: a short run")
     parser.add_argument("--out", type=Path, help="with --device: the results as JSON")
+    add_served_options(parser)
     parser.add_argument("--image-decode", choices=("tensor", "pil"), help=argparse.SUPPRESS)
     parser.add_argument("--compare-decode", action="store_true",
                         help="the tensor path against Pillow's, on the CPU")
     args = parser.parse_args()
     if args.device is not None:
-        from benchmarks.gpu import run
+        from benchmarks.gpu import run_from_args
 
-        run(args.device, args.quick, args.duration, args.out)
+        run_from_args(args)
         return
     if args.raw is not None:
         print(raw_throughput(args.raw, args.batch_sizes[0], args.duration, args.image_decode))

@@ -21,8 +21,10 @@ CPU the tensor path is faster too (benchmarks/RESULTS.md), so it is the default 
 
 A request whose image cannot be read fails alone (``InvalidInput``): when nvJPEG refuses the
 batch, its JPEGs are decoded one by one, and an image no decoder can read is that request's
-error. Pillow's ``MAX_IMAGE_PIXELS`` is enforced from the image's header on both paths,
-before any pixel is decoded.
+error. A JPEG whose data stops before its end-of-image marker never takes the fast path:
+nvJPEG decodes a truncated JPEG without a word (the missing rows come out black), so such an
+image goes to Pillow, which refuses it, on every device alike. Pillow's ``MAX_IMAGE_PIXELS``
+is enforced from the image's header on both paths, before any pixel is decoded.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +61,10 @@ PIL = "pil"
 DECODE_MODES = (TENSOR, PIL)
 _EXIF_ORIENTATION = 0x0112
 _JPEG_START = b"\xff\xd8\xff"
+#: In entropy-coded data 0xFF is followed by 0x00 (a stuffed byte) or a restart marker
+#: (0xD0-0xD7); anything else after it is the next marker (or a fill byte before one).
+_NEXT_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7]")
+_EOI, _SOS = 0xD9, 0xDA
 
 
 def open_header(data: bytes) -> Image.Image:
@@ -106,10 +113,40 @@ def decode_rgb(data: bytes, header: Image.Image | None = None) -> Image.Image:
         raise InvalidInput(f"corrupt or truncated image: {describe(exc)}") from None
 
 
+def jpeg_is_complete(data: bytes) -> bool:
+    """Whether a JPEG's segments run to its end-of-image marker: the markers are walked by
+    their lengths (an EXIF thumbnail, a whole JPEG of its own, is skipped inside its APP1
+    segment) and each scan's entropy-coded data up to the next marker. Bytes after the end
+    of the image are allowed, as every decoder allows them."""
+    position, size = 2, len(data)
+    while position + 2 <= size:
+        if data[position] != 0xFF:
+            return False
+        marker = data[position + 1]
+        if marker == 0xFF:  # a fill byte before a marker
+            position += 1
+        elif marker == _EOI:
+            return True
+        elif 0xD0 <= marker <= 0xD7 or marker == 0x01:  # RSTn, TEM: no length
+            position += 2
+        elif position + 4 > size:
+            return False
+        else:
+            position += 2 + int.from_bytes(data[position + 2:position + 4], "big")
+            if marker == _SOS:
+                found = _NEXT_MARKER.search(data, position)
+                if found is None:
+                    return False
+                position = found.start()
+    return False
+
+
 def is_plain_jpeg(data: bytes, header: Image.Image) -> bool:
     """A JPEG ``decode_jpeg`` gives the same pixels for as Pillow: 8-bit colour (YCbCr or
-    RGB), no EXIF orientation to honour or ignore."""
+    RGB), no EXIF orientation to honour or ignore, and all of its data there."""
     if not data.startswith(_JPEG_START) or header.format != "JPEG" or header.mode != "RGB":
+        return False
+    if not jpeg_is_complete(data):  # nvJPEG would decode what is there, and say nothing
         return False
     try:
         orientation = header.getexif().get(_EXIF_ORIENTATION, 1)

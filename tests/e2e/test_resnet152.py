@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from frontend.serving.placement import visible_gpu_count
 from tests.conftest import ROOT, RunningServer, launch_server
 
 pytestmark = pytest.mark.slow  # the real ResNet-152: about a minute on a 2-core CPU
@@ -19,6 +20,12 @@ pytestmark = pytest.mark.slow  # the real ResNet-152: about a minute on a 2-core
 EXAMPLE = ROOT / "examples" / "image_classifier" / "resnet_152_batch"
 MODEL = "resnet-152-batch_v2"
 IMAGES = {name: (EXAMPLE / f"{name}.jpg").read_bytes() for name in ("kitten", "dog", "croco")}
+#: How far a batched answer's probabilities may be from the lone image's. On a CPU the same
+#: fp32 kernels run for both. On a GPU the worker runs TF32 convolutions and matmuls (Ampere
+#: and newer, as TorchServe) and cuDNN picks its algorithms per batch size: the two agree to
+#: about 1e-3 (7.2e-4 measured on an H200), not bit for bit; the labels and their order still
+#: match.
+BATCH_TOLERANCE = 5e-3 if visible_gpu_count() else 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +72,7 @@ def test_a_mixed_batch_of_8_equals_each_image_alone(resnet: RunningServer) -> No
         batched = answer.json()
         assert list(batched) == list(alone[name]), name
         for label, probability in batched.items():
-            assert abs(probability - alone[name][label]) < 1e-4
+            assert abs(probability - alone[name][label]) < BATCH_TOLERANCE
     batching = resnet.describe(MODEL)["batching"]
     new_batches = batching["batchesTotal"] - before  # type: ignore[index, operator]
     recent = batching["recentBatchSizes"][-new_batches:]  # type: ignore[index]

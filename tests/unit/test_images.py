@@ -13,7 +13,14 @@ import torch
 from PIL import Image
 
 from backend.errors import InvalidInput
-from backend.handlers.images import PIL, TENSOR, ImagePipeline, is_plain_jpeg, open_header
+from backend.handlers.images import (
+    PIL,
+    TENSOR,
+    ImagePipeline,
+    is_plain_jpeg,
+    jpeg_is_complete,
+    open_header,
+)
 from backend.handlers.vision import IMAGENET_TRANSFORM
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "image_classifier" / \
@@ -124,6 +131,44 @@ def test_a_mixed_batch_keeps_its_order_and_only_bad_images_fail() -> None:
     for together, single in zip((loaded[0], loaded[2], loaded[6]), alone, strict=True):
         assert torch.equal(together, single)  # type: ignore[arg-type]
     assert [type(item).__name__ for item in pil.load(batch)] == kinds
+
+
+def _with_thumbnail(jpeg: bytes, thumbnail: bytes) -> bytes:
+    """``jpeg`` with an APP1 segment right after its SOI holding ``thumbnail`` whole (as an
+    EXIF thumbnail is held): a complete JPEG, SOS and EOI markers included, inside it."""
+    payload = b"Exif\x00\x00" + thumbnail
+    return jpeg[:2] + b"\xff\xe1" + (len(payload) + 2).to_bytes(2, "big") + payload + jpeg[2:]
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_a_jpeg_is_complete_only_with_its_end_of_image_marker(progressive: bool) -> None:
+    picture = Image.open(EXAMPLE / "dog.jpg")
+    whole = _encode(picture, "JPEG", quality=90, progressive=progressive)
+    thumbnail = _encode(picture.resize((32, 24)), "JPEG")
+    assert jpeg_is_complete(whole)
+    assert jpeg_is_complete(whole + b"trailing bytes after the image")
+    assert jpeg_is_complete(_with_thumbnail(whole, thumbnail))
+    # Cut anywhere after the header (mid-scan, between progressive scans, right before
+    # EOI): incomplete, also when a whole thumbnail's EOI comes earlier in the data.
+    for cut in (len(whole) // 3, len(whole) // 2, len(whole) - 2, len(whole) - 1):
+        assert not jpeg_is_complete(whole[:cut])
+        assert not jpeg_is_complete(_with_thumbnail(whole[:cut], thumbnail))
+    assert not jpeg_is_complete(b"\xff\xd8\xff\xe0" + b"\x00" * 200)
+    assert not jpeg_is_complete(b"\xff\xd8")
+
+
+def test_a_truncated_jpeg_skips_the_fast_path_and_fails_alone() -> None:
+    # nvJPEG decodes a truncated JPEG without an error (the missing rows black): the fast
+    # path takes only a JPEG whose data is all there, Pillow refuses the rest.
+    good = (EXAMPLE / "dog.jpg").read_bytes()
+    header = open_header(good)
+    assert is_plain_jpeg(good, header)
+    for cut in (2000, len(good) // 2, len(good) - 2):
+        assert not is_plain_jpeg(good[:cut], open_header(good[:cut]))
+        tensor, pil = _pipelines()
+        for pipeline in (tensor, pil):
+            [failed] = pipeline.load([good[:cut]])
+            assert isinstance(failed, InvalidInput), cut
 
 
 def test_the_pixel_limit_is_checked_from_the_header_on_both_paths(
