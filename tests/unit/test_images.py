@@ -214,4 +214,9 @@ def test_nvjpeg_on_the_gpu_agrees_with_the_cpu_and_isolates_bad_images() -> None
     assert all(t.device.type == "cuda" for i, t in enumerate(loaded) if i != 1)  # type: ignore[union-attr]
     on_gpu = gpu.batch([loaded[0], loaded[3]]).cpu()  # type: ignore[list-item]
     on_cpu = cpu.batch(cpu.load([images[0], images[2]]))  # type: ignore[arg-type]
-    assert (on_gpu - on_cpu).abs().max().item() <= 2 * INPUT_TOLERANCE
+    # nvJPEG and libjpeg-turbo are two decoders (IDCT rounding, chroma upsampling): pixels
+    # mostly agree to a uint8 step or two, and a few at sharp edges differ by more (0.244
+    # normalised, about 14 steps, the largest an H200 showed).
+    difference = (on_gpu - on_cpu).abs()
+    assert difference.mean().item() <= 1.5 * INPUT_TOLERANCE
+    assert difference.max().item() <= 0.5
