@@ -188,11 +188,12 @@ class AccessLog(BufferedLog):
             self._flush_soon()
 
     @staticmethod
-    def _phases(entry: tuple[Any, ...]) -> str:
-        """The entry's phase fields (``_ENTRY``'s fields are ``entry[1:11]``)."""
+    def _phases(entry: tuple[Any, ...], batches: dict[int, str] | None = None) -> str:
+        """The entry's phase fields (``_ENTRY``'s fields are ``entry[1:11]``; ``batches``:
+        ``log_fields``'s, for one flush)."""
         if len(entry) < 13:
             return log_fields(0.0, 0.0, None, 0.0)
-        return log_fields(entry[9] / 1000, entry[11], entry[12], entry[6] / 1000)
+        return log_fields(entry[9] / 1000, entry[11], entry[12], entry[6] / 1000, batches)
 
     def _timestamp(self, seconds: float) -> str:
         whole = int(seconds)
@@ -203,6 +204,7 @@ class AccessLog(BufferedLog):
 
     def _text(self, entries: list[tuple[Any, ...]]) -> str:
         lines = []
+        batches: dict[int, str] = {}
         for entry in entries:
             stamp = self._timestamp(cast(float, entry[0]))
             fields = entry[1:11]
@@ -210,7 +212,7 @@ class AccessLog(BufferedLog):
             if not line.isprintable():  # rare: a field holds what must be escaped
                 line = _LINE % (stamp, *(escape(field) if type(field) is str else field
                                          for field in fields))
-            lines.append(f"{line} {self._phases(entry)}")
+            lines.append(f"{line} {self._phases(entry, batches)}")
         lines.append("")
         return "\n".join(lines)
 

@@ -108,18 +108,19 @@ _NOT_DISPATCHED = ("form_ms=- worker_ms=- preprocess_ms=- inference_ms=- postpro
                    "frontend_ms=- reason=-")
 _FAILED = ("form_ms=%.2f worker_ms=- preprocess_ms=- inference_ms=- postprocess_ms=- "
            "frontend_ms=- reason=%s")
-_WITH_STEPS = ("form_ms=%.2f worker_ms=%.2f preprocess_ms=%.2f inference_ms=%.2f "
-               "postprocess_ms=%.2f frontend_ms=%.2f reason=%s")
-_WITHOUT_STEPS = ("form_ms=%.2f worker_ms=%.2f preprocess_ms=- inference_ms=%.2f "
-                  "postprocess_ms=- frontend_ms=%.2f reason=%s")
+#: The fields of a request's batch (shared by every request of it: formatted once per batch).
+_WITH_STEPS = "worker_ms=%.2f preprocess_ms=%.2f inference_ms=%.2f postprocess_ms=%.2f"
+_WITHOUT_STEPS = "worker_ms=%.2f preprocess_ms=- inference_ms=%.2f postprocess_ms=-"
+_ANSWERED = "form_ms=%.2f %s frontend_ms=%.2f reason=%s"
 
 
-def log_fields(queue_wait_s: float, form_s: float, timing: Timing | None, total_s: float
-               ) -> str:
+def log_fields(queue_wait_s: float, form_s: float, timing: Timing | None, total_s: float,
+               batches: dict[int, str] | None = None) -> str:
     """The access log's fields after its ``batch=``: the phases in ms (``-`` for a request no
     worker answered) and the batch's reason. ``queue_ms`` before them is ``queue`` plus
-    ``batch_form``. (Written for every request as the log is flushed, on the event loop: one
-    %-format of what ``split`` gives.)"""
+    ``batch_form``. (Written for every request as the log is flushed, on the event loop;
+    ``batches``: the fields of the batches met so far in this flush, by ``id`` of their
+    timing, which their requests' entries keep alive.)"""
     if timing is None:  # never dispatched
         return _NOT_DISPATCHED
     if not timing.answered:  # dispatched, and its batch failed as a whole (or never came back)
@@ -127,9 +128,12 @@ def log_fields(queue_wait_s: float, form_s: float, timing: Timing | None, total_
     own_ms = (total_s - queue_wait_s - timing.round_s) * 1000
     if own_ms < 0:
         own_ms = 0.0
-    if timing.steps:
-        return _WITH_STEPS % (form_s * 1000, timing.worker_s * 1000, timing.preprocess_s * 1000,
-                              timing.inference_s * 1000, timing.postprocess_s * 1000, own_ms,
-                              timing.reason)
-    return _WITHOUT_STEPS % (form_s * 1000, timing.worker_s * 1000, timing.inference_s * 1000,
-                             own_ms, timing.reason)
+    batch = batches.get(id(timing)) if batches is not None else None
+    if batch is None:
+        batch = (_WITH_STEPS % (timing.worker_s * 1000, timing.preprocess_s * 1000,
+                                timing.inference_s * 1000, timing.postprocess_s * 1000)
+                 if timing.steps else
+                 _WITHOUT_STEPS % (timing.worker_s * 1000, timing.inference_s * 1000))
+        if batches is not None:
+            batches[id(timing)] = batch
+    return _ANSWERED % (form_s * 1000, batch, own_ms, timing.reason)
