@@ -493,6 +493,14 @@ class ServerConfig:
     #: where their time went: off; request (a request asks with X-Server-Timing: true);
     #: always (docs/batches.md).
     server_timing: str = option("server_timing", parse=parse_timing_mode, default="off")
+    #: Each prediction's time split into phases in the access log (fields after ``batch=``)
+    #: and in ``batchserve_request_phase_seconds``; false: neither, and nothing of it is
+    #: worked out per request (docs/batches.md).
+    request_phases: bool = option("request_phases", parse=parse_bool, default=True)
+    #: Why each batch left the queue and how full it was: ``batchserve_dispatch_total``,
+    #: ``batchserve_batch_fill`` and describe's ``dispatchReasons``/``batchFill``; false:
+    #: none of them is kept.
+    dispatch_stats: bool = option("dispatch_stats", parse=parse_bool, default=True)
     #: Private directory for worker sockets and extracted archives; None: a fresh temp dir.
     run_dir: Path | None = option("run_dir", parse=Path, default=None)
     snapshot_disabled: bool = option("snapshot_disabled", parse=parse_bool, default=False)

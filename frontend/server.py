@@ -105,7 +105,8 @@ def server_metrics(config: ServerConfig, models: Iterable[Model], gpu_count: int
         auto_detect=config.model_metrics_auto_detect,
         log_dir=Path(location) if location else config.log_location,
         system_metrics=not config.disable_system_metrics, gpu_count=gpu_count,
-        interval_s=config.metric_time_interval_s, named_loggers=named_loggers)
+        interval_s=config.metric_time_interval_s, named_loggers=named_loggers,
+        phases=config.request_phases)
 
 
 def start_tracing(config: ServerConfig) -> Tracing:
@@ -182,7 +183,8 @@ class Server:
         gpus = GpuAssigner.detect(config.number_of_gpu, config.visible_gpus)
         metrics = server_metrics(config, registry, gpus.count, self.named_loggers)
         cpus = CpuAssigner.detect(config.cpu_cores_per_worker) if config.cpu_affinity else None
-        logs = ServerLogs(config.log_location, config.enable_access_log, self.named_loggers)
+        logs = ServerLogs(config.log_location, config.enable_access_log, self.named_loggers,
+                          phases=config.request_phases)
         loader = ModelLoader(config, run_dir, registry,
                              Placement(gpus, cpus, registry.worker_count),
                              traced_batches(metrics.record_batch, tracing), logs.model,

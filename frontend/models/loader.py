@@ -304,7 +304,7 @@ class ModelLoader:
                                    environment, request.workflow_function),
                       self._placement, self._record_batch, self._model_log,
                       request.loaded_at_startup, plan.tensors, environment,
-                      request.workflow)
+                      request.workflow, dispatch_stats=self.config.dispatch_stats)
         self.registry.add(model,
                           make_default=self._configured(name, version).is_default_version)
         log_model_config(name, version, unpacked.model_config)

@@ -57,6 +57,7 @@ class Model:
         tensors: TensorMetadata = TensorMetadata(),
         environment: ModelEnvironment = NO_ENVIRONMENT,
         workflow: str | None = None,
+        dispatch_stats: bool = True,
     ) -> None:
         self.name = name
         #: The workflow this model is a node of (registered and removed with it), or None.
@@ -78,7 +79,7 @@ class Model:
         policy = functools.partial(make_policy, settings.batch_policy, settings.batch_size,
                                    settings.max_batch_delay_ms / 1000)
         #: Why its batches left the queue and how full they were (docs/batches.md).
-        self.dispatch = DispatchStats()
+        self.dispatch = DispatchStats(enabled=dispatch_stats)
         #: A stateful model's queue (its sequences, a lane per worker); None otherwise.
         self.sequences: SequenceBatcher | None = None
         self.batcher: Batcher | SequenceBatcher

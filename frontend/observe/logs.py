@@ -164,12 +164,15 @@ class AccessLog(BufferedLog):
     """One line per request: TorchServe's first fields (client, request line, status,
     latency), then ours (model, version, queue wait, batch size), then where its time went
     (``timing.log_fields``: the batch's forming, the worker, the handler's steps, the
-    frontend, and why its batch left the queue)."""
+    frontend, and why its batch left the queue) unless ``phases`` is off
+    (``request_phases=false``)."""
 
-    def __init__(self, path: Path | None, logger: logging.Logger | None = None) -> None:
+    def __init__(self, path: Path | None, logger: logging.Logger | None = None,
+                 phases: bool = True) -> None:
         super().__init__(path, logger)
         self._stamp_second = -1
         self._stamp = ""
+        self._with_phases = phases
 
     def write(self, client: str, method: str, path: str, protocol: str, status: int,
               latency_s: float, model: str, version: str, queue_wait_s: float,
@@ -179,9 +182,13 @@ class AccessLog(BufferedLog):
         if not self._on:
             return
         pending = self._pending
-        pending.append((time.time(), client, method, path, protocol, status,
-                        latency_s * 1000, model, version, queue_wait_s * 1000, batch_size,
-                        form_s, timing))
+        if self._with_phases:
+            pending.append((time.time(), client, method, path, protocol, status,
+                            latency_s * 1000, model, version, queue_wait_s * 1000, batch_size,
+                            form_s, timing))
+        else:
+            pending.append((time.time(), client, method, path, protocol, status,
+                            latency_s * 1000, model, version, queue_wait_s * 1000, batch_size))
         if self._flush_handle is None:
             self._schedule()
         elif len(pending) == FLUSH_ENTRIES:
@@ -189,11 +196,13 @@ class AccessLog(BufferedLog):
 
     @staticmethod
     def _phases(entry: tuple[Any, ...], batches: dict[int, str] | None = None) -> str:
-        """The entry's phase fields (``_ENTRY``'s fields are ``entry[1:11]``; ``batches``:
-        ``log_fields``'s, for one flush)."""
+        """The entry's phase fields after a space (``_ENTRY``'s fields are ``entry[1:11]``;
+        ``batches``: ``log_fields``'s, for one flush); none for an entry written with phases
+        off."""
         if len(entry) < 13:
-            return log_fields(0.0, 0.0, None, 0.0)
-        return log_fields(entry[9] / 1000, entry[11], entry[12], entry[6] / 1000, batches)
+            return ""
+        return " " + log_fields(entry[9] / 1000, entry[11], entry[12], entry[6] / 1000,
+                                batches)
 
     def _timestamp(self, seconds: float) -> str:
         whole = int(seconds)
@@ -212,7 +221,7 @@ class AccessLog(BufferedLog):
             if not line.isprintable():  # rare: a field holds what must be escaped
                 line = _LINE % (stamp, *(escape(field) if type(field) is str else field
                                          for field in fields))
-            lines.append(f"{line} {self._phases(entry, batches)}")
+            lines.append(f"{line}{self._phases(entry, batches)}")
         lines.append("")
         return "\n".join(lines)
 
@@ -222,7 +231,7 @@ class AccessLog(BufferedLog):
         if not message.isprintable():
             message = _ENTRY % tuple(escape(field) if type(field) is str else field
                                      for field in fields)
-        return f"{message} {self._phases(entry)}"
+        return f"{message}{self._phases(entry)}"
 
 
 class ServerLogs:
@@ -230,17 +239,18 @@ class ServerLogs:
     ``named_loggers`` (a log4j2 configuration set them) there is no file of its own: the
     access log and the workers' output go to the loggers ``ACCESS_LOG`` and ``MODEL_LOG``."""
 
-    def __init__(self, log_location: Path, access_log: bool, named_loggers: bool = False
-                 ) -> None:
+    def __init__(self, log_location: Path, access_log: bool, named_loggers: bool = False,
+                 phases: bool = True) -> None:
         self.log_location = log_location
         self.named_loggers = named_loggers
         if named_loggers:
             self.access = AccessLog(None, logging.getLogger(TS_ACCESS_LOGGER)
-                                    if access_log else None)
+                                    if access_log else None, phases)
             #: This server's worker output (stdout and stderr, line by line).
             self.model = logging.getLogger(TS_MODEL_LOGGER)
         else:
-            self.access = AccessLog(log_location / ACCESS_LOG if access_log else None)
+            self.access = AccessLog(log_location / ACCESS_LOG if access_log else None,
+                                    phases=phases)
             # A child per server: two servers in one process keep their model_log.log apart.
             self.model = logging.getLogger(f"{MODEL_LOGGER}.{id(self):x}")
         self._model_file: logging.Handler | None = None

@@ -91,6 +91,9 @@ class Dispatches(Protocol):
     """What the metrics read of why a model's batches left (``batching.DispatchStats``)."""
 
     @property
+    def enabled(self) -> bool: ...
+
+    @property
     def reasons(self) -> dict[str, int]: ...
 
     @property
@@ -253,9 +256,13 @@ class ServerMetrics:
     def __init__(self, models: Iterable[Model], *, mode: str = "prometheus",
                  config: MetricsConfig | None = None, auto_detect: bool = False,
                  log_dir: Path | None = None, system_metrics: bool = True, gpu_count: int = 0,
-                 interval_s: float = 60.0, named_loggers: bool = False) -> None:
+                 interval_s: float = 60.0, named_loggers: bool = False,
+                 phases: bool = True) -> None:
         """``log_dir``: where the metric logs are (None: none); ``named_loggers``: they go to
-        the loggers TS_METRICS and MODEL_METRICS instead (a log4j2 configuration set them)."""
+        the loggers TS_METRICS and MODEL_METRICS instead (a log4j2 configuration set them);
+        ``phases``: ``batchserve_request_phase_seconds`` is kept (``request_phases``)."""
+        #: Each request's phases are observed (else the family stays empty).
+        self.phases_on = phases
         if mode not in METRICS_MODES:
             raise ValueError(f"metrics_mode {mode!r}: expected one of {', '.join(METRICS_MODES)}")
         self.mode = mode
@@ -359,7 +366,7 @@ class ServerMetrics:
             return
         key = (model.name, model.version)
         self.latency.observe(key, latency_s)
-        if answered is not None:
+        if answered is not None and self.phases_on:
             timing = answered.timing
             if timing is not None and timing.answered:
                 own_s = latency_s - answered.queue_wait_s - timing.round_s
@@ -421,7 +428,8 @@ class ServerMetrics:
             self.handler_time.observe(key, result.handler_time_ms / 1000)
             if result.metrics:
                 self.record_model_metrics(result.metrics)
-            self._record_phases(key, jobs)
+            if self.phases_on:
+                self._record_phases(key, jobs)
 
     def _phase_key(self, key: tuple[str, str]) -> tuple[tuple[str, str, str], ...]:
         keys = self._phase_keys.get(key)
@@ -610,6 +618,8 @@ class ServerMetrics:
         for model in list(self._models):
             key = (model.name, model.version)
             stats = model.dispatch
+            if not stats.enabled:  # dispatch_stats=false: no zeros that would read as counts
+                continue
             for reason, count in list(stats.reasons.items()):
                 reasons.add(DISPATCH_LABELS, (*key, reason), float(count))
             seen = 0

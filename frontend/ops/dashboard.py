@@ -230,6 +230,8 @@ class Dashboard:
             reading.phases = timeseries.by_label(
                 timeseries.of_model(histograms[PHASES], model.name, model.version), "phase")
         stats = getattr(model, "dispatch", None)
+        if isinstance(stats, DispatchStats) and not stats.enabled:  # dispatch_stats=false
+            return self._add_refused_and_busy(model, reading)
         if isinstance(stats, DispatchStats):
             reading.fill = Buckets(tuple(stats.bounds),
                                    tuple(itertools.accumulate(list(stats.fill_counts))),

@@ -114,11 +114,13 @@ class DispatchStats:
     the metrics page) and the last ``RECENT_BATCHES`` (for describe). Shared by every batcher of
     a model (a stateful model's lanes)."""
 
-    __slots__ = ("batches", "fill_counts", "fill_sum", "reasons", "recent")
+    __slots__ = ("batches", "enabled", "fill_counts", "fill_sum", "reasons", "recent")
     #: The fill histogram's bucket bounds.
     bounds = FILL_BUCKETS
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        #: False (``dispatch_stats=false``): nothing is counted, every count stays 0.
+        self.enabled = enabled
         self.reasons: dict[str, int] = dict.fromkeys(REASONS, 0)
         #: Batches per fill bucket (``FILL_BUCKETS``, then above the last: an oversized
         #: KServe request), their count and the sum of their fills.
@@ -130,6 +132,8 @@ class DispatchStats:
             maxlen=RECENT_BATCHES)
 
     def add(self, reason: str, fill: float) -> None:
+        if not self.enabled:
+            return
         self.reasons[reason] += 1
         self.fill_counts[bisect.bisect_left(FILL_BUCKETS, fill)] += 1
         self.batches += 1

@@ -204,3 +204,35 @@ def test_phases_reasons_and_server_timing(build_mar, start_server, model_store: 
     assert float(match[1]) >= MAX_DELAY_MS - 1
     assert PREPROCESS_MS <= float(match[2]) < PREPROCESS_MS + SLACK_MS
     assert sum(line.endswith(" reason=full") and " batch=4 " in line for line in lines()) == 4
+
+
+def test_phases_and_reasons_off_keep_nothing_and_server_timing_still_answers(
+        build_mar, start_server, model_store: Path) -> None:
+    # request_phases=false and dispatch_stats=false: the access log's lines end at batch=,
+    # the phase, reason and fill families have no samples, describe shows no reasons; the
+    # Server-Timing header (its own switch) still splits the request.
+    build_mar("phased", "phased")
+    server = start_server(server_timing="request", request_phases=False,
+                          dispatch_stats=False)
+    register(server, "fixed", "fixed")
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: server.predict("fixed", b"x%d" % i, headers=ASK),
+                                range(4)))
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        parts = parse_server_timing(answer.headers["Server-Timing"])
+        check_steps(parts)
+        assert parts["batch_form"][1] in ("full", "max_delay")
+    access = model_store.parent / "logs" / "access_log.log"
+    server.wait_for(lambda: access.exists() and access.read_text().count("model=fixed") >= 4,
+                    "the access log's lines")
+    lines = [line for line in access.read_text().splitlines() if "model=fixed" in line]
+    assert all(re.search(r" queue_ms=[0-9.]+ batch=\d+$", line) for line in lines), lines
+    found = samples(server)
+    for family in ("batchserve_request_phase_seconds", "batchserve_dispatch_total",
+                   "batchserve_batch_fill"):
+        assert not [name for name, _ in found if name.startswith(family)], family
+    assert value(found, "batchserve_batch_size_count", model_name="fixed") >= 1
+    batching = server.describe("fixed")["batching"]
+    assert batching["dispatchReasons"] == {}  # type: ignore[index]
+    assert batching["batchFill"]["batches"] == 0  # type: ignore[index]

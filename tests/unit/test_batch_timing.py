@@ -355,3 +355,26 @@ def test_a_busy_access_log_is_flushed_every_flush_entries_not_only_every_interva
         assert asyncio.run(scenario()) == (0, FLUSH_ENTRIES)
     finally:
         log.close()
+
+
+def test_disabled_dispatch_stats_count_nothing() -> None:
+    stats = DispatchStats(enabled=False)
+    stats.add(FULL, 1.0)
+    assert stats.batches == 0 and not any(stats.reasons.values()) and not any(stats.fill_counts)
+    assert stats.recent_summary()[0] == {}
+
+
+def test_an_access_log_without_phases_ends_its_lines_at_the_batch_size(tmp_path: Path) -> None:
+    batch = _answered(0.2, None, handler_ms=100)
+    lines = {}
+    for phases in (True, False):
+        path = tmp_path / f"{phases}.log"
+        log = AccessLog(path, phases=phases)
+        log.open()
+        log.write("127.0.0.1", "POST", "/predictions/m", "HTTP/1.1", 200, 0.5, "m", "1.0", 0.1,
+                  2, 0.05, batch)
+        log.flush()
+        log.close()
+        lines[phases] = path.read_text().rstrip("\n")
+    assert lines[True].startswith(lines[False] + " form_ms=50.00 worker_ms=100.00 ")
+    assert lines[False].endswith(" queue_ms=100.00 batch=2")

@@ -26,6 +26,9 @@ def test_defaults_are_torchserve_defaults_and_local_only() -> None:
     assert config.allowed_urls == ()
     # Installing an archive's requirements runs its code: off unless asked for.
     assert config.install_py_dep_per_model is False
+    # Issue 26's phases and reasons are kept unless turned off; Server-Timing is asked for.
+    assert config.request_phases is True and config.dispatch_stats is True
+    assert config.server_timing == "off"
 
 
 def test_properties_file_is_parsed_with_torchserve_keys(tmp_path: Path) -> None:
@@ -41,6 +44,8 @@ def test_properties_file_is_parsed_with_torchserve_keys(tmp_path: Path) -> None:
         "job_queue_size=7\n"
         "number_of_gpu=2\n"
         "enable_model_api=true\n"
+        "request_phases=false\n"
+        "dispatch_stats=false\n"
         "install_py_dep_per_model=true\n"
         "install_py_dep_timeout=90\n"
         'models={"noop": {"1.0": {"marName": "noop.mar", "batchSize": 4, '
@@ -55,6 +60,7 @@ def test_properties_file_is_parsed_with_torchserve_keys(tmp_path: Path) -> None:
     assert (config.default_workers_per_model, config.job_queue_size) == (3, 7)
     assert config.number_of_gpu == 2
     assert config.enable_model_api is True
+    assert config.request_phases is False and config.dispatch_stats is False
     assert config.install_py_dep_per_model is True and config.install_py_dep_timeout_s == 90
     noop = config.models["noop"]["1.0"]
     assert noop.settings == {"batch_size": 4, "max_batch_delay_ms": 25, "min_workers": 2}

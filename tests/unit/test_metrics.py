@@ -368,3 +368,25 @@ ts_metrics:
     assert parsed["ts_inference_latency_microseconds_count"] == 2
     assert parsed["ts_inference_requests_total"] == 1.0  # a gauge keeps the last value
     assert "Requests2XX" not in text and "ts_queue_latency_microseconds" not in text
+
+
+def test_phases_and_dispatch_stats_off_give_no_samples() -> None:
+    from frontend.serving.batching import BatchTiming
+
+    class _Off(_Model):
+        dispatch = DispatchStats(enabled=False)
+
+    model = _Off()
+    metrics = ServerMetrics([model], system_metrics=False, phases=False)
+    batch = BatchTiming("full", 1, 0.0)
+    batch.answer(0.01, 5.0, None)
+    job = _Job()
+    job.timing = batch  # type: ignore[assignment]
+    model.dispatch.add("full", 1.0)
+    metrics.record_batch(model, [job], worker_pb2.PredictResult(handler_time_ms=5.0))
+    metrics.record_request(model, 0.02, answered=job)
+    page = metrics.exposition().decode()
+    assert "batchserve_request_latency_seconds_count" in page
+    for family in ("batchserve_request_phase_seconds", "batchserve_dispatch_total",
+                   "batchserve_batch_fill"):
+        assert f"\n{family}" not in page and f"\n{family}_" not in page, family
