@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import http.server
 import io
+import random
 import re
 import shutil
 import statistics
@@ -213,6 +214,8 @@ def _variant(text: str) -> tuple[str, str, dict[str, str]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shuffle", action="store_true",
+                        help="run the servers in a new (seeded) order each round")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk round")
     parser.add_argument("--no-torchserve", action="store_true")
     parser.add_argument("--baseline", metavar="REV",
@@ -267,8 +270,11 @@ def main() -> int:
             targets.append(Target("TorchServe 0.12 quiet", f"{theirs.inference}/predictions/echo"))
         for target in targets:  # warm-up: connections, JIT, the policies' estimates
             wrk(target.url, 16, 3, script)
+        order = random.Random(0)
         for round_number in range(args.rounds):
-            for target in targets:
+            # --shuffle: each round in another order, so that no server always runs right
+            # after the same one (whose leftovers, a flush or an export, it would pay for).
+            for target in (order.sample(targets, len(targets)) if args.shuffle else targets):
                 run = wrk(target.url, 16, args.duration, script)
                 target.runs.append(run)
                 print(f"round {round_number + 1}: {target.name}: {run.rate:,.0f} req/s, "
@@ -279,7 +285,8 @@ def main() -> int:
             if target.url.startswith("http://"):
                 target.loadgen_rate = loadgen(target.url, min(args.duration, 8))
     baseline = targets[-1] if not args.no_torchserve else None
-    print(f"\nwrk -t1 -c16, {args.rounds} interleaved rounds of {args.duration:g} s "
+    print(f"\nwrk -t1 -c16, {args.rounds} interleaved rounds"
+          f"{' (each in a shuffled order)' if args.shuffle else ''} of {args.duration:g} s "
           f"(median round); batch_size {BATCH_SIZE}, max_batch_delay {MAX_BATCH_DELAY_MS} ms, "
           f"one worker; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}\n")
     print("| server | wrk req/s | vs TorchServe | p50 ms | p99 ms | lone client p50 ms | "
