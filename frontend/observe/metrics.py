@@ -58,7 +58,7 @@ from frontend.observe.metric_specs import (
     prometheus_problem,
 )
 from frontend.observe.system import Reading, SystemSampler
-from frontend.observe.timing import PHASES, Timing
+from frontend.observe.timing import PHASES, Timing, frontend_s
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -226,15 +226,23 @@ class _Histogram:
 
     def family(self) -> Family:
         family = Family(self.name, self.documentation, "histogram")
-        bucket_labels = (*self.labels, "le")
         for key, series in list(self.series.items()):
-            seen = 0
-            for le, count in zip(self._le, series.counts, strict=True):
-                seen += count
-                family.add(bucket_labels, (*key, le), float(seen), "_bucket")
-            family.add(self.labels, key, float(seen), "_count")
-            family.add(self.labels, key, series.total, "_sum")
+            add_histogram_series(family, self.labels, key, self._le, series.counts,
+                                 series.total)
         return family
+
+
+def add_histogram_series(family: Family, labels: tuple[str, ...], key: tuple[str, ...],
+                         le: Sequence[str], counts: Iterable[int], total: float) -> None:
+    """One series of a histogram ``family``: its buckets (``counts`` per bucket, the last above
+    every bound, written cumulatively by their ``le``), its count and its sum."""
+    bucket_labels = (*labels, "le")
+    seen = 0
+    for bound, count in zip(le, counts, strict=True):
+        seen += count
+        family.add(bucket_labels, (*key, bound), float(seen), "_bucket")
+    family.add(labels, key, float(seen), "_count")
+    family.add(labels, key, total, "_sum")
 
 
 class _RequestSeries:
@@ -313,8 +321,6 @@ class ServerMetrics:
             "batchserve_request_phase_seconds",
             "Where a prediction's time went, by phase: queue, batch_form, worker, preprocess, "
             "inference, postprocess, frontend (docs/batches.md)", _PHASE_BUCKETS, PHASE_LABELS)
-        #: (model, version) -> its frontend phase's series (observed once per request).
-        self._frontend_phase: dict[tuple[str, str], _Series] = {}
         #: (model, version) -> the keys of its phases' series, in PHASES' order.
         self._phase_keys: dict[tuple[str, str], tuple[tuple[str, str, str], ...]] = {}
         #: (model, version, reason) -> requests answered without running.
@@ -369,12 +375,8 @@ class ServerMetrics:
         if answered is not None and self.phases_on:
             timing = answered.timing
             if timing is not None and timing.answered:
-                own_s = latency_s - answered.queue_wait_s - timing.round_s
-                own = self._frontend_phase.get(key)
-                if own is None:
-                    own = self._frontend_phase[key] = self.phases.of(self._phase_key(key)[6])
-                own.counts[bisect.bisect_left(_PHASE_BUCKETS, own_s)] += 1
-                own.total += own_s if own_s > 0 else 0.0
+                self.phases.observe(self._phase_key(key)[6],
+                                    frontend_s(answered.queue_wait_s, timing, latency_s))
         if refused is not None:
             refusal = (*key, refused)
             self.refused[refusal] = self.refused.get(refusal, 0) + 1
@@ -446,17 +448,8 @@ class ServerMetrics:
             return
         keys = self._phase_key(key)
         phases = self.phases
-        queue, form = phases.of(keys[0]), phases.of(keys[1])
-        queue_counts, form_counts, queue_total, form_total = queue.counts, form.counts, 0.0, 0.0
-        for job in jobs:  # one pass for both (a batch at a time, on the event loop)
-            form_s = job.form_s
-            waited_s = job.queue_wait_s - form_s
-            queue_counts[bisect.bisect_left(_PHASE_BUCKETS, waited_s)] += 1
-            form_counts[bisect.bisect_left(_PHASE_BUCKETS, form_s)] += 1
-            queue_total += waited_s
-            form_total += form_s
-        queue.total += queue_total
-        form.total += form_total
+        phases.observe_all(keys[0], (job.queue_wait_s - job.form_s for job in jobs))
+        phases.observe_all(keys[1], (job.form_s for job in jobs))
         count = len(jobs)
         phases.observe_n(keys[2], timing.worker_s, count)
         if timing.steps:
@@ -614,7 +607,6 @@ class ServerMetrics:
                          "adaptive, deadline, slot_free, sequence (docs/batches.md)", "counter")
         fill = Family("batchserve_batch_fill",
                       "Fill of each dispatched batch: its size / batch_size", "histogram")
-        bucket_labels = (*FILL_LABELS, "le")
         for model in list(self._models):
             key = (model.name, model.version)
             stats = model.dispatch
@@ -622,13 +614,9 @@ class ServerMetrics:
                 continue
             for reason, count in list(stats.reasons.items()):
                 reasons.add(DISPATCH_LABELS, (*key, reason), float(count))
-            seen = 0
-            bounds = [*map(java_double, stats.bounds), "+Inf"]
-            for le, count in zip(bounds, list(stats.fill_counts), strict=True):
-                seen += count
-                fill.add(bucket_labels, (*key, le), float(seen), "_bucket")
-            fill.add(FILL_LABELS, key, float(seen), "_count")
-            fill.add(FILL_LABELS, key, stats.fill_sum, "_sum")
+            add_histogram_series(fill, FILL_LABELS, key,
+                                 [*map(java_double, stats.bounds), "+Inf"],
+                                 list(stats.fill_counts), stats.fill_sum)
         yield from (reasons, fill)
 
     def _refused_family(self) -> Family:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from frontend.config import parse_timing_mode
-
 #: The phases, in the order a request meets them (``batchserve_request_phase_seconds``' label).
 PHASES = ("queue", "batch_form", "worker", "preprocess", "inference", "postprocess",
           "frontend")
@@ -30,8 +28,8 @@ PHASES = ("queue", "batch_form", "worker", "preprocess", "inference", "postproce
 SERVER_TIMING_REQUEST = "x-server-timing"
 #: The response header (and gRPC trailing metadata key) that carries it.
 SERVER_TIMING = "server-timing"
-#: ``server_timing`` (config.properties): no request gets the header; a request that asks for
-#: it gets it; every request gets it.
+#: ``server_timing`` (config.properties, as ``config.parse_timing_mode`` gives it): no request
+#: gets the header; a request that asks for it gets it; every request gets it.
 OFF, REQUEST, ALWAYS = "off", "request", "always"
 _YES = frozenset(("1", "true", "on", "yes"))
 
@@ -64,15 +62,16 @@ class Timing(Protocol):
     def postprocess_s(self) -> float: ...
 
 
-def parse_mode(text: str) -> str:
-    """``server_timing``'s value (config.properties): off (also false, no), request (also
-    true, on, yes) or always."""
-    return parse_timing_mode(text)
-
-
 def asks(value: str | None) -> bool:
     """Whether a request's ``X-Server-Timing`` value asks for the header (1, true, on, yes)."""
     return value is not None and value.strip().lower() in _YES
+
+
+def frontend_s(queue_wait_s: float, timing: Timing, total_s: float) -> float:
+    """The ``frontend`` phase of a request a worker answered: its time so far (``total_s``)
+    less its wait in the queue and its batch's round trip (never below 0)."""
+    own_s = total_s - queue_wait_s - timing.round_s
+    return own_s if own_s > 0 else 0.0
 
 
 def split(queue_wait_s: float, form_s: float, timing: Timing | None, total_s: float
@@ -81,9 +80,8 @@ def split(queue_wait_s: float, form_s: float, timing: Timing | None, total_s: fl
     then all of its time is the frontend's, or the queue's). ``total_s``: its time so far."""
     if timing is None or not timing.answered:
         return None
-    own_s = total_s - queue_wait_s - timing.round_s
     return (queue_wait_s - form_s, form_s, timing.worker_s, timing.preprocess_s,
-            timing.inference_s, timing.postprocess_s, own_s if own_s > 0 else 0.0)
+            timing.inference_s, timing.postprocess_s, frontend_s(queue_wait_s, timing, total_s))
 
 
 def header(queue_wait_s: float, form_s: float, timing: Timing | None, total_s: float) -> str:
@@ -125,9 +123,6 @@ def log_fields(queue_wait_s: float, form_s: float, timing: Timing | None, total_
         return _NOT_DISPATCHED
     if not timing.answered:  # dispatched, and its batch failed as a whole (or never came back)
         return _FAILED % (form_s * 1000, timing.reason)
-    own_ms = (total_s - queue_wait_s - timing.round_s) * 1000
-    if own_ms < 0:
-        own_ms = 0.0
     batch = batches.get(id(timing)) if batches is not None else None
     if batch is None:
         batch = (_WITH_STEPS % (timing.worker_s * 1000, timing.preprocess_s * 1000,
@@ -136,4 +131,5 @@ def log_fields(queue_wait_s: float, form_s: float, timing: Timing | None, total_
                  _WITHOUT_STEPS % (timing.worker_s * 1000, timing.inference_s * 1000))
         if batches is not None:
             batches[id(timing)] = batch
-    return _ANSWERED % (form_s * 1000, batch, own_ms, timing.reason)
+    return _ANSWERED % (form_s * 1000, batch, frontend_s(queue_wait_s, timing, total_s) * 1000,
+                        timing.reason)

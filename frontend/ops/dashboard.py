@@ -230,15 +230,14 @@ class Dashboard:
             reading.phases = timeseries.by_label(
                 timeseries.of_model(histograms[PHASES], model.name, model.version), "phase")
         stats = getattr(model, "dispatch", None)
-        if isinstance(stats, DispatchStats) and not stats.enabled:  # dispatch_stats=false
-            return self._add_refused_and_busy(model, reading)
         if isinstance(stats, DispatchStats):
-            reading.fill = Buckets(tuple(stats.bounds),
-                                   tuple(itertools.accumulate(list(stats.fill_counts))),
-                                   stats.fill_sum)
-            reading.reasons = {reason: float(count)
-                               for reason, count in list(stats.reasons.items())}
-            reading.families = reading.families | {FILL, REASONS[0]}
+            if stats.enabled:  # dispatch_stats=false: nothing kept, no plot
+                reading.fill = Buckets(tuple(stats.bounds),
+                                       tuple(itertools.accumulate(list(stats.fill_counts))),
+                                       stats.fill_sum)
+                reading.reasons = {reason: float(count)
+                                   for reason, count in list(stats.reasons.items())}
+                reading.families = reading.families | {FILL, REASONS[0]}
             return self._add_refused_and_busy(model, reading)
         for name in REASONS:
             if name in counters:

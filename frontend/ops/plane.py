@@ -35,6 +35,7 @@ from frontend.models.registry import ModelRegistry
 from frontend.observe import timing
 from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
+from frontend.observe.timing import SERVER_TIMING as SERVER_TIMING
 from frontend.ops.ids import new_request_id
 from frontend.serving.batching import Job
 from frontend.serving.sequences import SEQUENCE_ID_HEADER as SEQUENCE_ID_HEADER
@@ -45,9 +46,10 @@ from protos import worker_pb2
 if TYPE_CHECKING:  # imported by the server only when tracing is on
     from frontend.observe.tracing import Tracing
 
-# NOTE: Model, SEQUENCE_ID_HEADER and ResponseStream are imported "as" themselves: the
-# transports take them from here (the model a call resolved to, the header that names a
-# sequence, a streamed answer), as they import nothing below ops/.
+# NOTE: Model, SEQUENCE_ID_HEADER, ResponseStream and SERVER_TIMING are imported "as"
+# themselves: the transports take them from here (the model a call resolved to, the header
+# that names a sequence, a streamed answer, the header or trailing metadata that says where
+# its time went), as they import nothing below ops/.
 
 #: A client's own deadline for its prediction, in seconds (HTTP header, lower case).
 REQUEST_TIMEOUT_HEADER = "x-request-timeout"
@@ -139,8 +141,9 @@ class InferencePlane:
         self.registry = registry
         self.metrics = metrics
         self.access = access
-        #: ``server_timing`` (config.properties): off, request (a request may ask) or always.
-        self.server_timing = timing.parse_mode(server_timing)
+        #: ``server_timing`` (config.properties, parsed): off, request (a request may ask)
+        #: or always.
+        self.server_timing = server_timing
         self._timing_on = self.server_timing != timing.OFF
         #: OpenTelemetry spans of each call (None: tracing is off, and nothing is traced).
         self.tracing = tracing

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from backend.phases import instrument
+from frontend.config import parse_timing_mode
 from frontend.observe import timing
 from frontend.observe.logs import FLUSH_ENTRIES, AccessLog
 from frontend.serving.batching import (
@@ -264,10 +265,10 @@ def test_access_log_fields() -> None:
 def test_a_request_asks_for_server_timing_with_a_yes() -> None:
     assert all(timing.asks(value) for value in ("1", "true", "On", " yes "))
     assert not any(timing.asks(value) for value in (None, "", "0", "false", "no"))
-    assert timing.parse_mode("") == timing.OFF and timing.parse_mode("TRUE") == timing.REQUEST
-    assert timing.parse_mode("always") == timing.ALWAYS
+    assert parse_timing_mode("") == timing.OFF and parse_timing_mode("TRUE") == timing.REQUEST
+    assert parse_timing_mode("always") == timing.ALWAYS
     with pytest.raises(ValueError, match="off, request or always"):
-        timing.parse_mode("sometimes")
+        parse_timing_mode("sometimes")
 
 
 # ---- the backend's step clock -----------------------------------------------------------------

@@ -14,7 +14,7 @@ from google.rpc import status_pb2
 
 from frontend.errors import ServeError, WorkerError, grpc_code, type_for_status
 from frontend.ops.auth import KeyKind, TokenAuthority
-from frontend.ops.plane import Call, InferencePlane, Origin
+from frontend.ops.plane import SERVER_TIMING, Call, InferencePlane, Origin
 from frontend.ops.services import Services
 from protos import worker_pb2
 
@@ -118,18 +118,13 @@ class Rpc:
         return Origin(self.peer, "gRPC", path, "HTTP/2.0", count_status=True)
 
 
-#: The trailing metadata key that says where a prediction's time went (docs/batches.md).
-SERVER_TIMING = "server-timing"
-
-
 def send_timing(context: Context, call: Call) -> None:
     """Put the call's Server-Timing in the RPC's trailing metadata when it wants it (the
     ``server_timing`` key, and the request's ``x-server-timing`` metadata). Called while the
     RPC is live, before its answer is returned."""
-    if call.wants_timing:
-        value = InferencePlane.timing_header(call)
-        if value is not None:
-            context.set_trailing_metadata(((SERVER_TIMING, value),))
+    value = InferencePlane.timing_header(call)
+    if value is not None:
+        context.set_trailing_metadata(((SERVER_TIMING, value),))
 
 
 def body_of(response: worker_pb2.Response) -> bytes:

@@ -7,11 +7,11 @@ import asyncio
 
 from frontend.api.http import common
 from frontend.errors import InternalError
-from frontend.ops.plane import Answer, Call, InferencePlane, Origin
+from frontend.ops.plane import SERVER_TIMING, Answer, Call, InferencePlane, Origin
 from protos import worker_pb2
 
 #: The response header that says where a prediction's time went (docs/batches.md).
-SERVER_TIMING = b"server-timing"
+_SERVER_TIMING = SERVER_TIMING.encode("latin-1")
 
 
 def http_origin(scope: common.Scope) -> Origin:
@@ -31,11 +31,9 @@ def response_headers(request_id: str, response: worker_pb2.Response) -> common.H
 
 def with_timing(call: Call, headers: common.Headers) -> common.Headers:
     """``headers`` with Server-Timing added when the call wants it (``server_timing``)."""
-    if not call.wants_timing:
-        return headers
     value = InferencePlane.timing_header(call)
     if value is not None:
-        headers.append((SERVER_TIMING, value.encode("latin-1")))
+        headers.append((_SERVER_TIMING, value.encode("latin-1")))
     return headers
 
 

@@ -129,11 +129,10 @@ class KServeRoutes:
         response = await self._answer(call, receive)
         if response is None:
             return 0
-        headers, failed = await self._send_error(send, call.job.request,
-                                                 response)
-        headers = with_timing(call, headers)
+        headers, failed = await self._send_error(send, call.job.request, response)
         if failed:
             return failed
+        headers = with_timing(call, headers)
         key = b"explanations" if explain else b"predictions"
         answer = b'{"' + key + b'": ' + response.body + b', "batchId": ' + \
             _compact(call.job.batch_id) + b"}"
@@ -212,11 +211,10 @@ class KServeRoutes:
         response = await self._answer(call, receive)
         if response is None:
             return 0
-        headers, failed = await self._send_error(send, call.job.request,
-                                                 response)
-        headers = with_timing(call, headers)
+        headers, failed = await self._send_error(send, call.job.request, response)
         if failed:
             return failed
+        headers = with_timing(call, headers)
         content_type = (response.content_type or "application/json").encode("latin-1")
         await common.send_bytes(send, response.status or 200, response.body, content_type,
                                 headers)
