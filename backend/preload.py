@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import json
 import zipfile
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from backend.handlers import BUILTIN_HANDLERS
@@ -43,29 +44,30 @@ MAX_HANDLER_BYTES = 1 << 20
 MANIFEST = "MAR-INF/MANIFEST.json"
 
 
+#: A handler file found: its name (for messages) and its source (b"" when it is too large or
+#: cannot be read: nothing is imported for it); None when the archive has no such file.
+_Found = tuple[str, bytes] | None
+
+
 def modules_for(handler: str, model_dir: str) -> list[str]:
     """The modules to import before forking a worker of the model whose manifest names
     ``handler`` (in the archive unpacked at ``model_dir``)."""
-    module_part = _module_part(handler)
-    if not module_part:
-        return []
-    builtin = _builtin_or_torchserve(module_part, has_file=True)
-    if builtin:
-        return builtin
     folder = Path(model_dir)
-    try:
-        path = find_handler_file(folder, module_part)
-    except (OSError, ValueError):
-        return []
-    if path is None:
-        return _builtin_or_torchserve(module_part, has_file=False)
-    try:
-        if path.stat().st_size > MAX_HANDLER_BYTES:
-            return []
-        source = path.read_bytes()
-    except OSError:
-        return []
-    return [name for name in imports_in(source, str(path)) if not _in_archive(name, folder)]
+
+    def read(module_part: str) -> _Found:
+        try:
+            path = find_handler_file(folder, module_part)
+            if path is None:
+                return None
+            too_large = path.stat().st_size > MAX_HANDLER_BYTES
+            return str(path), b"" if too_large else path.read_bytes()
+        except (OSError, ValueError):
+            return "", b""
+
+    def own(top: str) -> bool:
+        return (folder / f"{top}.py").exists() or (folder / top).is_dir()
+
+    return _handler_modules(handler, read, own)
 
 
 def modules_for_archive(archive: Path) -> list[str]:
@@ -86,57 +88,47 @@ def modules_for_archive(archive: Path) -> list[str]:
 
 def _modules_in_zip(zipped: zipfile.ZipFile) -> list[str]:
     names = set(zipped.namelist())
-    manifest = json.loads(zipped.read(MANIFEST))
-    module_part = _module_part(_handler_of(manifest))
+    tops = {PurePosixPath(name).parts[0] for name in names if name}
+
+    def read(module_part: str) -> _Found:
+        found = next((name for name in handler_file_candidates(module_part) if name in names),
+                     None)
+        if found is None:
+            return None
+        too_large = zipped.getinfo(found).file_size > MAX_HANDLER_BYTES
+        return found, b"" if too_large else zipped.read(found)
+
+    def own(top: str) -> bool:
+        return top in tops or f"{top}.py" in tops
+
+    return _handler_modules(_handler_of(json.loads(zipped.read(MANIFEST))), read, own)
+
+
+def _handler_modules(handler: str, read: Callable[[str], _Found],
+                     own: Callable[[str], bool]) -> list[str]:
+    """What a model whose manifest names ``handler`` needs imported, its archive read through
+    ``read`` (its handler file, by the handler's module part) and ``own`` (whether a top-level
+    module name is the archive's own, which only the worker can import)."""
+    module_part = handler.strip().partition(":")[0].strip()
     if not module_part:
         return []
-    builtin = _builtin_or_torchserve(module_part, has_file=True)
-    if builtin:
-        return builtin
-    found = next((name for name in handler_file_candidates(module_part) if name in names),
-                 None)
+    builtin = BUILTIN_HANDLERS.get(module_part)
+    if builtin is not None:
+        return [builtin.partition(":")[0]]
+    found = read(module_part)
     if found is None:
-        return _builtin_or_torchserve(module_part, has_file=False)
-    if zipped.getinfo(found).file_size > MAX_HANDLER_BYTES:
-        return []
-    tops = {PurePosixPath(name).parts[0] for name in names if name}
-    return [name for name in imports_in(zipped.read(found), found)
-            if name.partition(".")[0] not in tops
-            and f"{name.partition('.')[0]}.py" not in tops]
+        # TorchServe's name for one of its handlers (``image_classifier`` is ours; others,
+        # ``densenet_handler``, resolve in ts.torch_handler).
+        name = f"{TORCHSERVE_HANDLERS}.{module_part}"
+        return [name] if is_fork_safe(name) else []
+    filename, source = found
+    return [name for name in imports_in(source, filename) if not own(name.partition(".")[0])]
 
 
 def _handler_of(manifest: object) -> str:
     model = manifest.get("model") if isinstance(manifest, dict) else None
     handler = model.get("handler") if isinstance(model, dict) else None
     return handler if isinstance(handler, str) else ""
-
-
-def _module_part(handler: str) -> str:
-    return handler.strip().partition(":")[0].strip()
-
-
-def _builtin_or_torchserve(module_part: str, *, has_file: bool) -> list[str]:
-    """The module of a handler named by a built-in name (``image_classifier``), or, when the
-    archive has no file of that name, of TorchServe's handler of that name (others,
-    ``densenet_handler``, resolve in ts.torch_handler)."""
-    builtin = BUILTIN_HANDLERS.get(module_part)
-    if builtin is not None:
-        return [builtin.partition(":")[0]]
-    if has_file:
-        return []
-    name = f"{TORCHSERVE_HANDLERS}.{module_part}"
-    return [name] if is_fork_safe(name) else []
-
-
-def imports_of(path: Path) -> list[str]:
-    """The fork-safe modules ``path`` imports at its top level (absolute imports only), in
-    order; none when it cannot be read or parsed."""
-    try:
-        if path.stat().st_size > MAX_HANDLER_BYTES:
-            return []
-        return imports_in(path.read_bytes(), str(path))
-    except OSError:
-        return []
 
 
 def imports_in(source: bytes, filename: str) -> list[str]:
@@ -157,9 +149,3 @@ def imports_in(source: bytes, filename: str) -> list[str]:
 def is_fork_safe(name: str) -> bool:
     """Whether importing module ``name`` is known to leave a process safe to fork."""
     return name.partition(".")[0] in FORK_SAFE_PACKAGES or name in TS_MODULES
-
-
-def _in_archive(name: str, model_dir: Path) -> bool:
-    """``name``'s top package is a module or package of the archive itself."""
-    top = name.partition(".")[0]
-    return (model_dir / f"{top}.py").exists() or (model_dir / top).is_dir()

@@ -46,6 +46,10 @@ def archive_stem(path: Path) -> str:
     return name
 
 
+#: The ``allowed_urls`` of what the operator names (startup models, ``load_models``): any url.
+OPERATOR_URLS = (".*",)
+
+
 def require_allowed(url: str, allowed_urls: tuple[str, ...], shown: str | None = None) -> None:
     """Forbidden (403, saying how to admit it) unless a pattern of ``allowed_urls`` matches
     the whole ``url``; ``shown`` is how the message names it (default: the url)."""

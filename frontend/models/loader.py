@@ -245,7 +245,8 @@ class ModelLoader:
             raise
 
     async def _register(self, request: RegisterRequest, url: str) -> Model:
-        allowed = (".*",) if request.given_by_operator else self.config.allowed_urls
+        allowed = archives.OPERATOR_URLS if request.given_by_operator \
+            else self.config.allowed_urls
         source = archives.resolve_url(url, self.config.model_store, allowed)
         unpacked = await asyncio.to_thread(archives.unpack, url, source, self.archive_dir)
         environment = NO_ENVIRONMENT

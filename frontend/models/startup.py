@@ -12,10 +12,9 @@ import logging
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 from frontend.config import ServerConfig
-from frontend.errors import ConfigError
+from frontend.errors import ConfigError, ServeError
 from frontend.models import archive as archives
 from frontend.processes import worker_environment
 from frontend.serving.forkserver import ForkUnavailable, Launch, fork_unsupported, launch
@@ -54,8 +53,9 @@ def model_store_lister(config: ServerConfig) -> Callable[[], list[Path]]:
 
 
 def startup_archives(config: ServerConfig) -> list[Path]:
-    """The local archives (files or folders) of the startup models that exist; what is
-    downloaded or cannot be found is left to registration, which reports it."""
+    """The local archives (files or folders) of the startup models, found as their
+    registration will find them (``archive.resolve_url``); what is downloaded or cannot be
+    found is left to registration, which reports it."""
     try:
         entries = startup_entries(config.load_models, "load_models",
                                   model_store_lister(config))
@@ -63,18 +63,9 @@ def startup_archives(config: ServerConfig) -> list[Path]:
         return []
     found: list[Path] = []
     for _, url in entries[:MAX_PRELOADED_ARCHIVES]:
-        parts = urlsplit(url)
-        if parts.scheme not in ("", "file"):
-            continue
-        bare = not parts.scheme and "/" not in url
-        if bare and config.model_store is None:
-            continue
-        path = config.model_store / url if bare and config.model_store is not None else Path(
-            unquote(parts.path) if parts.scheme else url)
         try:
-            if path.exists():
-                found.append(path)
-        except OSError:
+            found.append(archives.resolve_url(url, config.model_store, archives.OPERATOR_URLS))
+        except ServeError:  # an http(s) url (downloaded later), or no such archive
             continue
     return found
 
