@@ -316,7 +316,7 @@ def run(device: str, quick: bool, seconds: float, out: Path | None,
     rows = []
     print("served (HTTP, closed loop):", flush=True)
     with Batchserve(store, properties) as server:
-        report["lone_served_p50_ms"] = lone_served_ms(server, names["fp32"], seconds)
+        report["lone_served_p50_ms"] = lone_served_ms(server, names["fp32"], IMAGES, seconds)
         for variant, batch, workers in plan:
             clients = min(256, 2 * batch * workers)
             try:
@@ -333,14 +333,12 @@ def run(device: str, quick: bool, seconds: float, out: Path | None,
         out.write_text(json.dumps(report, indent=2))
 
 
-def lone_served_ms(server: Batchserve, name: str, seconds: float) -> float:
+def lone_served_ms(server: Batchserve, name: str, images: list[bytes], seconds: float) -> float:
     """p50 of one client posting one image at a time to a batch-1 model (run first, on an
     idle GPU)."""
-    from benchmarks.resnet152 import IMAGES
-
     server.register(name, model_name="lone", batch_size=1, max_batch_delay=10,
                     initial_workers=1)
-    lone = run_load(f"{server.inference}/predictions/lone", IMAGES, concurrency=1,
+    lone = run_load(f"{server.inference}/predictions/lone", images, concurrency=1,
                     duration_s=seconds, warmup_s=3.0, content_type="image/jpeg")
     server.unregister("lone")
     print(f"  lone client, batch 1: {lone.summary()}", flush=True)
