@@ -41,8 +41,9 @@ class MetricSink:
             self._overflowed = True
             logger.warning("more than %d metric values reported before the worker could send "
                            "them; the oldest are dropped", self.MAX_VALUES)
-        self._values.append((name, unit, type_name, value, tuple(dimension_names),
-                             tuple(dimension_values), request_id))
+        self._values.append((_utf8(name), _utf8(unit), type_name, value,
+                             tuple(map(_utf8, dimension_names)),
+                             tuple(map(_utf8, dimension_values)), _utf8(request_id)))
 
     def __len__(self) -> int:
         return len(self._values)
@@ -57,6 +58,15 @@ class MetricSink:
                 name=name, unit=unit, type=type_name, value=value, dimension_names=names,
                 dimension_values=dims, request_id=request_id))
         return drained
+
+
+def _utf8(value: object) -> str:
+    """``value`` as a protobuf string field takes it: a lone surrogate (a client's bytes decoded
+    with ``surrogateescape``, say) as ``?``; it would fail the batch's whole result frame."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 #: Values of metrics made outside a metrics cache (a handler's own ``CachingMetric`` or

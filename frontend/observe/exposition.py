@@ -61,7 +61,8 @@ def java_double(value: float) -> str:
     return f"{'-' if value < 0 else ''}{mantissa}E{power}"
 
 
-def _escape_label(value: str) -> str:
+def escape_label(value: str) -> str:
+    """A label value as the page writes it between its quotes."""
     if "\\" in value or '"' in value or "\n" in value:
         return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return value
@@ -80,9 +81,10 @@ def render(families: Iterable[Family]) -> bytes:
                f"# TYPE {family.name} {family.type}\n")
         for name, labels, values, value in family.samples:
             if labels:
-                pairs = "".join(f'{label}="{_escape_label(text)}",'
+                pairs = "".join(f'{label}="{escape_label(text)}",'
                                 for label, text in zip(labels, values, strict=True))
                 append(f"{name}{{{pairs}}} {java_double(value)}\n")
             else:
                 append(f"{name} {java_double(value)}\n")
-    return "".join(out).encode()
+    # A lone surrogate (no valid UTF-8) in a name or value becomes "?": the page always encodes.
+    return "".join(out).encode("utf-8", "replace")

@@ -11,7 +11,9 @@ page.
 
 A metric keeps at most ``MAX_LABEL_SETS`` label sets: a handler that puts a request id or a
 user's text in a dimension cannot grow the server's memory and the metrics page without
-bound; the sets past the cap are dropped, and the first one dropped is logged.
+bound; the sets past the cap are dropped, and the first one dropped is logged. Handlers'
+metrics also share one ``PageBudget``: the bytes their label sets may take on the page, all
+of them together (``model_metrics.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from frontend.observe.exposition import Family, java_double
+from frontend.observe.exposition import Family, escape_label, java_double
 from frontend.observe.metric_log import MetricLog
 from frontend.observe.metric_specs import MetricSpec
 
@@ -35,6 +37,30 @@ HISTOGRAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0,
 #: The only metrics ``legacy`` mode exposes (TorchServe's MetricBuilder).
 LEGACY = ("ts_inference_requests_total", "ts_inference_latency_microseconds",
           "ts_queue_latency_microseconds")
+
+
+class PageBudget:
+    """The bytes the label sets of some metrics (handlers') may take on the metrics page, all
+    together: a new label set that would pass it is dropped (the first one logged)."""
+
+    __slots__ = ("_logged", "left_bytes")
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.left_bytes = limit_bytes
+        self._logged = False
+
+    def spend(self, metric: str, cost_bytes: int) -> bool:
+        """Take ``cost_bytes`` for a new label set of ``metric``; False: there is not that
+        much left, and it must be dropped."""
+        if cost_bytes <= self.left_bytes:
+            self.left_bytes -= cost_bytes
+            return True
+        if not self._logged:
+            self._logged = True
+            logger.warning("handlers' metrics take all the metrics page may give them: a new "
+                           "label set of %s and any later new label set of a handler's metric "
+                           "are dropped", metric)
+        return False
 
 
 class TsMetric:
@@ -64,13 +90,15 @@ class TsMetric:
 
 
 class _Prometheus(TsMetric):
-    __slots__ = ("_full", "_help", "children")
+    __slots__ = ("_full", "_help", "budget", "children")
 
     def __init__(self, spec: MetricSpec) -> None:
         super().__init__(spec)
         self._help = f"Torchserve prometheus {spec.type} metric with unit: {spec.unit}"
         self._full = False
         self.children: dict[tuple[str, ...], list[float]] = {}
+        #: What its label sets take from (None: the server's own metric, not bounded so).
+        self.budget: PageBudget | None = None
 
     def _child(self, values: tuple[str, ...]) -> list[float] | None:
         """The state of a new label set, or None when it cannot be kept (wrong number of
@@ -86,11 +114,24 @@ class _Prometheus(TsMetric):
                                "dropped (is a dimension's value unbounded, such as a request "
                                "id?)", self.spec.name, MAX_LABEL_SETS)
             return None
+        if self.budget is not None and not self.budget.spend(self.spec.name,
+                                                             self._page_bytes(values)):
+            return None
         child = self.children[values] = self._new_state()
         return child
 
     def _new_state(self) -> list[float]:
         return [0.0]
+
+    #: The lines a label set takes on the page.
+    _LINES = 1
+
+    def _page_bytes(self, values: tuple[str, ...]) -> int:
+        """About what a label set takes on the page: its lines, each its name, its labels
+        as written, and a value (a histogram's bucket lines have an ``le`` more)."""
+        labels = sum(len(label) + len(escape_label(value).encode()) + 4
+                     for label, value in zip(self.spec.dimensions, values, strict=True))
+        return self._LINES * (len(self.spec.name) + labels + 40)
 
     def family(self) -> Family:
         family = Family(self.spec.name, self._help, self.spec.type)
@@ -125,6 +166,7 @@ class PrometheusHistogram(_Prometheus):
     """Counts per bucket (the last: above every bound), then the count and the sum."""
 
     __slots__ = ()
+    _LINES = len(HISTOGRAM_BUCKETS) + 3
 
     def _new_state(self) -> list[float]:
         return [0.0] * (len(HISTOGRAM_BUCKETS) + 3)
@@ -194,14 +236,17 @@ def gauge_value(metric: TsMetric | None, values: tuple[str, ...]) -> list[float]
     return metric.children.get(values)
 
 
-def build(spec: MetricSpec, mode: str, logs: Sequence[MetricLog]) -> TsMetric:
+def build(spec: MetricSpec, mode: str, logs: Sequence[MetricLog],
+          budget: PageBudget | None = None) -> TsMetric:
     """The metric ``spec`` declares, kept as ``mode`` keeps it (``logs``: the frontend's and
-    the model metrics' log)."""
+    the model metrics' log; ``budget``: what its label sets take from on the page)."""
     if mode == "prometheus" or (mode == "legacy" and spec.name in LEGACY):
         if mode == "legacy":  # TorchServe makes the legacy three counters whatever declared
             spec = MetricSpec(spec.name, spec.unit, "counter", spec.dimensions)
         kinds: dict[str, type[_Prometheus]] = {
             "counter": PrometheusCounter, "gauge": PrometheusGauge,
             "histogram": PrometheusHistogram}
-        return kinds[spec.type](spec)
+        metric = kinds[spec.type](spec)
+        metric.budget = budget
+        return metric
     return LogMetric(spec, logs[0], logs[1])

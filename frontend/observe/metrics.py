@@ -14,10 +14,11 @@ labels in TorchServe's order, and kept as ``metrics_mode`` says (``families.py``
   (per worker, ms from its start to its model loaded); the host's metrics every
   ``metric_time_interval`` (``system.py``) unless ``disable_system_metrics``.
 * ``model_metrics``: what handlers report through ``context.metrics``, sent by the workers
-  with each batch's result and labelled by the metric's own dimensions and ``Hostname``
-  (TorchServe adds no model label: the same metric of several models or workers is one
-  series). One the configuration does not declare is kept only with
-  ``model_metrics_auto_detect``, under the type, unit and dimensions it was reported with.
+  with each batch's result (never read from what a worker prints) and labelled by the
+  metric's own dimensions and ``Hostname`` (TorchServe adds no model label: the same metric
+  of several models or workers is one series). One the configuration does not declare is
+  kept only with ``model_metrics_auto_detect``, under the type, unit and dimensions it was
+  reported with. Names, bounds and what is refused: ``model_metrics.py``.
 
 Ours, in every mode but ``legacy``, named ``batchserve_*``: per-model histograms of batch size,
 queue wait, end-to-end latency and handler time, the queue depth, workers, worker restarts,
@@ -31,7 +32,6 @@ import asyncio
 import bisect
 import contextlib
 import logging
-import re
 import socket
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from pathlib import Path
@@ -50,13 +50,16 @@ from frontend.observe.metric_log import (
     MetricLog,
 )
 from frontend.observe.metric_specs import (
-    HOSTNAME_DIMENSION,
     METRIC_TYPES,
+    SERVER_PREFIX,
     MetricsConfig,
     MetricSpec,
+    NameClaims,
     load_metrics_config,
     prometheus_problem,
+    torchserve_ts_metrics,
 )
+from frontend.observe.model_metrics import ModelMetrics
 from frontend.observe.system import Reading, SystemSampler
 from frontend.observe.timing import PHASES, Timing, frontend_s
 from protos import worker_pb2
@@ -67,8 +70,6 @@ HOSTNAME = socket.gethostname()
 MODEL_LABELS = ("model_name", "model_version")
 WORKFLOW_LABELS = ("workflow",)
 METRICS_MODES = ("prometheus", "log", "legacy")
-#: Metrics a handler may add to the configuration's (``model_metrics_auto_detect``).
-MAX_AUTO_DETECTED = 100
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                  5.0, 10.0, 30.0, 120.0)
@@ -141,36 +142,9 @@ class Job(Protocol):
     def timing(self) -> Timing | None: ...
 
 
-#: What starts a metric line in a TorchServe worker's output.
+#: What begins a metric line in a TorchServe worker's output. No line is read as a metric here
+#: (``frontend/serving/workers.py`` says why); a worker that prints one is told so once.
 METRICS_MARK = "[METRICS]"
-#: TorchServe's frontend reads a metric line with this (Metric.java): name.unit:value|#dims,
-#: then the type, the host name, a timestamp and the request ids.
-_METRIC_LINE = re.compile(
-    r"\s*([\w\s]+)\.([\w\s]+):([0-9\-,.e]+)\|#([^|]*)(\|#type:([^|,]+))?"
-    r"\|#hostname:([^,]+),([^,]+)(,(.*))?")
-
-
-def parse_metric_line(text: str) -> worker_pb2.Metric | None:
-    """The metric of a ``[METRICS]name.unit:value|#dim:value,...|#type:GAUGE|#hostname:h,
-    timestamp[,request ids]`` line a worker printed, read as TorchServe reads it (None: not
-    one; a dimension that is not ``name:value`` is left out)."""
-    match = _METRIC_LINE.fullmatch(text.partition(METRICS_MARK)[2])
-    if match is None:
-        return None
-    name, unit, raw_value, dims, _, kind, hostname, _, _, request_ids = match.groups()
-    try:
-        value = float(raw_value)
-    except ValueError:
-        return None
-    names, values = [], []
-    for pair in dims.split(",") if dims else ():
-        parts = pair.split(":")
-        if len(parts) == 2:
-            names.append(parts[0])
-            values.append(parts[1])
-    return worker_pb2.Metric(name=name, unit=unit, type=(kind or "").lower(), value=value,
-                             dimension_names=names, dimension_values=values,
-                             request_id=request_ids or "", hostname=hostname)
 
 
 class _Series:
@@ -288,9 +262,9 @@ class ServerMetrics:
                           MetricLog((log_dir or Path("logs")) / MODEL_METRICS_LOG))
         self._open_logs = named_loggers or log_dir is not None
         self.frontend = {name: self._build(spec) for name, spec in self.config.ts_metrics.items()}
-        self.model_metrics = {name: self._build(spec)
-                              for name, spec in self.config.model_metrics.items()}
-        self._undeclared: set[str] = set()
+        #: What handlers report (``model_metrics.py``).
+        self.handlers = ModelMetrics(self.config, mode, self._logs, self._server_claims(),
+                                     HOSTNAME, auto_detect=auto_detect)
         get = self.frontend.get
         self._by_status = [get(bucket) for bucket in ("Requests2XX", "Requests4XX",
                                                       "Requests5XX")]
@@ -335,6 +309,23 @@ class ServerMetrics:
         self.workflow_requests: dict[tuple[str, str], int] = {}
         #: (workflow, node, outcome) -> calls of a node: ok, error, timeout, unavailable.
         self.workflow_node_calls: dict[tuple[str, str, str], int] = {}
+
+    def _server_claims(self) -> NameClaims:
+        """The names the server's metrics take: those of the configuration's ``ts_metrics``
+        (none beginning with ``batchserve_``, none taking another's), then, as every type
+        (whatever the mode shows), theirs and those of TorchServe's own frontend metrics.
+        Ours are kept from handlers by their prefix (``metric_specs.handler_problem``)."""
+        claims = NameClaims()
+        for spec in self.config.ts_metrics.values():
+            problem = (f"names beginning with {SERVER_PREFIX} are the server's own metrics"
+                       if spec.name.startswith(SERVER_PREFIX)
+                       else claims.conflict(spec.name, spec.type))
+            if problem is not None:
+                raise ConfigError(f"metrics_config {self.config.path}: ts_metrics: {problem}")
+            claims.take(spec.name, (spec.type,))
+        for name in (*self.config.ts_metrics, *torchserve_ts_metrics()):
+            claims.take(name, METRIC_TYPES)
+        return claims
 
     def _build(self, spec: MetricSpec) -> TsMetric:
         if self.mode == "prometheus" or (self.mode == "legacy" and spec.name in LEGACY):
@@ -482,44 +473,8 @@ class ServerMetrics:
             self._thread_time.add(_HOST_LABELS, float(int(overhead_ms)))
 
     def record_model_metrics(self, metrics: Iterable[worker_pb2.Metric]) -> None:
-        """Values handlers reported: each goes to its metric, with the host name as its last
-        label (a printed line's own, as TorchServe); an undeclared one only with
-        ``model_metrics_auto_detect``."""
-        for reported in metrics:
-            metric = self.model_metrics.get(reported.name)
-            if metric is None:
-                metric = self._detected(reported)
-                if metric is None:
-                    continue
-            metric.add((*reported.dimension_values, reported.hostname or HOSTNAME),
-                       reported.value, reported.request_id)
-
-    def _detected(self, reported: worker_pb2.Metric) -> TsMetric | None:
-        """A metric for a value of an undeclared metric, or None (logged once per name)."""
-        name = reported.name
-        if name in self._undeclared:
-            return None
-        why = None
-        if not self.auto_detect:
-            why = (f"it is not in the metrics configuration ({self.config.path}) and "
-                   "model_metrics_auto_detect is off")
-        elif len(self.model_metrics) >= len(self.config.model_metrics) + MAX_AUTO_DETECTED:
-            why = f"handlers added {MAX_AUTO_DETECTED} metrics already"
-        elif reported.type not in METRIC_TYPES:
-            why = f"its type {reported.type!r} is none of {', '.join(METRIC_TYPES)}"
-        spec = MetricSpec(name, reported.unit, reported.type,
-                          (*reported.dimension_names, HOSTNAME_DIMENSION))
-        if why is None and self.mode == "prometheus":
-            why = prometheus_problem(spec)
-        if why is not None:
-            if len(self._undeclared) < MAX_AUTO_DETECTED:
-                self._undeclared.add(name)
-                logger.warning("handler metric %r is dropped: %s", name, why)
-            return None
-        logger.info("Registering auto detected backend metric: %s (%s, unit %s, dimensions %s)",
-                    name, spec.type, spec.unit, list(spec.dimensions))
-        metric = self.model_metrics[name] = ts_families.build(spec, self.mode, self._logs)
-        return metric
+        """Values handlers reported (``ModelMetrics.record``)."""
+        self.handlers.record(metrics)
 
     def record_system(self, readings: Iterable[Reading]) -> None:
         """One reading of the host's metrics (those the configuration declares)."""
@@ -561,10 +516,11 @@ class ServerMetrics:
 
     def families(self) -> Iterator[Family]:
         """The families of the metrics page, TorchServe's first."""
-        for metric in (*self.frontend.values(), *self.model_metrics.values()):
+        for metric in list(self.frontend.values()):
             family = metric.family()
             if family is not None:
                 yield family
+        yield from self.handlers.families()
         if self.mode == "legacy":
             return
         yield from self._model_gauges()

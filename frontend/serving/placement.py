@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-_DEVICE = re.compile(r"^nvidia\d+$")
+_DEVICE = re.compile(r"nvidia\d+")
 
 
 #: TorchServe numbers its workers from port 9000 up; so does each server here.
@@ -33,7 +33,7 @@ def visible_gpu_count(dev: Path = Path("/dev")) -> int:
         except pynvml.NVMLError:
             pass
     try:
-        return sum(1 for entry in dev.iterdir() if _DEVICE.match(entry.name))
+        return sum(1 for entry in dev.iterdir() if _DEVICE.fullmatch(entry.name))
     except OSError:
         return 0
 

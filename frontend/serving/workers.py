@@ -30,7 +30,7 @@ import psutil
 
 from frontend.errors import GatewayTimeout, InternalError, WorkerDied
 from frontend.observe.logs import output_lines
-from frontend.observe.metrics import METRICS_MARK, parse_metric_line
+from frontend.observe.metrics import METRICS_MARK
 from frontend.processes import python_module, worker_environment
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.connection import WorkerConnection, WorkerProcess
@@ -83,9 +83,6 @@ class WorkerEvents(Protocol):
     def batch_overhead(self, overhead_ms: float) -> None:
         """The frontend's own time on one batch (its frame, its reply, its answers)."""
 
-    def record_model_metrics(self, metrics: Iterable[worker_pb2.Metric]) -> None:
-        """Metrics a worker printed as TorchServe's ``[METRICS]`` lines."""
-
 
 @dataclass(frozen=True, slots=True)
 class WorkerLaunch:
@@ -118,20 +115,24 @@ def backoff_s(failures: int) -> float:
 
 
 async def _forward_output(stream: asyncio.StreamReader | None, name: str,
-                          tail: collections.deque[str], model_log: logging.Logger,
-                          events: WorkerEvents | None = None) -> None:
+                          tail: collections.deque[str], model_log: logging.Logger) -> None:
     """Copy a worker's stdout or stderr into the model log, one line at a time, escaped (a
-    handler may print what a client sent). A TorchServe ``[METRICS]`` line (a handler's
-    own, or a real TorchServe's metric objects logging) is a metric instead, as TorchServe's
-    frontend reads it."""
+    handler may print what a client sent).
+
+    No line is a metric, not even one that begins with TorchServe's ``[METRICS]`` mark (which
+    TorchServe's frontend reads as one): a handler that prints a client's text, a newline in
+    it, would let the client write that line, and forge any model's metric. Metrics travel
+    only in the worker's frames (``context.metrics``); a worker that prints a marked line is
+    told so, once."""
     if stream is None:
         return
+    told = False
     async for text in output_lines(stream):
-        if events is not None and METRICS_MARK in text:
-            metric = parse_metric_line(text)
-            if metric is not None:
-                events.record_model_metrics((metric,))
-                continue
+        if not told and text.startswith(METRICS_MARK):
+            told = True
+            logger.warning("%s printed a %s line: it is logged, not read as a metric (a "
+                           "handler reports metrics through context.metrics)", name,
+                           METRICS_MARK)
         tail.append(text)
         model_log.info("[%s] %s", name, text)
 
@@ -328,7 +329,7 @@ class Worker:
             # Keep hard references: the loop holds tasks only weakly.
             self._log_tasks = [
                 loop.create_task(_forward_output(stream, self.name, self._stderr_tail,
-                                                 self._model_log, launch.events))
+                                                 self._model_log))
                 for stream in (process.stdout, process.stderr)
             ]
             reader, writer = await self._await_connection(process, connected)

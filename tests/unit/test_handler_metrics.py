@@ -197,6 +197,19 @@ def test_a_standalone_caching_metric_reaches_the_default_sink() -> None:
     assert isinstance(metric, worker_pb2.Metric) and metric.unit == "Milliseconds"
 
 
+def test_text_a_protobuf_string_cannot_carry_still_reaches_the_frontend(
+        cache: MetricsCacheYamlImpl) -> None:
+    """A client's bytes decoded with ``surrogateescape`` put in a dimension failed the batch's
+    whole result frame (protobuf takes only valid UTF-8)."""
+    cache.add_metric("Text\udc80", 1, "count", None, [Dimension("Said", "caf\udce9 \u00e9")])
+    CachingMetric("Own", "ms", [1], MetricTypes.GAUGE).add_or_update(1, [b"x"])
+    [text] = cache.sink.drain()
+    assert text.name == "Text?" and text.dimension_values[0] == "caf? \u00e9"
+    assert worker_pb2.Metric.FromString(text.SerializeToString()) == text
+    [own] = DEFAULT_SINK.drain()
+    assert list(own.dimension_names) == ["1"] and list(own.dimension_values) == ["b'x'"]
+
+
 @pytest.fixture(autouse=True)
 def _no_leftovers() -> Iterator[None]:
     yield

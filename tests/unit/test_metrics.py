@@ -18,7 +18,7 @@ from frontend.errors import ConfigError
 from frontend.observe import families
 from frontend.observe.exposition import Family, java_double, render
 from frontend.observe.metric_specs import MetricSpec, load_metrics_config
-from frontend.observe.metrics import HOSTNAME, ServerMetrics, _Histogram, parse_metric_line
+from frontend.observe.metrics import HOSTNAME, ServerMetrics, _Histogram
 from frontend.observe.system import SystemSampler, parse_nvidia_smi
 from frontend.serving.batching import DispatchStats
 from protos import worker_pb2
@@ -318,18 +318,6 @@ def test_a_metrics_config_is_read_with_torchserves_rules(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match="not a Prometheus metric name"):
         ServerMetrics([], config=load_metrics_config(path), system_metrics=False)
     ServerMetrics([], mode="log", config=load_metrics_config(path), system_metrics=False)
-
-
-def test_torchserve_metric_lines_a_worker_prints_are_read() -> None:
-    line = ("2024-01-01 00:00:00,000 [INFO] x: [METRICS]HandlerMethodTime.Milliseconds:9.39|"
-            "#MethodName:preprocess,ModelName:mnist,Level:Model|#type:GAUGE|#hostname:h,"
-            "1717105307,3f2e")
-    metric = parse_metric_line(line)
-    assert metric is not None
-    assert (metric.name, metric.unit, metric.type, metric.value, metric.request_id,
-            metric.hostname) == ("HandlerMethodTime", "Milliseconds", "gauge", 9.39, "3f2e", "h")
-    assert list(metric.dimension_names) == ["MethodName", "ModelName", "Level"]
-    assert parse_metric_line("[METRICS]not a metric") is None
 
 
 def test_gpu_readings_degrade_cleanly() -> None:
