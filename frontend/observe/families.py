@@ -193,6 +193,12 @@ class PrometheusHistogram(_Prometheus):
         return family
 
 
+#: The separators of a metric log line, escaped in a dimension's value: a value a handler
+#: reports (a client's text, say) cannot add a dimension or a host name to the line.
+#: (TorchServe's frontend never writes them: its worker line reader splits values on them.)
+_LOG_SEPARATORS = str.maketrans({",": "\\x2c", "|": "\\x7c", ":": "\\x3a"})
+
+
 class LogMetric(TsMetric):
     """A metric written to a metric log, a line per update."""
 
@@ -207,7 +213,8 @@ class LogMetric(TsMetric):
     def add(self, values: tuple[str, ...], value: float, request_ids: str | None = None) -> None:
         names = self.spec.dimensions
         count = min(len(names), len(values)) - 1
-        dims = ",".join(f"{names[i]}:{values[i]}" for i in range(count))
+        dims = ",".join(f"{names[i]}:{values[i].translate(_LOG_SEPARATORS)}"
+                        for i in range(count))
         host = values[-1] if values else ""
         line = f"{self._prefix}{java_double(value)}|#{dims}|#hostname:{host}"
         stamp = f"timestamp:{int(time.time())}"

@@ -5,6 +5,7 @@ and label sets bounded; and the whole page parsing whatever handlers report."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -205,3 +206,21 @@ def test_the_page_parses_whatever_handlers_report() -> None:
                     if (kind, label) != ("histogram", "le")}
     assert {s.labels["Tag"] for s in families[f"ok_gauge_{labels.index('Tag')}"]} == set(values)
     assert "forged" not in families
+
+
+def test_a_value_cannot_add_a_dimension_or_a_host_to_a_metric_log_line(tmp_path: Path) -> None:
+    metrics = ServerMetrics([], mode="log", auto_detect=True, system_metrics=False,
+                            log_dir=tmp_path)
+
+    async def report() -> None:
+        await metrics.start()
+        metrics.record_model_metrics([_metric(
+            "Said", 2, "gauge", dims=(("Text", "a,Level:Forged|#hostname:evil\n424242"),))])
+        await metrics.close()
+
+    asyncio.run(report())
+    [line] = (tmp_path / "model_metrics.log").read_text().splitlines()
+    body = line.split(" - ", 1)[1]
+    assert body.startswith("Said.Count:2.0|#Text:a\\x2cLevel\\x3aForged\\x7c#hostname\\x3aevil"
+                           "\\n424242|#hostname:"), body
+    assert body.count("|#") == 2 and body.count(",") == 2  # host, request id, timestamp
