@@ -3,13 +3,13 @@ becomes an ordinary worker, so that it is one a fresh interpreter would have bee
 
 In order: its own session (as ``start_new_session`` gives a fresh worker), the fork server's
 modules its archive shadows forgotten (backend/shadowing.py: it imports its own, as a fresh
-worker would), the fork server's signal handlers undone and its descriptors closed, stdout and stderr on the pipes the frontend
-reads for this worker (its lines reach the model log under its own name), its own environment,
-CPU cores and thread budget (the math libraries read theirs when the fork server imported
-them, so they are told again), random state (torch's, numpy's and Python's global generators
-seeded from fresh entropy, as a fresh interpreter seeds them: no two workers share a stream),
-fresh log handlers, and a watchdog on the frontend (its parent is the fork server). Then
-the usual worker loop (``backend.worker.run``).
+worker would), the fork server's signal handlers undone and its descriptors closed, stdout and
+stderr on the pipes the frontend reads for this worker (its lines reach the model log under its
+own name), its own environment, CPU cores and thread budget (the math libraries read theirs when
+the fork server imported them, so they are told again), random state (torch's, numpy's and
+Python's global generators seeded from fresh entropy, as a fresh interpreter seeds them: no two
+workers share a stream), fresh log handlers, and a watchdog on the frontend (its parent is the
+fork server). Then the usual worker loop (``backend.worker.run``).
 """
 
 from __future__ import annotations
