@@ -45,12 +45,12 @@ from pathlib import Path
 from types import BuiltinFunctionType, FunctionType, ModuleType
 
 from backend.loader import find_handler_file
+from backend.preload import MANIFEST
 
 #: Modules of the fork server's own (and of a forked child before it becomes a worker): what
 #: they hold never reaches a handler, and they are never dropped.
 FORK_SERVER_MODULES = frozenset({"__main__", "__mp_main__", "backend.forkserver",
                                  "backend.forked", "backend.preload", "backend.shadowing"})
-MANIFEST = Path("MAR-INF") / "MANIFEST.json"
 #: How many holders a refusal names.
 NAMED_HOLDERS = 3
 
