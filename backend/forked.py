@@ -2,13 +2,14 @@
 becomes an ordinary worker, so that it is one a fresh interpreter would have been.
 
 In order: its own session (as ``start_new_session`` gives a fresh worker), the fork server's
-signal handlers undone and its descriptors closed, stdout and stderr on the pipes the frontend
-reads for this worker (its lines reach the model log under its own name), its own environment,
-CPU cores and thread budget (the math libraries read theirs when the fork server imported
-them, so they are told again), random state (torch's, numpy's and Python's global generators
-seeded from fresh entropy, as a fresh interpreter seeds them: no two workers share a stream),
-fresh log handlers, and a watchdog on the frontend (its parent is the fork server). Then
-the usual worker loop (``backend.worker.run``).
+modules its archive shadows forgotten (backend/shadowing.py: it imports its own, as a fresh
+worker would), the fork server's signal handlers undone and its descriptors closed, stdout and
+stderr on the pipes the frontend reads for this worker (its lines reach the model log under its
+own name), its own environment, CPU cores and thread budget (the math libraries read theirs when
+the fork server imported them, so they are told again), random state (torch's, numpy's and
+Python's global generators seeded from fresh entropy, as a fresh interpreter seeds them: no two
+workers share a stream), fresh log handlers, and a watchdog on the frontend (its parent is the
+fork server). Then the usual worker loop (``backend.worker.run``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from backend import worker
+from backend import shadowing, worker
 from protos import worker_pb2
 
 #: OpenBLAS's (numpy's) thread-count setters, by the names its builds export.
@@ -43,6 +44,8 @@ class Inherited:
     frontend_pid: int
     #: The signal handlers a fresh interpreter has.
     signals: dict[int, Any]
+    #: The fork server's modules its archive shadows: dropped, imported again as needed.
+    shadowed: tuple[str, ...] = ()
 
 
 def become_worker(request: worker_pb2.ForkRequest, stdout: int, stderr: int,
@@ -50,6 +53,8 @@ def become_worker(request: worker_pb2.ForkRequest, stdout: int, stderr: int,
     """Turn this freshly forked child into the worker ``request`` describes and run it; the
     worker's exit status."""
     os.setsid()
+    # First: nothing below may find (and seed, or size) a module its archive has of its own.
+    shadowing.drop(inherited.shadowed)
     gc.enable()  # the fork server's objects are frozen: the collector leaves them be
     restore_signals(inherited.signals)
     for fd in inherited.closing:

@@ -10,7 +10,9 @@ Fork safety rests on what this process never does: it runs no torch operation, s
 thread and opens no GPU context (``unsafe_to_fork`` checks the last two before every fork and
 refuses with the reason), and holds no descriptor but its control socket, a wake-up pipe and
 a pidfd of the frontend. The child (``backend.forked``) resets what it inherited before it
-becomes an ordinary worker.
+becomes an ordinary worker, and forgets the modules its archive shadows
+(``backend.shadowing``); where forgetting them cannot make it what a fresh worker would be
+(a module it keeps holds one, or one's native code is loaded), the fork server refuses.
 
 Protocol on the control socket (SOCK_SEQPACKET, one frame of ``protos.framing`` a packet)::
 
@@ -42,7 +44,7 @@ from typing import Any, NoReturn
 
 # NOTE: what every worker imports, imported once here for every worker forked later.
 import backend.worker
-from backend import forked, preload
+from backend import forked, preload, shadowing
 from backend.compat import install_torchserve_shim
 from backend.errors import describe
 from protos import worker_pb2
@@ -191,6 +193,13 @@ class ForkServer:
                 logger.warning("refusing to fork %s: %s", request.name, problem)
                 self._refuse(problem, lasting=True)
                 return True
+            # What of ours its archive shadows: the child drops it, or cannot (it starts fresh).
+            shadowed = shadowing.assess(request.model_dir, request.handler,
+                                        backend.worker.STARTUP_MODULES)
+            if shadowed.refusal:
+                logger.info("not forking %s: %s", request.name, shadowed.refusal)
+                self._refuse(shadowed.refusal, lasting=False)
+                return True
             # Nothing buffered may be written twice, once by each process.
             sys.stdout.flush()
             sys.stderr.flush()
@@ -203,7 +212,7 @@ class ForkServer:
             self._refuse(f"fork failed: {describe(exc)}", lasting=False)
             return True
         if pid == 0:
-            return Exit(self._become_worker(request, stdout, stderr))
+            return Exit(self._become_worker(request, stdout, stderr, shadowed.names))
         _close_all([stdout, stderr])
         self._children.add(pid)
         # Opened before this process reaps the child (only _reap does), so it names this
@@ -217,13 +226,14 @@ class ForkServer:
         logger.info("forked %s as pid %d", request.name, pid)
         return True
 
-    def _become_worker(self, request: worker_pb2.ForkRequest, stdout: int, stderr: int) -> int:
+    def _become_worker(self, request: worker_pb2.ForkRequest, stdout: int, stderr: int,
+                       shadowed: tuple[str, ...]) -> int:
         """In the child: leave the fork server behind and run the worker; its exit status."""
         try:
             inherited = forked.Inherited(
                 closing=(self._control.fileno(), self._wake_r, self._wake_w),
                 frontend_pidfd=self._frontend_pidfd, frontend_pid=self._frontend_pid,
-                signals=self._signals)
+                signals=self._signals, shadowed=shadowed)
             self._control.detach()  # closed by number in the child, with the others
             return forked.become_worker(request, stdout, stderr, inherited)
         except SystemExit as exc:

@@ -37,6 +37,12 @@ from backend.service import ModelService, encode_result, load_service
 from protos import worker_pb2
 from protos.framing import MAX_PAYLOAD_BYTES, Frame, FrameDecoder, Kind, ProtocolError, encode
 
+#: The modules a worker has imported once this module is (these, what they import, the
+#: interpreter's own): what a fresh worker holds before a model's folder joins sys.path. A
+#: forked worker keeps them too; the fork server's others it drops where its archive shadows
+#: them (backend/shadowing.py).
+STARTUP_MODULES = frozenset(sys.modules)
+
 logger = logging.getLogger("backend.worker")
 
 RECV_BYTES = 1 << 20
