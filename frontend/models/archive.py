@@ -17,10 +17,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import yaml
-
-from frontend.errors import ArchiveError, Forbidden
+from frontend.errors import ArchiveError, Forbidden, excerpt, quoted
 from model_archiver.manifest import MANIFEST_PATH, Manifest
+from model_archiver.yaml_files import YamlError, read_yaml
 
 ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".tgz")
 
@@ -85,14 +84,15 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
         if model_store is None:
             raise ArchiveError("no model store is configured (--model-store)")
         if url in (".", ".."):
-            raise ArchiveError(f"invalid model url {url!r}")
+            raise ArchiveError(f"invalid model url {quoted(url)}")
         path = model_store / url
         if not _exists(path):
-            raise ArchiveError(f"Model archive {url!r} not found in the model store {model_store}")
+            raise ArchiveError(f"Model archive {quoted(url)} not found in the model store "
+                               f"{model_store}")
         return path
     if parts.scheme not in ("", "file"):
         require_allowed(url, allowed_urls)
-        raise ArchiveError(f"unsupported url scheme {parts.scheme!r}")
+        raise ArchiveError(f"unsupported url scheme {quoted(parts.scheme)}")
     raw_path = unquote(parts.path) if parts.scheme == "file" else url
     path = Path(raw_path)
     # A path inside the model store is the store's, as a bare name is (a multi-model
@@ -100,9 +100,9 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
     if not _inside(path, model_store):
         require_allowed(url, allowed_urls)
     if ".." in PurePosixPath(raw_path).parts:
-        raise ArchiveError(f"invalid model url {url!r}: '..' is not allowed")
+        raise ArchiveError(f"invalid model url {quoted(url)}: '..' is not allowed")
     if not _exists(path):
-        raise ArchiveError(f"Model archive {url!r} not found")
+        raise ArchiveError(f"Model archive {quoted(url)} not found")
     return path
 
 
@@ -121,16 +121,16 @@ def _exists(path: Path) -> bool:
     try:
         return path.exists()
     except OSError:  # e.g. a name too long for the file system
-        raise ArchiveError(f"invalid model url: {path.name[:80]!r}...") from None
+        raise ArchiveError(f"invalid model url: {quoted(path.name)}") from None
 
 
 def _check_member(name: str, dest: Path) -> Path:
     member = PurePosixPath(name)
     if member.is_absolute() or ".." in member.parts or name.startswith("\\"):
-        raise ArchiveError(f"unsafe path in archive: {name!r}")
+        raise ArchiveError(f"unsafe path in archive: {quoted(name)}")
     target = (dest / member).resolve()
     if target != dest and dest not in target.parents:
-        raise ArchiveError(f"unsafe path in archive: {name!r}")
+        raise ArchiveError(f"unsafe path in archive: {quoted(name)}")
     return target
 
 
@@ -142,7 +142,8 @@ def extract_zip(source: Path, dest: Path, kind: str = ".mar") -> None:
             for info in archive.infolist():
                 mode = info.external_attr >> 16
                 if stat.S_ISLNK(mode):
-                    raise ArchiveError(f"links are not allowed in archives: {info.filename!r}")
+                    raise ArchiveError(f"links are not allowed in archives: "
+                                       f"{quoted(info.filename)}")
                 _check_member(info.filename, dest)
             archive.extractall(dest)
     except zipfile.BadZipFile as exc:
@@ -156,7 +157,7 @@ def _extract_tar(source: Path, dest: Path) -> None:
         with tarfile.open(source, "r:*") as archive:
             for member in archive.getmembers():
                 if not (member.isfile() or member.isdir()):
-                    raise ArchiveError(f"only files and folders are allowed: {member.name!r}")
+                    raise ArchiveError(f"only files and folders are allowed: {quoted(member.name)}")
                 _check_member(member.name, dest)
             archive.extractall(dest, filter="data")
     except tarfile.TarError as exc:
@@ -181,27 +182,31 @@ def _read_manifest(model_dir: Path, default_name: str) -> tuple[Manifest, str]:
         # TorchServe synthesises a manifest for archives without one.
         manifest = Manifest(model_name=default_name, model_version="1.0", handler="")
         return manifest, manifest.to_json()
-    text = path.read_text(encoding="utf-8")
     try:
+        text = path.read_text(encoding="utf-8")
         return Manifest.from_json(text), text
     except Exception as exc:
-        raise ArchiveError(f"invalid {MANIFEST_PATH}: {exc}") from exc
+        raise ArchiveError(f"invalid {MANIFEST_PATH}: {excerpt(str(exc), 300)}") from exc
 
 
 def _read_model_config(model_dir: Path, manifest: Manifest) -> dict[str, Any]:
     if not manifest.config_file:
         return {}
     path = model_dir / manifest.config_file
-    if not path.is_file():
-        raise ArchiveError(f"the archive names config file {manifest.config_file!r} but has none")
+    shown = excerpt(manifest.config_file)
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ArchiveError(f"invalid {manifest.config_file}: {exc}") from exc
+        if not path.is_file():
+            raise ArchiveError(f"the archive names config file {quoted(manifest.config_file)} "
+                               "but has none")
+        loaded = read_yaml(path)
+    except YamlError as exc:
+        raise ArchiveError(f"invalid {shown}: {exc}") from None
+    except OSError as exc:
+        raise ArchiveError(f"cannot read {shown}: {exc.strerror}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
-        raise ArchiveError(f"{manifest.config_file} must hold a mapping")
+        raise ArchiveError(f"{shown} must hold a mapping")
     return loaded
 
 
