@@ -66,10 +66,10 @@ class _BoundedLoader(yaml.SafeLoader):
             raise YamlError(_too_deep(self._max_depth))
         super().fetch_flow_collection_start(TokenClass)
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
-            node: yaml.Node = super().compose_node(parent, index)
-            size = self._sizes.get(node)
+            node = super().compose_node(parent, index)
+            size = None if node is None else self._sizes.get(node)
             if size is None:
                 raise YamlError("an alias refers to a collection that contains it (a "
                                 "recursive document)")
@@ -83,7 +83,8 @@ class _BoundedLoader(yaml.SafeLoader):
         node = super().compose_node(parent, index)
         if isinstance(node, yaml.ScalarNode):
             self._spend(len(node.value))
-        self._sizes[node] = self._used - start
+        if node is not None:
+            self._sizes[node] = self._used - start
         self._depth -= 1
         return node
 

@@ -53,7 +53,7 @@ def require_allowed(url: str, allowed_urls: tuple[str, ...], shown: str | None =
     """Forbidden (403, saying how to admit it) unless a pattern of ``allowed_urls`` matches
     the whole ``url``; ``shown`` is how the message names it (default: the url)."""
     if not any(re.fullmatch(pattern, url) for pattern in allowed_urls):
-        raise _not_allowed(url, repr(url) if shown is None else shown)
+        raise _not_allowed(url, quoted(url) if shown is None else shown)
 
 
 def _not_allowed(url: str, shown: str) -> Forbidden:
@@ -66,7 +66,7 @@ def _not_allowed(url: str, shown: str) -> Forbidden:
         f"url {shown} is not allowed: allowed_urls does not admit it (batchserve's default "
         "admits only the model store; TorchServe's admits any url). Admit a location with the "
         "config key allowed_urls, a comma-separated list of regular expressions that must "
-        f"match the whole url, e.g. allowed_urls={example}")
+        f"match the whole url, e.g. allowed_urls={excerpt(example)}")
 
 
 def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...]) -> Path:

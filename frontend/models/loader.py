@@ -22,7 +22,7 @@ from typing import Any
 
 from frontend import __version__
 from frontend.config import ConfiguredVersion, ServerConfig
-from frontend.errors import BadRequest, Conflict, Forbidden, InternalError
+from frontend.errors import BadRequest, Conflict, Forbidden, InternalError, quoted
 from frontend.models import archive as archives
 from frontend.models.dependencies import NO_ENVIRONMENT, DependencyInstaller, ModelEnvironment
 from frontend.models.download import download_archive
@@ -138,7 +138,7 @@ def tensor_metadata(config: Mapping[str, Any], key: str) -> list[dict[str, Any]]
         datatype = entry.get("datatype")
         if datatype not in DATATYPES:
             raise BadRequest(f"{where}: datatype must be one of {', '.join(sorted(DATATYPES))}, "
-                             f"got {datatype!r}")
+                             f"got {quoted(datatype)}")
         shape = entry.get("shape", [-1])
         if not isinstance(shape, list) or not all(
                 isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
@@ -291,7 +291,7 @@ class ModelLoader:
             raise Conflict(f"Model version {version} is already registered for model {name}")
         handler = request.handler or manifest.handler or self.config.default_service_handler
         if not handler:
-            raise BadRequest(f"model {name!r} names no handler: pass handler=")
+            raise BadRequest(f"model {quoted(name)} names no handler: pass handler=")
         return _Plan(name, version, handler, self.settings(name, version, request,
                                                            unpacked.model_config),
                      TensorMetadata(tensor_metadata(unpacked.model_config, "inputs"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from frontend.errors import Conflict, ModelNotFound, ModelVersionNotFound
+from frontend.errors import Conflict, ModelNotFound, ModelVersionNotFound, excerpt
 from frontend.models.model import Model
 
 
@@ -31,7 +31,7 @@ class ModelRegistry:
     def _versions_of(self, name: str) -> dict[str, Model]:
         versions = self._models.get(name)
         if not versions:
-            raise ModelNotFound(f"Model not found: {name}")
+            raise ModelNotFound(f"Model not found: {excerpt(name)}")
         return versions
 
     def get(self, name: str, version: str | None = None) -> Model:
@@ -42,7 +42,8 @@ class ModelRegistry:
             return versions[version]
         except KeyError:
             raise ModelVersionNotFound(
-                f"Model version {version} does not exist for model {name}") from None
+                f"Model version {excerpt(version)} does not exist for model "
+                f"{excerpt(name)}") from None
 
     def has(self, name: str, version: str) -> bool:
         return version in self._models.get(name, {})

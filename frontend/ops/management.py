@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import psutil
 
-from frontend.errors import BadRequest, Forbidden, InternalError, MethodNotAllowed
+from frontend.errors import BadRequest, Forbidden, InternalError, MethodNotAllowed, quoted
 from frontend.models.loader import RegisterRequest
 from frontend.models.model import Model
 from frontend.ops.params import bool_param, int_param
@@ -86,7 +86,7 @@ class ManagementOps:
             raise BadRequest("Parameter url is required.")
         runtime = params.get("runtime", "python")
         if runtime not in ("python", "python3"):
-            raise BadRequest(f"unsupported runtime {runtime!r}: only python is supported")
+            raise BadRequest(f"unsupported runtime {quoted(runtime)}: only python is supported")
         try:  # MLServer's and KServe's names for the batch settings are accepted too
             settings = read_layer(params, Source.API)
         except ValueError as exc:

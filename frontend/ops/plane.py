@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
-from frontend.errors import BadRequest, QueueFull, ServeError, expired
+from frontend.errors import BadRequest, QueueFull, ServeError, expired, quoted
 from frontend.models.model import Model as Model
 from frontend.models.registry import ModelRegistry
 from frontend.observe import timing
@@ -125,10 +125,10 @@ def parse_timeout(value: str) -> float:
     try:
         seconds = float(value)
     except ValueError:
-        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a number of seconds, got {value!r}")\
-            from None
+        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a number of seconds, got "
+                         f"{quoted(value)}") from None
     if not seconds > 0:
-        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be > 0, got {value!r}")
+        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be > 0, got {quoted(value)}")
     return seconds
 
 
