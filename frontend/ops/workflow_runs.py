@@ -235,8 +235,8 @@ class WorkflowRunner:
         call = plane.begin(origin, asyncio.get_running_loop())
         try:
             try:
-                # No version named, as TorchServe's node jobs (its metrics say "default").
-                plane.open(call, model.name)
+                # The very model the workflow registered, never one found by its name.
+                plane.open_model(call, model)
                 plane.send(call, headers, inputs, deadline_s=timeout_s)
                 answer = await plane.outcome(call)
             except (NotFound, ServiceUnavailable) as exc:
