@@ -530,31 +530,32 @@ def test_no_registration_or_change_reaches_a_workflows_node(served: Served) -> N
     try:
         node = "Model wfh__m is a node of workflow wfh"
         intruder = _intruder(served, "9.0")
-        for params in ({"url": intruder, "model_name": "wfh__m"},
-                       {"url": "m1.mar", "model_name": "wfh__m"}):  # its own version, too
-            assert _message(served.manage("POST", "/models", **params), 409).startswith(node)
-        for method, path, params in (
-                ("PUT", "/models/wfh__m/1.0/set-default", {}),
-                ("PUT", "/models/wfh__m", {"min_worker": 3}),
-                ("PUT", "/models/wfh__m/1.0", {"min_worker": 0}),
-                ("DELETE", "/models/wfh__m", {}),
-                ("DELETE", "/models/wfh__m/1.0", {})):
+        for url in (intruder, "m1.mar"):  # the node's own archive and version, too
+            registered = served.manage("POST", "/models", url=url, model_name="wfh__m")
+            assert _message(registered, 409).startswith(node)
+        changes: tuple[tuple[str, str, dict[str, object]], ...] = (
+            ("PUT", "/models/wfh__m/1.0/set-default", {}),
+            ("PUT", "/models/wfh__m", {"min_worker": 3}),
+            ("PUT", "/models/wfh__m/1.0", {"min_worker": 0}),
+            ("DELETE", "/models/wfh__m", {}),
+            ("DELETE", "/models/wfh__m/1.0", {}))
+        for method, path, params in changes:
             assert _message(served.manage(method, path, **params), 403).startswith(node)
         stub, admin = _grpc_management(served)
         calls = (
-            (stub.RegisterModel, management_pb2.RegisterModelRequest(  # type: ignore[attr-defined]
+            (stub.RegisterModel, management_pb2.RegisterModelRequest(
                 url=intruder, model_name="wfh__m"), grpc.StatusCode.ALREADY_EXISTS),
-            (stub.SetDefault, management_pb2.SetDefaultRequest(  # type: ignore[attr-defined]
+            (stub.SetDefault, management_pb2.SetDefaultRequest(
                 model_name="wfh__m", model_version="1.0"), grpc.StatusCode.PERMISSION_DENIED),
-            (stub.ScaleWorker, management_pb2.ScaleWorkerRequest(  # type: ignore[attr-defined]
+            (stub.ScaleWorker, management_pb2.ScaleWorkerRequest(
                 model_name="wfh__m", min_worker=4), grpc.StatusCode.PERMISSION_DENIED),
-            (stub.UnregisterModel, management_pb2.UnregisterModelRequest(  # type: ignore[attr-defined]
+            (stub.UnregisterModel, management_pb2.UnregisterModelRequest(
                 model_name="wfh__m"), grpc.StatusCode.PERMISSION_DENIED))
         for call, request, code in calls:
             with pytest.raises(grpc.RpcError) as refused:
                 call(request, metadata=admin, timeout=30)
             assert refused.value.code() == code
-            assert refused.value.details().startswith(node)
+            assert str(refused.value.details()).startswith(node)
         described = served.manage("GET", "/models/wfh__m/all").json()
         assert [(d["modelVersion"], d["minWorkers"]) for d in described] == [("1.0", 1)]
         answer = served.predict("wfh", "hello").json()
