@@ -134,17 +134,25 @@ def _check_member(name: str, dest: Path) -> Path:
     return target
 
 
-def extract_zip(source: Path, dest: Path, kind: str = ".mar") -> None:
-    """Extract the zip ``source`` into ``dest``, refusing links and paths out of it;
-    ArchiveError (naming it a ``kind`` archive) when it is not a zip."""
+def extract_zip(source: Path, dest: Path, kind: str = ".mar",
+                max_unpacked_bytes: int | None = None) -> None:
+    """Extract the zip ``source`` into ``dest``, refusing links and paths out of it, and
+    (with ``max_unpacked_bytes``) more than that many bytes once unpacked, before any is
+    written; ArchiveError (naming it a ``kind`` archive) when it is not a zip."""
     try:
         with zipfile.ZipFile(source) as archive:
+            unpacked = 0
             for info in archive.infolist():
                 mode = info.external_attr >> 16
                 if stat.S_ISLNK(mode):
                     raise ArchiveError(f"links are not allowed in archives: "
                                        f"{quoted(info.filename)}")
                 _check_member(info.filename, dest)
+                # zipfile never unpacks a member beyond the size the archive declares for it.
+                unpacked += info.file_size
+            if max_unpacked_bytes is not None and unpacked > max_unpacked_bytes:
+                raise ArchiveError(f"{excerpt(source.name)} unpacks to {unpacked} bytes, over "
+                                   f"the limit of {max_unpacked_bytes} for a {kind} archive")
             archive.extractall(dest)
     except zipfile.BadZipFile as exc:
         raise ArchiveError(f"{source.name} is not a valid {kind} (zip) archive: {exc}") from exc

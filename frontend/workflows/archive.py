@@ -40,6 +40,9 @@ from workflow_archiver.packaging import MAX_HANDLER_BYTES
 from workflow_archiver.spec import MAX_SPEC_BYTES
 
 WAR_SUFFIX = ".war"
+#: The most a .war may unpack to: a spec, a handler file of functions and a few extra files
+#: (a workflow's models are archives of their own, named by the spec).
+MAX_WAR_UNPACKED_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +156,7 @@ def unpack(url: str, source: Path, work_dir: Path, workflow_name: str | None,
     directory.mkdir(parents=True, mode=0o700)
     try:
         try:
-            archives.extract_zip(source, directory, WAR_SUFFIX)
+            archives.extract_zip(source, directory, WAR_SUFFIX, MAX_WAR_UNPACKED_BYTES)
         except ArchiveError as exc:
             raise InvalidWorkflow(exc.message) from None
         path = directory / MANIFEST_PATH

@@ -609,6 +609,24 @@ def test_a_spec_that_expands_by_aliases_is_refused_small(served: Served, spec: s
     assert served.predict("seq", "still").json()["text"] == "still|m1|post"
 
 
+def test_a_war_that_unpacks_beyond_its_bound_is_refused_before_unpacking(
+        served: Served) -> None:
+    """A zip bomb: a .war of a few hundred kB whose extra file unpacks to 257 MiB."""
+    path = zipped(served.store, "zipbomb", ONE_NODE, SEQUENTIAL[1])
+    with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as war, \
+            war.open("zeros.bin", "w", force_zip64=True) as member:
+        chunk = bytes(1 << 20)
+        for _ in range(257):
+            member.write(chunk)
+    assert path.stat().st_size < 1 << 20
+    work_dir = served.server.server.services.workflows.work_dir  # type: ignore[union-attr]
+    before = set(work_dir.iterdir()) if work_dir.exists() else set()
+    refused = served.manage("POST", "/workflows", url="zipbomb.war")
+    assert re.fullmatch(r"zipbomb\.war unpacks to 2694\d{5} bytes, over the limit of "
+                        r"268435456 for a \.war archive", _message(refused, 400)), refused.text
+    assert set(work_dir.iterdir()) == before  # nothing was unpacked
+
+
 def test_a_model_config_that_expands_is_refused_small(served: Served) -> None:
     """The same bound on a .mar's model-config.yaml (the one YAML reader for what archives
     carry), and nesting beyond it refused as well."""
