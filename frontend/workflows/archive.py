@@ -43,6 +43,8 @@ WAR_SUFFIX = ".war"
 #: The most a .war may unpack to: a spec, a handler file of functions and a few extra files
 #: (a workflow's models are archives of their own, named by the spec).
 MAX_WAR_UNPACKED_BYTES = 256 * 1024 * 1024
+#: A manifest is a few hundred bytes.
+MAX_MANIFEST_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +166,9 @@ def unpack(url: str, source: Path, work_dir: Path, workflow_name: str | None,
             raise InvalidWorkflow(f"the archive has no {MANIFEST_PATH}: is it a workflow "
                                   "archive (.war)?")
         try:
-            manifest = WorkflowManifest.from_json(path.read_bytes(),
-                                                  workflow_name=workflow_name or None)
+            manifest = WorkflowManifest.from_json(
+                _read_capped(path, MANIFEST_PATH, MAX_MANIFEST_BYTES),
+                workflow_name=workflow_name or None)
         except WorkflowArchiverError as exc:
             raise InvalidWorkflow(str(exc)) from None
         spec_text = _read_member(directory, manifest.spec_file, "specFile", MAX_SPEC_BYTES)
@@ -179,16 +182,23 @@ def unpack(url: str, source: Path, work_dir: Path, workflow_name: str | None,
         raise
 
 
+def _read_capped(path: Path, shown: str, max_bytes: int) -> bytes:
+    """The bytes of a file of the archive, InvalidWorkflow when it has more than
+    ``max_bytes`` (never reading more than one byte beyond)."""
+    with path.open("rb") as stream:
+        data = stream.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InvalidWorkflow(f"the {shown} is over {max_bytes} bytes")
+    return data
+
+
 def _read_member(directory: Path, name: str, key: str, max_bytes: int) -> str:
     """A file the manifest names (a path inside the archive, as the manifest reader checked),
     of at most ``max_bytes``."""
     path = directory / name
     if not path.is_file():
         raise InvalidWorkflow(f"the archive has no {key} {quoted(name)}")
-    with path.open("rb") as stream:
-        data = stream.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise InvalidWorkflow(f"the {key} {quoted(name)} is over {max_bytes} bytes")
+    data = _read_capped(path, f"{key} {quoted(name)}", max_bytes)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
