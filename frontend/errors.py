@@ -9,6 +9,12 @@
   "message"}``), ``kserve_body`` (KServe v1/v2's ``{"error": ...}``), ``grpc_code`` (the gRPC
   status for an HTTP status), and ``header_pairs`` (an error's own headers, e.g.
   ``Retry-After``, as HTTP header pairs).
+* What a message may quote of client input: ``quoted`` (as ``!r`` shows it) and ``excerpt``
+  (unquoted, as TorchServe's messages name things), each at most ``MAX_QUOTED_CHARS``
+  characters of it, escaped (``model_archiver.quoting``, which the archivers' messages use
+  too). Every message that quotes a name, URL, parameter, header or file a client sent goes
+  through one of them; and, should one be missed, no error message is longer than
+  ``MAX_MESSAGE_CHARS``.
 """
 
 from __future__ import annotations
@@ -16,10 +22,18 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from model_archiver.quoting import MAX_QUOTED_CHARS as MAX_QUOTED_CHARS
+from model_archiver.quoting import excerpt as excerpt
+from model_archiver.quoting import quoted as quoted
 from protos import worker_pb2
 
 if TYPE_CHECKING:
     import grpc
+
+
+#: The longest error message a client is sent (the rest is cut, saying how long it was): a
+#: last bound for a message that quotes client input without ``quoted``/``excerpt``.
+MAX_MESSAGE_CHARS = 8192
 
 
 class ServeError(Exception):
@@ -32,6 +46,9 @@ class ServeError(Exception):
     headers: dict[str, str]
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = (f"{message[:MAX_MESSAGE_CHARS]}... (cut: the message was "
+                       f"{len(message)} characters)")
         super().__init__(message)
         self.headers = headers or {}
 

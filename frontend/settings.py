@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, TypeAlias
 
+from frontend.errors import quoted
+
 
 class PolicyName(str, enum.Enum):
     """Values of the per-model ``batch_policy`` setting (frontend/serving/policies.py has the
@@ -64,11 +66,11 @@ def integer(minimum: int) -> Parse:
             try:
                 value = int(value.strip())
             except ValueError:
-                raise ValueError(f"{key} must be an integer, got {value!r}") from None
+                raise ValueError(f"{key} must be an integer, got {quoted(value)}") from None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{key} must be an integer, got {value!r}")
+            raise ValueError(f"{key} must be an integer, got {quoted(value)}")
         if value < minimum:
-            raise ValueError(f"{key} must be an integer >= {minimum}, got {value}")
+            raise ValueError(f"{key} must be an integer >= {minimum}, got {quoted(value)}")
         return value
     return parse
 
@@ -79,7 +81,7 @@ def _alias_integer(minimum: int) -> Parse:
         number = _number(value)
         if isinstance(number, bool) or not isinstance(number, int | float) \
                 or not math.isfinite(number) or number != int(number) or number < minimum:
-            raise ValueError(f"{key} must be an integer >= {minimum}, got {value!r}")
+            raise ValueError(f"{key} must be an integer >= {minimum}, got {quoted(value)}")
         return int(number)
     return parse
 
@@ -95,7 +97,7 @@ def _duration_ms(unit_ms: float) -> Parse:
         if isinstance(number, bool) or not isinstance(number, int | float) \
                 or not math.isfinite(number) or number < 0:
             unit = "seconds" if unit_ms == 1000 else "milliseconds"
-            raise ValueError(f"{key} must be a number of {unit} >= 0, got {value!r}")
+            raise ValueError(f"{key} must be a number of {unit} >= 0, got {quoted(value)}")
         ms = round(number * unit_ms)
         # NOTE: a positive delay never rounds down to 0, which would mean "never wait".
         return max(ms, 1) if number > 0 else 0
@@ -108,7 +110,7 @@ def policy(key: str, value: object) -> PolicyName:
         return PolicyName(value.strip().lower() if isinstance(value, str) else value)
     except ValueError:
         choices = ", ".join(p.value for p in PolicyName)
-        raise ValueError(f"{key} must be one of {choices}, got {value!r}") from None
+        raise ValueError(f"{key} must be one of {choices}, got {quoted(value)}") from None
 
 
 def _boolean(key: str, value: object) -> bool:
@@ -116,14 +118,14 @@ def _boolean(key: str, value: object) -> bool:
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
     if not isinstance(value, bool):
-        raise ValueError(f"{key} must be true or false, got {value!r}")
+        raise ValueError(f"{key} must be true or false, got {quoted(value)}")
     return value
 
 
 def _device_ids(key: str, value: object) -> tuple[int, ...]:
     if not isinstance(value, list | tuple) \
             or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
-        raise ValueError(f"{key} must be a list of GPU ids, got {value!r}")
+        raise ValueError(f"{key} must be a list of GPU ids, got {quoted(value)}")
     return tuple(value)
 
 
@@ -132,7 +134,7 @@ def _choice(*choices: str) -> Parse:
     is TorchServe's "none"."""
     def parse(key: str, value: object) -> str:
         if not isinstance(value, str) or value.strip().lower() not in ("", *choices):
-            raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+            raise ValueError(f"{key} must be one of {', '.join(choices)}, got {quoted(value)}")
         return value.strip().lower()
     return parse
 
@@ -141,10 +143,10 @@ def _torchrun_processes(key: str, value: object) -> int:
     """model-config.yaml's ``torchrun`` section: its ``nproc-per-node`` (TorchServe's default
     1), which TorchServe takes for the model's ``parallelLevel``."""
     if not isinstance(value, Mapping):
-        raise ValueError(f"{key} must be a mapping of torchrun's options, got {value!r}")
+        raise ValueError(f"{key} must be a mapping of torchrun's options, got {quoted(value)}")
     processes = value.get("nproc-per-node", 1)
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise ValueError(f"{key}.nproc-per-node must be an integer >= 1, got {processes!r}")
+        raise ValueError(f"{key}.nproc-per-node must be an integer >= 1, got {quoted(processes)}")
     return processes
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+from model_archiver.quoting import quoted
+
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 MAX_NAME_CHARS = 128
 MAX_VERSION_CHARS = 64
@@ -36,7 +38,7 @@ def version_problem(version: str) -> str | None:
 
 
 def _problem(what: str, value: str, max_chars: int) -> str | None:
-    shown = repr(value if len(value) <= 40 else value[:40] + "...")
+    shown = quoted(value, 40)
     if len(value) > max_chars:
         return f"invalid {what} {shown}: at most {max_chars} characters ({len(value)} given)"
     if not NAME_PATTERN.fullmatch(value):

@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from model_archiver.files import read_folder_member, read_zip_member
+from model_archiver.quoting import quoted
 from workflow_archiver import __version__
 from workflow_archiver.errors import WorkflowManifestError
 
@@ -122,6 +123,9 @@ class WorkflowManifest:
             data = json.loads(text)
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both land here
             raise WorkflowManifestError(f"manifest is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise WorkflowManifestError("manifest is not valid JSON: it nests too deeply"
+                                        ) from None
         return cls.from_dict(data, workflow_name=workflow_name)
 
 
@@ -143,7 +147,7 @@ def _member(workflow: Mapping[str, Any], key: str) -> str:
     path = PurePosixPath(value.replace("\\", "/"))
     if path.is_absolute() or ".." in path.parts or path.parts[0] == WAR_INF or ":" in value:
         raise WorkflowManifestError(
-            f'manifest "{key}" must name a file inside the archive, got {value!r}')
+            f'manifest "{key}" must name a file inside the archive, got {quoted(value)}')
     return value
 
 

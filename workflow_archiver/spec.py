@@ -55,6 +55,11 @@ model name must be a valid model name, a function node's name a Python identifie
 model's ``url`` may not contain ``..`` (TorchServe refuses such a URL when it registers the
 model: "Relative path is not allowed in url"). With ``functions`` (the names the handler file
 defines, ``handler_names``), a function node the handler lacks is an error too.
+
+A spec is its author's input to the server, so it is read within bounds: at most
+``MAX_SPEC_BYTES``, by ``model_archiver.yaml_files`` (aliases that expand it more than a few
+times, nesting beyond 64 levels, refused), with at most ``MAX_NODES`` nodes, and every
+message quotes no more than a short, escaped excerpt of it (``model_archiver.quoting``).
 """
 
 from __future__ import annotations
@@ -69,13 +74,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
 from model_archiver import names
+from model_archiver.quoting import excerpt, quoted
+from model_archiver.yaml_files import YamlError, load_yaml
 from workflow_archiver.errors import InvalidDAGError, SpecError, WorkflowArchiverError
 
 __all__ = [
     "FUNCTION_NODE_SETTINGS",
+    "MAX_NODES",
     "MAX_SPEC_BYTES",
     "MODEL_NAME_SEPARATOR",
     "SETTING_KEYS",
@@ -91,8 +97,10 @@ __all__ = [
 
 MODEL_NAME_SEPARATOR = "__"
 """Between the workflow's name and a node's in the node's model name (``wf__m1``)."""
-MAX_SPEC_BYTES = 1 << 20
+MAX_SPEC_BYTES = 64 * 1024
 """A spec is a few hundred bytes; a bigger one is refused before YAML reads it."""
+MAX_NODES = 100
+"""The most nodes a DAG may have: each is a model of its own, with its own workers."""
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1  # Java's int, which TorchServe casts to
 
 
@@ -248,22 +256,20 @@ def parse_spec(text: str | bytes, workflow_name: str, *,
     problem = names.name_problem(workflow_name, "workflow name")
     if problem:
         raise SpecError(problem)
-    if len(text) > MAX_SPEC_BYTES:
+    if len(text) > MAX_SPEC_BYTES:  # a str's length in characters: checked again in bytes
         raise SpecError(f"workflow spec is over {MAX_SPEC_BYTES} bytes")
     try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"Failed to parse yaml: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"Failed to parse yaml: not UTF-8 text ({exc})") from exc
+        document = load_yaml(text, max_bytes=MAX_SPEC_BYTES)
+    except YamlError as exc:
+        raise SpecError(f"Failed to parse yaml: {exc}") from None
     if not isinstance(document, dict):
         raise SpecError(f"workflow spec must be a mapping with 'models' and 'dag', "
                         f"got {_kind(document)}")
     warnings: list[str] = []
     unknown = sorted(str(key) for key in document if key not in ("models", "dag"))
     if unknown:
-        warnings.append(f"top-level keys {', '.join(map(repr, unknown))} are ignored "
-                        f"(only 'models' and 'dag' mean something)")
+        warnings.append(f"top-level keys {quoted(unknown)} are ignored (only 'models' and "
+                        f"'dag' mean something)")
     models, final = _read_models(document.get("models"), warnings)
     edges, mentioned = _read_dag(document.get("dag"))
     return _build(workflow_name, models, final, edges, mentioned, functions, warnings)
@@ -287,27 +293,28 @@ def _read_models(section: object, warnings: list[str]
     models: dict[str, _Model] = {}
     for key, value in section.items():
         if not isinstance(key, str) or not key:
-            raise SpecError(f"'models': {key!r} is not a model name or a setting key")
+            raise SpecError(f"'models': {quoted(key)} is not a model name or a setting key")
         if key in SETTING_KEYS:
             current = replace(current, **{SETTING_KEYS[key]: _setting(value, key, "models")})
             if models:
                 warnings.append(
-                    f"models.{key} comes after model {next(reversed(models))!r}: as in "
+                    f"models.{key} comes after model {quoted(next(reversed(models)))}: as in "
                     f"TorchServe, it applies only to the models listed after it")
             continue
+        section_name = f"models.{excerpt(key)}"
         if not isinstance(value, dict):
-            raise SpecError(f"models.{key} must be a mapping with 'url' and settings, "
+            raise SpecError(f"{section_name} must be a mapping with 'url' and settings, "
                             f"got {_kind(value)}")
         overrides = {}
         for own_key, own_value in value.items():
             if own_key in SETTING_KEYS:
-                overrides[SETTING_KEYS[own_key]] = _setting(own_value, own_key, f"models.{key}")
+                overrides[SETTING_KEYS[own_key]] = _setting(own_value, own_key, section_name)
             elif own_key != "url":
-                warnings.append(f"models.{key}.{own_key} is ignored (TorchServe reads only "
-                                f"'url' and {', '.join(SETTING_KEYS)})")
+                warnings.append(f"{section_name}.{excerpt(str(own_key))} is ignored "
+                                f"(TorchServe reads only 'url' and {', '.join(SETTING_KEYS)})")
         url = value.get("url")
         if url is not None and not isinstance(url, str):
-            raise SpecError(f"models.{key}.url must be a string, got {_kind(url)}")
+            raise SpecError(f"{section_name}.url must be a string, got {_kind(url)}")
         models[key] = _Model(url, replace(current, **overrides))
     return models, current
 
@@ -318,7 +325,8 @@ def _setting(value: object, key: str, section: str) -> int:
         raise SpecError(f"{where} must be an integer, got {_kind(value)}")
     field_name = SETTING_KEYS[key]
     if not _INT_MIN <= value <= _INT_MAX:
-        raise SpecError(f"{where} = {value} is out of range")
+        raise SpecError(f"{where} = {quoted(value)} is out of range: it must be from "
+                        f"{_MINIMUM[field_name]} to {_INT_MAX}")
     if value < _MINIMUM[field_name]:
         raise SpecError(f"{where} = {value}: it must be at least {_MINIMUM[field_name]}")
     return value
@@ -330,30 +338,40 @@ def _read_dag(section: object) -> tuple[list[tuple[str, str]], list[str]]:
         raise SpecError("workflow spec has no 'dag' section")
     if not isinstance(section, dict):
         raise SpecError(f"'dag' must be a mapping of node -> [children], got {_kind(section)}")
-    edges: list[tuple[str, str]] = []
+    edges: dict[tuple[str, str], None] = {}  # a dict: in order, and a quick membership test
     mentioned: dict[str, None] = {}
     for node, children in section.items():
         if not isinstance(node, str) or not node.strip():
-            raise SpecError(f"dag: {node!r} is not a node name")
-        mentioned.setdefault(node)
+            raise SpecError(f"dag: {quoted(node)} is not a node name")
+        _mention(mentioned, node)
+        where = f"dag.{excerpt(node)}"
         if children is None:
-            raise SpecError(f"dag.{node} has no list of children (write [] for a leaf)")
+            raise SpecError(f"{where} has no list of children (write [] for a leaf)")
         if not isinstance(children, list):
-            raise SpecError(f"dag.{node} must be a list of nodes, got {_kind(children)} "
-                            f"(write [{children}] for one child)")
+            raise SpecError(f"{where} must be a list of nodes, got {_kind(children)} "
+                            f"(write [{excerpt(str(children))}] for one child)")
         for child in children:
             if child is None or (isinstance(child, str) and not child.strip()):
                 continue  # TorchServe skips null and blank entries
             if not isinstance(child, str):
-                raise SpecError(f"dag.{node}: {child!r} is not a node name")
+                raise SpecError(f"{where}: {quoted(child)} is not a node name")
             if child == node:
-                raise InvalidDAGError(f"Self loop exception: node {node!r} is its own child")
+                raise InvalidDAGError(f"Self loop exception: node {quoted(node)} is its own "
+                                      f"child")
             if (node, child) in edges:
-                raise InvalidDAGError(f"loop exception: the edge {node} -> {child} is listed "
-                                      f"twice")
-            mentioned.setdefault(child)
-            edges.append((node, child))
-    return edges, list(mentioned)
+                raise InvalidDAGError(f"loop exception: the edge {excerpt(node)} -> "
+                                      f"{excerpt(child)} is listed twice")
+            _mention(mentioned, child)
+            edges[node, child] = None
+    return list(edges), list(mentioned)
+
+
+def _mention(mentioned: dict[str, None], node: str) -> None:
+    """Count ``node`` in; a DAG of more than ``MAX_NODES`` nodes is refused as it grows."""
+    mentioned.setdefault(node)
+    if len(mentioned) > MAX_NODES:
+        raise SpecError(f"the dag has more than {MAX_NODES} nodes (each node is a model "
+                        f"with workers of its own)")
 
 
 def _build(workflow_name: str, models: dict[str, _Model], final: NodeSettings,
@@ -366,11 +384,12 @@ def _build(workflow_name: str, models: dict[str, _Model], final: NodeSettings,
         children[parent].append(child)
     starts = [name for name in mentioned if not parents[name]]
     if len(starts) != 1:
-        found = ", ".join(starts) if starts else "none: every node has a parent"
+        found = ", ".join(map(excerpt, starts)) if starts else "none: every node has a parent"
         raise InvalidDAGError(f"DAG should have only one start node (found {found})")
     order = _topological_order(starts[0], parents, children)
     if len(order) != len(mentioned):
-        stuck = [name for name in mentioned if name not in set(order)]
+        ordered = set(order)
+        stuck = [excerpt(name) for name in mentioned if name not in ordered]
         raise InvalidDAGError(f"Not a valid DAG: a cycle runs through {', '.join(stuck)}")
 
     function_settings = replace(FUNCTION_NODE_SETTINGS, retry_attempts=final.retry_attempts,
@@ -381,20 +400,21 @@ def _build(workflow_name: str, models: dict[str, _Model], final: NodeSettings,
         registered = model_name(workflow_name, name)
         problem = names.name_problem(registered)
         if problem:
-            raise SpecError(f"dag node {name!r}: its model would be named {registered!r}: "
-                            f"{problem}")
+            raise SpecError(f"dag node {quoted(name)}: its model would be named "
+                            f"{quoted(registered)}: {problem}")
         model = models.get(name)
         if model is not None:
             if not model.url:
                 raise SpecError(f"models.{name} has no 'url' (the model archive to serve)")
             if ".." in model.url:
-                raise SpecError(f"models.{name}.url {model.url!r}: Relative path is not "
-                                f"allowed in url")
+                raise SpecError(f"models.{name}.url {quoted(model.url)}: Relative path is "
+                                f"not allowed in url")
             kind, url, settings = NodeKind.MODEL, model.url, model.settings
         else:
             if not name.isidentifier() or keyword.iskeyword(name):
-                raise SpecError(f"dag node {name!r} is not in 'models', so it is a function "
-                                f"of the handler file, but it is not a Python identifier")
+                raise SpecError(f"dag node {quoted(name)} is not in 'models', so it is a "
+                                f"function of the handler file, but it is not a Python "
+                                f"identifier")
             if functions is not None and name not in functions:
                 missing.append(name)
             kind, url, settings = NodeKind.FUNCTION, None, function_settings
@@ -403,12 +423,12 @@ def _build(workflow_name: str, models: dict[str, _Model], final: NodeSettings,
                                children=tuple(children[name]))
     if missing:
         raise SpecError(
-            f"unknown node{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}: "
+            f"unknown node{'s' if len(missing) > 1 else ''} {', '.join(map(quoted, missing))}: "
             f"neither a model of 'models' nor a function of the handler file")
     unused = tuple(name for name in models if name not in nodes)
     if unused:
-        warnings.append(f"models {', '.join(map(repr, unused))} are in no node of 'dag': "
-                        f"TorchServe does not register them")
+        warnings.append(f"models {quoted(list(unused))} are in no node of 'dag': TorchServe "
+                        f"does not register them")
     return WorkflowSpec(
         workflow_name=workflow_name, nodes=MappingProxyType(nodes), order=tuple(order),
         root=order[0], leaves=tuple(name for name in order if not children[name]),
@@ -441,6 +461,9 @@ def handler_names(source: str | bytes, filename: str = "<handler>") -> frozenset
     except (SyntaxError, ValueError) as exc:
         raise WorkflowArchiverError(f"handler file {filename} is not valid Python: {exc}") \
             from exc
+    except (RecursionError, MemoryError):
+        raise WorkflowArchiverError(f"handler file {filename} nests its expressions too "
+                                    f"deeply to be read") from None
     found: set[str] = set()
     for node in _top_level(tree.body):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -471,4 +494,4 @@ def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
 
 
 def _kind(value: Any) -> str:
-    return "nothing" if value is None else f"{type(value).__name__} {value!r}"[:80]
+    return "nothing" if value is None else f"{type(value).__name__} {quoted(value)}"

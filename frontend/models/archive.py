@@ -17,10 +17,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import yaml
-
-from frontend.errors import ArchiveError, Forbidden
+from frontend.errors import ArchiveError, Forbidden, excerpt, quoted
 from model_archiver.manifest import MANIFEST_PATH, Manifest
+from model_archiver.yaml_files import YamlError, read_yaml
 
 ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".tgz")
 
@@ -54,7 +53,7 @@ def require_allowed(url: str, allowed_urls: tuple[str, ...], shown: str | None =
     """Forbidden (403, saying how to admit it) unless a pattern of ``allowed_urls`` matches
     the whole ``url``; ``shown`` is how the message names it (default: the url)."""
     if not any(re.fullmatch(pattern, url) for pattern in allowed_urls):
-        raise _not_allowed(url, repr(url) if shown is None else shown)
+        raise _not_allowed(url, quoted(url) if shown is None else shown)
 
 
 def _not_allowed(url: str, shown: str) -> Forbidden:
@@ -67,7 +66,7 @@ def _not_allowed(url: str, shown: str) -> Forbidden:
         f"url {shown} is not allowed: allowed_urls does not admit it (batchserve's default "
         "admits only the model store; TorchServe's admits any url). Admit a location with the "
         "config key allowed_urls, a comma-separated list of regular expressions that must "
-        f"match the whole url, e.g. allowed_urls={example}")
+        f"match the whole url, e.g. allowed_urls={excerpt(example)}")
 
 
 def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...]) -> Path:
@@ -85,14 +84,15 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
         if model_store is None:
             raise ArchiveError("no model store is configured (--model-store)")
         if url in (".", ".."):
-            raise ArchiveError(f"invalid model url {url!r}")
+            raise ArchiveError(f"invalid model url {quoted(url)}")
         path = model_store / url
         if not _exists(path):
-            raise ArchiveError(f"Model archive {url!r} not found in the model store {model_store}")
+            raise ArchiveError(f"Model archive {quoted(url)} not found in the model store "
+                               f"{model_store}")
         return path
     if parts.scheme not in ("", "file"):
         require_allowed(url, allowed_urls)
-        raise ArchiveError(f"unsupported url scheme {parts.scheme!r}")
+        raise ArchiveError(f"unsupported url scheme {quoted(parts.scheme)}")
     raw_path = unquote(parts.path) if parts.scheme == "file" else url
     path = Path(raw_path)
     # A path inside the model store is the store's, as a bare name is (a multi-model
@@ -100,9 +100,9 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
     if not _inside(path, model_store):
         require_allowed(url, allowed_urls)
     if ".." in PurePosixPath(raw_path).parts:
-        raise ArchiveError(f"invalid model url {url!r}: '..' is not allowed")
+        raise ArchiveError(f"invalid model url {quoted(url)}: '..' is not allowed")
     if not _exists(path):
-        raise ArchiveError(f"Model archive {url!r} not found")
+        raise ArchiveError(f"Model archive {quoted(url)} not found")
     return path
 
 
@@ -121,29 +121,38 @@ def _exists(path: Path) -> bool:
     try:
         return path.exists()
     except OSError:  # e.g. a name too long for the file system
-        raise ArchiveError(f"invalid model url: {path.name[:80]!r}...") from None
+        raise ArchiveError(f"invalid model url: {quoted(path.name)}") from None
 
 
 def _check_member(name: str, dest: Path) -> Path:
     member = PurePosixPath(name)
     if member.is_absolute() or ".." in member.parts or name.startswith("\\"):
-        raise ArchiveError(f"unsafe path in archive: {name!r}")
+        raise ArchiveError(f"unsafe path in archive: {quoted(name)}")
     target = (dest / member).resolve()
     if target != dest and dest not in target.parents:
-        raise ArchiveError(f"unsafe path in archive: {name!r}")
+        raise ArchiveError(f"unsafe path in archive: {quoted(name)}")
     return target
 
 
-def extract_zip(source: Path, dest: Path, kind: str = ".mar") -> None:
-    """Extract the zip ``source`` into ``dest``, refusing links and paths out of it;
-    ArchiveError (naming it a ``kind`` archive) when it is not a zip."""
+def extract_zip(source: Path, dest: Path, kind: str = ".mar",
+                max_unpacked_bytes: int | None = None) -> None:
+    """Extract the zip ``source`` into ``dest``, refusing links and paths out of it, and
+    (with ``max_unpacked_bytes``) more than that many bytes once unpacked, before any is
+    written; ArchiveError (naming it a ``kind`` archive) when it is not a zip."""
     try:
         with zipfile.ZipFile(source) as archive:
+            unpacked = 0
             for info in archive.infolist():
                 mode = info.external_attr >> 16
                 if stat.S_ISLNK(mode):
-                    raise ArchiveError(f"links are not allowed in archives: {info.filename!r}")
+                    raise ArchiveError(f"links are not allowed in archives: "
+                                       f"{quoted(info.filename)}")
                 _check_member(info.filename, dest)
+                # zipfile never unpacks a member beyond the size the archive declares for it.
+                unpacked += info.file_size
+            if max_unpacked_bytes is not None and unpacked > max_unpacked_bytes:
+                raise ArchiveError(f"{excerpt(source.name)} unpacks to {unpacked} bytes, over "
+                                   f"the limit of {max_unpacked_bytes} for a {kind} archive")
             archive.extractall(dest)
     except zipfile.BadZipFile as exc:
         raise ArchiveError(f"{source.name} is not a valid {kind} (zip) archive: {exc}") from exc
@@ -156,7 +165,7 @@ def _extract_tar(source: Path, dest: Path) -> None:
         with tarfile.open(source, "r:*") as archive:
             for member in archive.getmembers():
                 if not (member.isfile() or member.isdir()):
-                    raise ArchiveError(f"only files and folders are allowed: {member.name!r}")
+                    raise ArchiveError(f"only files and folders are allowed: {quoted(member.name)}")
                 _check_member(member.name, dest)
             archive.extractall(dest, filter="data")
     except tarfile.TarError as exc:
@@ -181,27 +190,31 @@ def _read_manifest(model_dir: Path, default_name: str) -> tuple[Manifest, str]:
         # TorchServe synthesises a manifest for archives without one.
         manifest = Manifest(model_name=default_name, model_version="1.0", handler="")
         return manifest, manifest.to_json()
-    text = path.read_text(encoding="utf-8")
     try:
+        text = path.read_text(encoding="utf-8")
         return Manifest.from_json(text), text
     except Exception as exc:
-        raise ArchiveError(f"invalid {MANIFEST_PATH}: {exc}") from exc
+        raise ArchiveError(f"invalid {MANIFEST_PATH}: {excerpt(str(exc), 300)}") from exc
 
 
 def _read_model_config(model_dir: Path, manifest: Manifest) -> dict[str, Any]:
     if not manifest.config_file:
         return {}
     path = model_dir / manifest.config_file
-    if not path.is_file():
-        raise ArchiveError(f"the archive names config file {manifest.config_file!r} but has none")
+    shown = excerpt(manifest.config_file)
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ArchiveError(f"invalid {manifest.config_file}: {exc}") from exc
+        if not path.is_file():
+            raise ArchiveError(f"the archive names config file {quoted(manifest.config_file)} "
+                               "but has none")
+        loaded = read_yaml(path)
+    except YamlError as exc:
+        raise ArchiveError(f"invalid {shown}: {exc}") from None
+    except OSError as exc:
+        raise ArchiveError(f"cannot read {shown}: {exc.strerror}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
-        raise ArchiveError(f"{manifest.config_file} must hold a mapping")
+        raise ArchiveError(f"{shown} must hold a mapping")
     return loaded
 
 

@@ -39,7 +39,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from frontend.errors import DependencyInstallError
+from frontend.errors import DependencyInstallError, quoted
 from frontend.observe.logs import output_lines
 from frontend.processes import python_module
 
@@ -76,7 +76,7 @@ def requirements_path(model_dir: Path, requirements_file: str) -> Path:
     path = (model_dir / requirements_file).resolve()
     if model_dir.resolve() not in path.parents or not path.is_file():
         raise DependencyInstallError(
-            f"the archive names requirements file {requirements_file!r} but has none")
+            f"the archive names requirements file {quoted(requirements_file)} but has none")
     return path
 
 

@@ -29,7 +29,7 @@ from urllib.request import (
     Request,
 )
 
-from frontend.errors import ArchiveError, Conflict, Forbidden, ServeError
+from frontend.errors import ArchiveError, Conflict, Forbidden, ServeError, excerpt, quoted
 from frontend.models.archive import ARCHIVE_SUFFIXES, require_allowed
 
 MAX_REDIRECTS = 5
@@ -120,20 +120,20 @@ def normalise_url(url: str) -> str:
     clients and servers parse differently (backslashes, spaces, controls).
     """
     if any(char == "\\" or ord(char) <= 0x20 or ord(char) == 0x7F for char in url):
-        raise ArchiveError(f"url {url!r} has a backslash, a space or a control character")
+        raise ArchiveError(f"url {quoted(url)} has a backslash, a space or a control character")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in _SCHEMES:
-        raise ArchiveError(f"url {url!r}: only http(s) archives can be downloaded")
+        raise ArchiveError(f"url {quoted(url)}: only http(s) archives can be downloaded")
     try:
         port = parts.port
     except ValueError:
-        raise ArchiveError(f"url {url!r} has an invalid port") from None
+        raise ArchiveError(f"url {quoted(url)} has an invalid port") from None
     host = parts.hostname
     if not host:
-        raise ArchiveError(f"url {url!r} names no host")
+        raise ArchiveError(f"url {quoted(url)} names no host")
     if _has_parent_segment(parts.path):
-        raise Forbidden(f"url {url!r} is not allowed: its path has a '..' segment")
+        raise Forbidden(f"url {quoted(url)} is not allowed: its path has a '..' segment")
     netloc = f"[{host}]" if ":" in host else host
     if port is not None:
         netloc = f"{netloc}:{port}"
@@ -148,7 +148,8 @@ def check_allowed(url: str, allowed_urls: tuple[str, ...]) -> str:
     """The normalised ``url`` if ``allowed_urls`` admits it; Forbidden (403) otherwise."""
     normalised = normalise_url(url)
     require_allowed(normalised, allowed_urls,
-                    None if normalised == url else f"{url!r} (normalised: {normalised!r})")
+                    None if normalised == url
+                    else f"{quoted(url)} (normalised: {quoted(normalised)})")
     return normalised
 
 
@@ -165,10 +166,10 @@ def archive_name(url: str, suffixes: tuple[str, ...] = ARCHIVE_SUFFIXES) -> str:
         and not any(ord(char) < 0x20 or char == "\x7f" for char in name)
     )
     if not is_plain:
-        raise ArchiveError(f"url {url!r} does not end in a plain archive file name")
+        raise ArchiveError(f"url {quoted(url)} does not end in a plain archive file name")
     if not name.endswith(suffixes):
-        raise ArchiveError(f"url {url!r}: expected a {', '.join(suffixes)} archive, got "
-                           f"{name!r}")
+        raise ArchiveError(f"url {quoted(url)}: expected a {', '.join(suffixes)} archive, got "
+                           f"{quoted(name)}")
     return name
 
 
@@ -177,13 +178,14 @@ def _open(opener: OpenerDirector, url: str, timeout_s: float) -> http.client.HTT
         return opener.open(Request(url), timeout=timeout_s)  # type: ignore[no-any-return]
     except HTTPError as exc:
         exc.close()
-        raise ArchiveError(f"downloading {url!r} failed: HTTP {exc.code} {exc.reason}") from exc
+        raise ArchiveError(f"downloading {quoted(url)} failed: HTTP {exc.code} "
+                           f"{excerpt(str(exc.reason))}") from exc
     except URLError as exc:
-        raise ArchiveError(f"cannot download {url!r}: {_reason(exc.reason)}") from exc
+        raise ArchiveError(f"cannot download {quoted(url)}: {_reason(exc.reason)}") from exc
     # OSError: a timeout while waiting for the response head is not wrapped in URLError.
     # ValueError: http.client's InvalidURL (control characters, a bad port).
     except (OSError, http.client.HTTPException, ValueError) as exc:
-        raise ArchiveError(f"cannot download {url!r}: {_reason(exc)}") from exc
+        raise ArchiveError(f"cannot download {quoted(url)}: {_reason(exc)}") from exc
 
 
 def _open_following_redirects(
@@ -200,34 +202,37 @@ def _open_following_redirects(
             location = response.headers.get("Location")
             status = response.status
         if status not in REDIRECT_STATUSES:
-            raise ArchiveError(f"downloading {url!r} failed: unexpected HTTP {status}")
+            raise ArchiveError(f"downloading {quoted(url)} failed: unexpected HTTP {status}")
         if not location:
-            raise ArchiveError(f"downloading {url!r} failed: HTTP {status} without a Location")
+            raise ArchiveError(f"downloading {quoted(url)} failed: HTTP {status} without a "
+                               "Location")
         location = location.strip()
         if _has_parent_segment(urlsplit(location).path):  # before urljoin resolves it
-            raise Forbidden(f"{url!r} redirects to {location!r}, which is refused: its path has "
-                            "a '..' segment")
+            raise Forbidden(f"{quoted(url)} redirects to {quoted(location)}, which is refused: "
+                            "its path has a '..' segment")
         target = urljoin(url, location)
         if urlsplit(target).scheme.lower() not in _SCHEMES:
-            raise ArchiveError(f"{url!r} redirects to {target!r}: only http(s) is followed")
+            raise ArchiveError(f"{quoted(url)} redirects to {quoted(target)}: only http(s) is "
+                               "followed")
         # Checked on every hop: an admitted server must not be able to point us anywhere else.
         try:
             url = check_allowed(target, allowed_urls)
         except ServeError as exc:
-            raise Forbidden(f"{url!r} redirects to {target!r}, which is refused: "
+            raise Forbidden(f"{quoted(url)} redirects to {quoted(target)}, which is refused: "
                             f"{exc.message}") from None
-    raise ArchiveError(f"downloading {first_url!r} failed: more than {MAX_REDIRECTS} redirects")
+    raise ArchiveError(f"downloading {quoted(first_url)} failed: more than {MAX_REDIRECTS} "
+                       "redirects")
 
 
 def _reason(exc: object) -> str:
-    return str(exc) or type(exc).__name__
+    return excerpt(str(exc)) or type(exc).__name__
 
 
 def _read_chunk(response: http.client.HTTPResponse, url: str) -> bytes:
     try:
         return response.read(CHUNK_BYTES)
     except (OSError, http.client.HTTPException) as exc:
-        raise ArchiveError(f"downloading {url!r} failed: {_reason(exc)}") from exc
+        raise ArchiveError(f"downloading {quoted(url)} failed: {_reason(exc)}") from exc
 
 
 def _stream_to(response: http.client.HTTPResponse, url: str, out: BinaryIO,
@@ -235,7 +240,7 @@ def _stream_to(response: http.client.HTTPResponse, url: str, out: BinaryIO,
     # http.client's parse of Content-Length (None when chunked, absent or invalid), taken
     # before any read decrements it.
     declared = response.length
-    too_large = f"archive at {url!r} exceeds the download limit of {max_bytes} bytes"
+    too_large = f"archive at {quoted(url)} exceeds the download limit of {max_bytes} bytes"
     if declared is not None and declared > max_bytes:
         raise ArchiveError(too_large)
     received = 0
@@ -247,7 +252,8 @@ def _stream_to(response: http.client.HTTPResponse, url: str, out: BinaryIO,
     # NOTE: http.client does not raise when a Content-Length body ends early; it just stops.
     if declared is not None and received != declared:
         raise ArchiveError(
-            f"downloading {url!r} failed: got {received} of {declared} bytes (connection closed)"
+            f"downloading {quoted(url)} failed: got {received} of {declared} bytes (connection "
+            "closed)"
         )
 
 
@@ -276,7 +282,7 @@ def download_archive(
     url = check_allowed(url, allowed_urls)
     name = archive_name(url, suffixes)
     final = model_store / name
-    conflict = f"archive {name!r} already exists in the model store"
+    conflict = f"archive {quoted(name)} already exists in the model store"
     if os.path.lexists(final):
         raise Conflict(conflict)
 

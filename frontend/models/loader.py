@@ -22,7 +22,7 @@ from typing import Any
 
 from frontend import __version__
 from frontend.config import ConfiguredVersion, ServerConfig
-from frontend.errors import BadRequest, Conflict, Forbidden, InternalError
+from frontend.errors import BadRequest, Forbidden, InternalError, quoted
 from frontend.models import archive as archives
 from frontend.models.dependencies import NO_ENVIRONMENT, DependencyInstaller, ModelEnvironment
 from frontend.models.download import download_archive
@@ -138,7 +138,7 @@ def tensor_metadata(config: Mapping[str, Any], key: str) -> list[dict[str, Any]]
         datatype = entry.get("datatype")
         if datatype not in DATATYPES:
             raise BadRequest(f"{where}: datatype must be one of {', '.join(sorted(DATATYPES))}, "
-                             f"got {datatype!r}")
+                             f"got {quoted(datatype)}")
         shape = entry.get("shape", [-1])
         if not isinstance(shape, list) or not all(
                 isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
@@ -255,8 +255,8 @@ class ModelLoader:
             environment = await self._dependencies.prepare(
                 plan.name, plan.version, unpacked.model_dir,
                 unpacked.manifest.requirements_file, plan.settings.use_venv)
-            # registry.add refuses a duplicate again: a registration of the same version may
-            # have been added while this one installed.
+            # registry.add checks the name again: a registration of the same version, or a
+            # workflow's node of that name, may have been added while this one installed.
             model = self._add(request, unpacked, plan, environment)
         except BaseException:
             archives.remove_unpacked(unpacked, self.archive_dir)
@@ -287,11 +287,10 @@ class ModelLoader:
         problem = names.name_problem(name) or names.version_problem(version)
         if problem:
             raise BadRequest(problem)
-        if self.registry.has(name, version):
-            raise Conflict(f"Model version {version} is already registered for model {name}")
+        self.registry.check_free(name, version, request.workflow)
         handler = request.handler or manifest.handler or self.config.default_service_handler
         if not handler:
-            raise BadRequest(f"model {name!r} names no handler: pass handler=")
+            raise BadRequest(f"model {quoted(name)} names no handler: pass handler=")
         return _Plan(name, version, handler, self.settings(name, version, request,
                                                            unpacked.model_config),
                      TensorMetadata(tensor_metadata(unpacked.model_config, "inputs"),
@@ -370,8 +369,7 @@ class ModelLoader:
     async def remove(self, model: Model, drain_timeout_s: float | None) -> None:
         """Unregister this very version (a workflow's node model), draining its queue within
         ``drain_timeout_s``; nothing when it is gone already."""
-        if self.registry.has(model.name, model.version) and \
-                self.registry.get(model.name, model.version) is model:
+        if self.registry.holds(model):
             await self._remove(model, drain_timeout_s)
 
     async def _remove(self, model: Model, drain_timeout_s: float | None) -> None:

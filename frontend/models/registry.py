@@ -2,13 +2,20 @@
 
 Only bookkeeping: the loader (frontend/models/loader.py) builds, starts and stops models;
 the management layer (frontend/ops/management.py) describes them.
+
+A name belongs to one owner: the models registered through the model API (any number of
+versions), or one workflow, whose node it serves (``Model.workflow``; one version, the
+node's). Nothing can add a version under a name a workflow owns, and a workflow's node
+cannot take a name that is registered: so a workflow's node is never replaced, joined by
+another version or made to answer for someone else, and the node calls of a workflow reach
+the very ``Model`` it registered (frontend/ops/workflow_runs.py holds it, not its name).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from frontend.errors import Conflict, ModelNotFound, ModelVersionNotFound
+from frontend.errors import Conflict, ModelNotFound, ModelVersionNotFound, excerpt
 from frontend.models.model import Model
 
 
@@ -31,7 +38,7 @@ class ModelRegistry:
     def _versions_of(self, name: str) -> dict[str, Model]:
         versions = self._models.get(name)
         if not versions:
-            raise ModelNotFound(f"Model not found: {name}")
+            raise ModelNotFound(f"Model not found: {excerpt(name)}")
         return versions
 
     def get(self, name: str, version: str | None = None) -> Model:
@@ -42,10 +49,38 @@ class ModelRegistry:
             return versions[version]
         except KeyError:
             raise ModelVersionNotFound(
-                f"Model version {version} does not exist for model {name}") from None
+                f"Model version {excerpt(version)} does not exist for model "
+                f"{excerpt(name)}") from None
 
     def has(self, name: str, version: str) -> bool:
         return version in self._models.get(name, {})
+
+    def holds(self, model: Model) -> bool:
+        """Whether this very version is registered (not another under its name)."""
+        return self._models.get(model.name, {}).get(model.version) is model
+
+    def owner(self, name: str) -> str | None:
+        """The workflow whose node the model ``name`` is, or None (a model of the model API,
+        or no model)."""
+        versions = self._models.get(name)
+        return next(iter(versions.values())).workflow if versions else None
+
+    def check_free(self, name: str, version: str | None, workflow: str | None = None) -> None:
+        """Conflict (409) unless version ``version`` of ``name`` may be added (None: any
+        version), for the model API (``workflow`` None) or as a node of ``workflow``: see the
+        module's text."""
+        versions = self._models.get(name)
+        if not versions:
+            return
+        owner = self.owner(name)
+        if owner is not None:
+            raise Conflict(f"Model {name} is a node of workflow {owner}: its name is the "
+                           f"workflow's alone (it is registered and removed with the workflow)")
+        if workflow is not None:
+            raise Conflict(f"Model {name} is already registered: workflow {workflow} cannot "
+                           f"serve a node under its name")
+        if version in versions:
+            raise Conflict(f"Model version {version} is already registered for model {name}")
 
     def versions(self, name: str) -> list[Model]:
         return list(self._versions_of(name).values())
@@ -74,10 +109,8 @@ class ModelRegistry:
     def add(self, model: Model, make_default: bool = False) -> None:
         """Add a version; the first of a name, or one marked ``make_default``, becomes the
         default."""
+        self.check_free(model.name, model.version, model.workflow)
         versions = self._models.setdefault(model.name, {})
-        if model.version in versions:
-            raise Conflict(f"Model version {model.version} is already registered for model "
-                           f"{model.name}")
         versions[model.version] = model
         if model.name not in self._defaults or make_default:
             self._defaults[model.name] = model.version
@@ -85,9 +118,9 @@ class ModelRegistry:
     def remove(self, model: Model) -> None:
         """Remove a version (no-op when it is not this registry's); when it was the default,
         the oldest remaining version becomes the default."""
-        versions = self._models.get(model.name, {})
-        if versions.get(model.version) is not model:
+        if not self.holds(model):
             return
+        versions = self._models[model.name]
         del versions[model.version]
         if not versions:
             del self._models[model.name]

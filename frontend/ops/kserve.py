@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from frontend.errors import BadRequest
+from frontend.errors import BadRequest, quoted
 from frontend.models.model import Model
 from frontend.models.registry import ModelRegistry
 
@@ -73,7 +73,8 @@ def split_v2_body(body: bytes, header_length: str | None) -> bytes:
     try:
         length = int(header_length)
     except ValueError:
-        raise BadRequest(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+        raise BadRequest(f"{HEADER_LENGTH} must be an integer, got {quoted(header_length)}"
+                         ) from None
     if not 0 <= length <= len(body):
         raise BadRequest(f"{HEADER_LENGTH} is {length}, but the body has {len(body)} bytes")
     return body[:length]
@@ -100,7 +101,8 @@ def _rows(shapes: list[Any], max_rows: int) -> int:
                              "(row) count")
         firsts.add(shape[0])
     if len(firsts) != 1:
-        raise BadRequest(f"the inputs differ in their first (batch) dimension: {sorted(firsts)}")
+        raise BadRequest(f"the inputs differ in their first (batch) dimension: "
+                         f"{quoted(sorted(firsts))}")
     rows = firsts.pop()
     if rows < 1:
         raise BadRequest("the inputs hold no rows (the first dimension is 0)")

@@ -3,6 +3,11 @@
 Each operation takes TorchServe's parameters as strings (REST query parameters; the gRPC
 servicer converts its request message into the same form) and returns the HTTP status and
 the JSON body, so both transports answer with the same text.
+
+A workflow's node models (``{workflow}__{node}``) are listed and described, and answer
+predictions, as other models do; but they are the workflow's: registering a version under
+such a name is refused (409, by the registry), and so are scaling one, setting its default
+and unregistering it (403): they change only with their workflow (``/workflows``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Mapping
 
 import psutil
 
-from frontend.errors import BadRequest, Forbidden, InternalError, MethodNotAllowed
+from frontend.errors import BadRequest, Forbidden, InternalError, MethodNotAllowed, quoted
 from frontend.models.loader import RegisterRequest
 from frontend.models.model import Model
 from frontend.ops.params import bool_param, int_param
@@ -86,7 +91,7 @@ class ManagementOps:
             raise BadRequest("Parameter url is required.")
         runtime = params.get("runtime", "python")
         if runtime not in ("python", "python3"):
-            raise BadRequest(f"unsupported runtime {runtime!r}: only python is supported")
+            raise BadRequest(f"unsupported runtime {quoted(runtime)}: only python is supported")
         try:  # MLServer's and KServe's names for the batch settings are accepted too
             settings = read_layer(params, Source.API)
         except ValueError as exc:
@@ -105,9 +110,20 @@ class ManagementOps:
         return (200 if request.synchronous or not model.workers else 202,
                 {"status": _registered_message(model, request.synchronous)})
 
+    def _own_model(self, name: str, version: str | None, change: str) -> Model:
+        """The model version a management change names, unless a workflow owns it
+        (Forbidden: it changes only with its workflow)."""
+        model = self.registry.get(name, version)
+        if model.workflow is not None:
+            raise Forbidden(f"Model {name} is a node of workflow {model.workflow}: it cannot "
+                            f"be {change} on its own; it goes with its workflow (DELETE "
+                            f"/workflows/{model.workflow}, and register the workflow again "
+                            "to change it)")
+        return model
+
     async def scale(self, name: str, version: str | None,
                     params: dict[str, str]) -> tuple[int, Body]:
-        model = self.registry.get(name, version)
+        model = self._own_model(name, version, "scaled")
         if int_param(params, "number_gpu", 0) < 0:
             raise BadRequest("number_gpu must be >= 0")
         min_worker = int_param(params, "min_worker", 1)
@@ -131,6 +147,7 @@ class ManagementOps:
 
 
     def set_default(self, name: str, version: str) -> Body:
+        self._own_model(name, version, "given another default version")
         self.registry.set_default(name, version)
         self.snapshots.save(self.registry)
         return {"status": f'Default version successfully updated for model "{name}" '
@@ -138,10 +155,7 @@ class ManagementOps:
 
     async def unregister(self, name: str, version: str | None) -> Body:
         self._require_model_api()
-        workflow = self.registry.get(name, version).workflow
-        if workflow is not None:
-            raise Forbidden(f"Model {name} is a node of workflow {workflow}: it goes with the "
-                            f"workflow (DELETE /workflows/{workflow})")
+        self._own_model(name, version, "unregistered")
         model = await self.loader.unregister(name, version)
         self.snapshots.save(self.registry)
         suffix = f' version "{version}"' if version else ""

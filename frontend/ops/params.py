@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from frontend.errors import BadRequest
+from frontend.errors import BadRequest, quoted
 
 
 def int_param(params: dict[str, str], name: str, default: int) -> int:
@@ -11,7 +11,8 @@ def int_param(params: dict[str, str], name: str, default: int) -> int:
     try:
         return int(params[name])
     except ValueError:
-        raise BadRequest(f"parameter {name} must be an integer, got {params[name]!r}") from None
+        raise BadRequest(f"parameter {name} must be an integer, got {quoted(params[name])}"
+                         ) from None
 
 
 def bool_param(params: dict[str, str], name: str, default: bool) -> bool:
@@ -22,4 +23,4 @@ def bool_param(params: dict[str, str], name: str, default: bool) -> bool:
         return True
     if value in ("false", "0", "no"):
         return False
-    raise BadRequest(f"parameter {name} must be true or false, got {params[name]!r}")
+    raise BadRequest(f"parameter {name} must be true or false, got {quoted(params[name])}")

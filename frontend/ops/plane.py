@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
-from frontend.errors import BadRequest, QueueFull, ServeError, expired
+from frontend.errors import BadRequest, ModelNotFound, QueueFull, ServeError, expired, quoted
 from frontend.models.model import Model as Model
 from frontend.models.registry import ModelRegistry
 from frontend.observe import timing
@@ -125,10 +125,10 @@ def parse_timeout(value: str) -> float:
     try:
         seconds = float(value)
     except ValueError:
-        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a number of seconds, got {value!r}")\
-            from None
+        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a number of seconds, got "
+                         f"{quoted(value)}") from None
     if not seconds > 0:
-        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be > 0, got {value!r}")
+        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be > 0, got {quoted(value)}")
     return seconds
 
 
@@ -158,6 +158,19 @@ class InferencePlane:
         a refusal (503) now if its queue has no room."""
         model = call.model = self.registry.get(name, version or None)
         call.version = version or None
+        model.batcher.refuse_if_full()
+        return model
+
+    def open_model(self, call: Call, model: Model) -> Model:
+        """Phase one for a call of this very version, which a caller holds rather than names
+        (a workflow's node): ModelNotFound once it is no longer registered, and a refusal
+        (503) now if its queue has no room. Its metrics say "default", as the version of a
+        call naming none (as TorchServe's node calls)."""
+        if not self.registry.holds(model):
+            raise ModelNotFound(f"Model {model.name} version {model.version} is no longer "
+                                "registered")
+        call.model = model
+        call.version = None
         model.batcher.refuse_if_full()
         return model
 

@@ -38,6 +38,7 @@ from frontend.errors import (
     NotFound,
     ServeError,
     ServiceUnavailable,
+    excerpt,
 )
 from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
@@ -234,8 +235,8 @@ class WorkflowRunner:
         call = plane.begin(origin, asyncio.get_running_loop())
         try:
             try:
-                # No version named, as TorchServe's node jobs (its metrics say "default").
-                plane.open(call, model.name)
+                # The very model the workflow registered, never one found by its name.
+                plane.open_model(call, model)
                 plane.send(call, headers, inputs, deadline_s=timeout_s)
                 answer = await plane.outcome(call)
             except (NotFound, ServiceUnavailable) as exc:
@@ -250,7 +251,8 @@ class WorkflowRunner:
             call.status = answer.status or (500 if answer.error else 200)
             if answer.error or call.status >= 400:
                 detail = answer.error or answer.body[:200].decode("utf-8", "replace")
-                raise InternalError(f"{model.name} answered {call.status}: {detail}")
+                raise InternalError(f"{model.name} answered {call.status}: "
+                                    f"{excerpt(detail, 300)}")
             return Output(answer.body, answer.content_type or JSON_TYPE)
         except asyncio.CancelledError:
             call.status = 0

@@ -28,14 +28,23 @@ from frontend.errors import (
     Conflict,
     InvalidWorkflow,
     WorkflowNotFound,
+    excerpt,
+    quoted,
 )
 from frontend.models import archive as archives
 from frontend.models.download import download_archive
 from frontend.workflows.spec import WorkflowSpec, read_spec
 from workflow_archiver import WorkflowArchiverError
 from workflow_archiver.manifest import MANIFEST_PATH, WorkflowManifest
+from workflow_archiver.packaging import MAX_HANDLER_BYTES
+from workflow_archiver.spec import MAX_SPEC_BYTES
 
 WAR_SUFFIX = ".war"
+#: The most a .war may unpack to: a spec, a handler file of functions and a few extra files
+#: (a workflow's models are archives of their own, named by the spec).
+MAX_WAR_UNPACKED_BYTES = 256 * 1024 * 1024
+#: A manifest is a few hundred bytes.
+MAX_MANIFEST_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,27 +86,28 @@ def locate(url: str, store: Path | None, allowed_urls: tuple[str, ...],
             path = download_archive(url, store, allowed_urls, max_bytes,
                                     suffixes=(WAR_SUFFIX,))
         except Conflict:
+            stem = archives.archive_stem(Path(parts.path))
             raise Conflict(f"Workflow archive file already exists in the workflow store: "
-                           f"{archives.archive_stem(Path(parts.path))}{WAR_SUFFIX}") from None
+                           f"{excerpt(stem + WAR_SUFFIX)}") from None
         except ArchiveError as exc:
-            raise BadRequest(f"Failed to download archive from: {url} ({exc.message})"
+            raise BadRequest(f"Failed to download archive from: {excerpt(url)} ({exc.message})"
                              ) from None
         return path, path
     if ".." in PurePosixPath(unquote(parts.path) if scheme == "file" else url).parts:
-        raise WorkflowNotFound(f"Relative path is not allowed in url: {url}")
+        raise WorkflowNotFound(f"Relative path is not allowed in url: {excerpt(url)}")
     if scheme == "file":
         return _copy_file_url(url, unquote(parts.path), store, allowed_urls, given_by_operator)
     if scheme:
-        raise BadRequest(f"Failed to download archive from: {url} (unsupported url scheme "
-                         f"{scheme!r})")
+        raise BadRequest(f"Failed to download archive from: {excerpt(url)} (unsupported url "
+                         f"scheme {quoted(scheme)})")
     if "/" not in url and "\\" not in url:
         path = store / url
     else:
         path = Path(url)
         if not given_by_operator and not _inside(path, store):
             archives.require_allowed(url, allowed_urls)
-    if not path.is_file():
-        raise WorkflowNotFound(f"Workflow not found in workflow store: {url}")
+    if not _is_file(path):
+        raise WorkflowNotFound(f"Workflow not found in workflow store: {excerpt(url)}")
     return path, None
 
 
@@ -107,17 +117,17 @@ def _copy_file_url(url: str, raw_path: str, store: Path, allowed_urls: tuple[str
     store already)."""
     source = Path(raw_path)
     if _inside(source, store):
-        if not source.is_file():
-            raise WorkflowNotFound(f"Workflow not found in workflow store: {url}")
+        if not _is_file(source):
+            raise WorkflowNotFound(f"Workflow not found in workflow store: {excerpt(url)}")
         return source, None
     if not given_by_operator:
         archives.require_allowed(url, allowed_urls)
-    if not source.is_file():
-        raise BadRequest(f"Failed to download archive from: {url} (no such file)")
+    if not _is_file(source):
+        raise BadRequest(f"Failed to download archive from: {excerpt(url)} (no such file)")
     target = store / source.name
     if target.exists():
         raise Conflict(f"Workflow archive file already exists in the workflow store: "
-                       f"{source.name}")
+                       f"{excerpt(source.name)}")
     shutil.copyfile(source, target)
     return target, target
 
@@ -127,9 +137,17 @@ def _inside(path: Path, folder: Path) -> bool:
         return False
     try:
         real, store = path.resolve(), folder.resolve()
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):
         return False
     return store in real.parents
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; False for a name no file can have (too long, a NUL)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def unpack(url: str, source: Path, work_dir: Path, workflow_name: str | None,
@@ -140,7 +158,7 @@ def unpack(url: str, source: Path, work_dir: Path, workflow_name: str | None,
     directory.mkdir(parents=True, mode=0o700)
     try:
         try:
-            archives.extract_zip(source, directory, WAR_SUFFIX)
+            archives.extract_zip(source, directory, WAR_SUFFIX, MAX_WAR_UNPACKED_BYTES)
         except ArchiveError as exc:
             raise InvalidWorkflow(exc.message) from None
         path = directory / MANIFEST_PATH
@@ -148,12 +166,14 @@ def unpack(url: str, source: Path, work_dir: Path, workflow_name: str | None,
             raise InvalidWorkflow(f"the archive has no {MANIFEST_PATH}: is it a workflow "
                                   "archive (.war)?")
         try:
-            manifest = WorkflowManifest.from_json(path.read_bytes(),
-                                                  workflow_name=workflow_name or None)
+            manifest = WorkflowManifest.from_json(
+                _read_capped(path, MANIFEST_PATH, MAX_MANIFEST_BYTES),
+                workflow_name=workflow_name or None)
         except WorkflowArchiverError as exc:
             raise InvalidWorkflow(str(exc)) from None
-        spec_text = _read_member(directory, manifest.spec_file, "specFile")
-        handler_source = _read_member(directory, manifest.handler, "handler")
+        spec_text = _read_member(directory, manifest.spec_file, "specFile", MAX_SPEC_BYTES)
+        handler_source = _read_member(directory, manifest.handler, "handler",
+                                      MAX_HANDLER_BYTES)
         spec = read_spec(spec_text, manifest.workflow_name, handler_source)
         return WorkflowArchive(url, manifest.workflow_name, directory, spec, spec_text,
                                manifest.handler, fetched)
@@ -162,15 +182,27 @@ def unpack(url: str, source: Path, work_dir: Path, workflow_name: str | None,
         raise
 
 
-def _read_member(directory: Path, name: str, key: str) -> str:
-    """A file the manifest names (a path inside the archive, as the manifest reader checked)."""
+def _read_capped(path: Path, shown: str, max_bytes: int) -> bytes:
+    """The bytes of a file of the archive, InvalidWorkflow when it has more than
+    ``max_bytes`` (never reading more than one byte beyond)."""
+    with path.open("rb") as stream:
+        data = stream.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InvalidWorkflow(f"the {shown} is over {max_bytes} bytes")
+    return data
+
+
+def _read_member(directory: Path, name: str, key: str, max_bytes: int) -> str:
+    """A file the manifest names (a path inside the archive, as the manifest reader checked),
+    of at most ``max_bytes``."""
     path = directory / name
     if not path.is_file():
-        raise InvalidWorkflow(f"the archive has no {key} {name!r}")
+        raise InvalidWorkflow(f"the archive has no {key} {quoted(name)}")
+    data = _read_capped(path, f"{key} {quoted(name)}", max_bytes)
     try:
-        return path.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise InvalidWorkflow(f"the {key} {name!r} is not UTF-8 text") from None
+        raise InvalidWorkflow(f"the {key} {quoted(name)} is not UTF-8 text") from None
 
 
 def is_war(path: Path) -> bool:

@@ -11,6 +11,12 @@ each). The nodes register concurrently and each waits for its workers; when one 
 others are removed again and so is the archive (nothing stays half-registered), and the answer
 lists every failure.
 
+Unlike TorchServe, the workflow owns its node models' names (frontend/models/registry.py): a
+name that is registered already, as a model or as another workflow's node, is refused at once
+(409; TorchServe registers the node as one more version beside it, and its node calls, which
+name no version, reach that model's default), and nothing else can take, join or change a
+node's name while the workflow is registered.
+
 Unregistering first stops new predictions, lets the running ones finish (within
 ``unregister_model_timeout``), then removes the node models (each drains its queue).
 """
@@ -75,6 +81,10 @@ class WorkflowLoader:
             archive.remove()
             raise
         try:
+            for spec in archive.spec:
+                # A node's name must be free (409 at once, before any node registers); the
+                # registry checks it again as each node is added.
+                self.models.registry.check_free(spec.model_name, None, archive.name)
             nodes = await self._register_nodes(archive, response_timeout_s, startup_timeout_s,
                                                at_startup)
         except BaseException:

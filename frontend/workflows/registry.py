@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from frontend.errors import Conflict, WorkflowNotFound
+from frontend.errors import Conflict, WorkflowNotFound, excerpt
 from frontend.models.model import Model
 from frontend.workflows.archive import WorkflowArchive
 from frontend.workflows.spec import NodeSpec, WorkflowSpec
@@ -67,7 +67,7 @@ class WorkflowRegistry:
     def get(self, name: str) -> Workflow:
         workflow = self._workflows.get(name)
         if workflow is None:
-            raise WorkflowNotFound(f"Workflow not found: {name}")
+            raise WorkflowNotFound(f"Workflow not found: {excerpt(name)}")
         return workflow
 
     def names(self) -> list[str]:

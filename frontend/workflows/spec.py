@@ -12,11 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-import yaml
-
 from frontend.errors import InvalidDag, InvalidWorkflow
+from model_archiver.yaml_files import YamlError, load_yaml
 from workflow_archiver import InvalidDAGError, SpecError, WorkflowArchiverError
-from workflow_archiver.spec import NodeSpec, WorkflowSpec, handler_names, parse_spec
+from workflow_archiver.spec import (
+    MAX_SPEC_BYTES,
+    NodeSpec,
+    WorkflowSpec,
+    handler_names,
+    parse_spec,
+)
 
 __all__ = ["NodeSpec", "WorkflowSpec", "dag_text", "read_spec"]
 
@@ -39,8 +44,8 @@ def dag_text(spec_text: str) -> str:
     """The spec's ``dag`` section as TorchServe's describe shows it (Java's Map.toString of
     what its YAML reader read): ``{pre=[m1, m2], m1=[post], m2=[post]}``."""
     try:
-        dag = (yaml.safe_load(spec_text) or {}).get("dag")
-    except (yaml.YAMLError, AttributeError):
+        dag = (load_yaml(spec_text, max_bytes=MAX_SPEC_BYTES) or {}).get("dag")
+    except (YamlError, AttributeError):
         return "{}"
     if not isinstance(dag, Mapping):
         return "{}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import subprocess
 import threading
@@ -25,11 +26,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import grpc
+import psutil
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from model_archiver.packaging import ArchiveOptions, build_archive
+from protos import management_pb2, management_pb2_grpc
 from tests.conftest import HANDLERS, RunningServer, launch_server
 from tests.unit.test_workflow_archiver import PARALLEL, SEQUENTIAL, TS_ARCHIVER
 from workflow_archiver.packaging import WorkflowOptions, build_workflow_archive
@@ -69,6 +73,30 @@ dag:
 """
 
 
+# One model node, ``m`` (m1.mar: the tagger, version 1.0).
+ONE_NODE = """
+models:
+  m:
+    url: m1.mar
+dag:
+  m: []
+"""
+
+
+def _laughs(levels: int) -> str:
+    """YAML anchors each listing the one before nine times: 9**levels strings once expanded,
+    from a few hundred bytes."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
+    return "laughs:\n" + "".join(f"  {line}\n" for line in lines)
+
+
+# The expansion where an error message quoted it (dag children that are not node names), and
+# where nothing reads it (a top-level key the spec ignores, beside a spec that is fine).
+BOMB_IN_DAG = _laughs(9) + "models:\n  m1:\n    url: m1.mar\ndag:\n  pre: *l9\n"
+BOMB_BESIDE = _laughs(9) + ONE_NODE
+
+
 def ours(store: Path, name: str, spec: Path, handler: Path) -> Path:
     return build_workflow_archive(WorkflowOptions(
         workflow_name=name, spec_file=str(spec), handler=str(handler), export_path=store,
@@ -76,9 +104,11 @@ def ours(store: Path, name: str, spec: Path, handler: Path) -> Path:
 
 
 def torchserves(store: Path, name: str, spec: Path, handler: Path) -> Path:
+    # Without PYTHONPATH: a checkout on it would shadow TorchServe's own workflow_archiver.
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     subprocess.run([str(TS_ARCHIVER), "--workflow-name", name, "--spec-file", str(spec),
                     "--handler", str(handler), "--export-path", str(store), "-f"],
-                   check=True, capture_output=True, timeout=60)
+                   check=True, capture_output=True, timeout=60, env=env)
     return store / f"{name}.war"
 
 
@@ -432,6 +462,185 @@ def test_access_log_and_metrics_per_workflow_and_node(served: Served) -> None:
             break
         assert time.monotonic() < deadline, text[-2000:]
         time.sleep(0.05)
+
+
+def _one_node_war(served: Served, name: str, spec: str = ONE_NODE) -> None:
+    spec_path = served.store.parent / f"{name}.yaml"
+    spec_path.write_text(spec)
+    ours(served.store, name, spec_path, SEQUENTIAL[1])
+
+
+def _intruder(served: Served, version: str) -> str:
+    """An echo model archive of ``version`` (registered under a node's name, it would answer
+    the text back, untagged)."""
+    name = f"intruder-{version}"
+    build_archive(ArchiveOptions(model_name=name, version=version,
+                                 handler=str(HANDLERS / "echo.py"), export_path=served.store,
+                                 force=True))
+    return f"{name}.mar"
+
+
+def _message(response: requests.Response, status: int) -> str:
+    assert response.status_code == status, response.text
+    return str(response.json()["message"])
+
+
+def _grpc_management(served: Served) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    port = served.server.grpc_management_port
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    return (management_pb2_grpc.ManagementAPIsServiceStub(channel),  # type: ignore[no-untyped-call]
+            (("authorization", f"Bearer {served.keys['management']}"),))
+
+
+def test_a_workflow_cannot_take_a_registered_models_name(served: Served) -> None:
+    """Issue 31: with ``wfc__m`` v2.0 registered, workflow ``wfc`` (node ``m``) registered as
+    one more version of it, and its node calls were answered by the model already there."""
+    registered = served.manage("POST", "/models", url=_intruder(served, "2.0"),
+                               model_name="wfc__m", initial_workers=1)
+    assert registered.status_code == 200, registered.text
+    _one_node_war(served, "wfc")
+    try:
+        refused = served.manage("POST", "/workflows", url="wfc.war")
+        assert _message(refused, 409) == ("Model wfc__m is already registered: workflow wfc "
+                                          "cannot serve a node under its name")
+        assert served.predict("wfc", "hello").status_code == 404
+        assert served.manage("GET", "/workflows/wfc").status_code == 404
+        # The model is untouched: one version, its own answers.
+        versions = served.manage("GET", "/models/wfc__m/all").json()
+        assert [v["modelVersion"] for v in versions] == ["2.0"]
+        answer = requests.post(f"{served.server.inference}/predictions/wfc__m", data=b"hello",
+                               headers=served.auth("inference"), timeout=60)
+        assert (answer.status_code, answer.content) == (200, b"hello")
+    finally:
+        assert served.manage("DELETE", "/models/wfc__m").status_code == 200
+    # Its name free again, the workflow registers and its node answers.
+    assert served.manage("POST", "/workflows", url="wfc.war").status_code == 200
+    try:
+        assert served.predict("wfc", "hello").json()["text"] == "hello|m"
+    finally:
+        assert served.manage("DELETE", "/workflows/wfc").status_code == 200
+
+
+def test_no_registration_or_change_reaches_a_workflows_node(served: Served) -> None:
+    """Issue 31: registering ``wfh__m`` v9.0 and making it the default took over a running
+    workflow. Now nothing but the workflow registers, replaces, rescales, re-defaults or
+    removes its node, over REST or gRPC, and its calls keep reaching the node."""
+    _one_node_war(served, "wfh")
+    assert served.manage("POST", "/workflows", url="wfh.war").status_code == 200
+    try:
+        node = "Model wfh__m is a node of workflow wfh"
+        intruder = _intruder(served, "9.0")
+        for url in (intruder, "m1.mar"):  # the node's own archive and version, too
+            registered = served.manage("POST", "/models", url=url, model_name="wfh__m")
+            assert _message(registered, 409).startswith(node)
+        changes: tuple[tuple[str, str, dict[str, object]], ...] = (
+            ("PUT", "/models/wfh__m/1.0/set-default", {}),
+            ("PUT", "/models/wfh__m", {"min_worker": 3}),
+            ("PUT", "/models/wfh__m/1.0", {"min_worker": 0}),
+            ("DELETE", "/models/wfh__m", {}),
+            ("DELETE", "/models/wfh__m/1.0", {}))
+        for method, path, params in changes:
+            assert _message(served.manage(method, path, **params), 403).startswith(node)
+        stub, admin = _grpc_management(served)
+        calls = (
+            (stub.RegisterModel, management_pb2.RegisterModelRequest(
+                url=intruder, model_name="wfh__m"), grpc.StatusCode.ALREADY_EXISTS),
+            (stub.SetDefault, management_pb2.SetDefaultRequest(
+                model_name="wfh__m", model_version="1.0"), grpc.StatusCode.PERMISSION_DENIED),
+            (stub.ScaleWorker, management_pb2.ScaleWorkerRequest(
+                model_name="wfh__m", min_worker=4), grpc.StatusCode.PERMISSION_DENIED),
+            (stub.UnregisterModel, management_pb2.UnregisterModelRequest(
+                model_name="wfh__m"), grpc.StatusCode.PERMISSION_DENIED))
+        for call, request, code in calls:
+            with pytest.raises(grpc.RpcError) as refused:
+                call(request, metadata=admin, timeout=30)
+            assert refused.value.code() == code
+            assert str(refused.value.details()).startswith(node)
+        described = served.manage("GET", "/models/wfh__m/all").json()
+        assert [(d["modelVersion"], d["minWorkers"]) for d in described] == [("1.0", 1)]
+        answer = served.predict("wfh", "hello").json()
+        assert (answer["text"], answer["trail"][-1]["node"]) == ("hello|m", "wfh__m")
+    finally:
+        assert served.manage("DELETE", "/workflows/wfh").status_code == 200
+    assert served.manage("GET", "/models/wfh__m").status_code == 404
+
+
+def test_two_workflows_cannot_share_a_node_name(served: Served) -> None:
+    """Issue 31: workflow ``x`` with node ``y__z`` and workflow ``x__y`` with node ``z`` both
+    registered (model ``x__y__z`` twice), and ``/wfpredict/x__y`` was answered by x's node.
+    Whichever registers second is refused, and the first keeps its node."""
+    build_archive(ArchiveOptions(model_name="tagger2", version="2.0",
+                                 handler=str(HANDLERS / "tagger.py"), export_path=served.store,
+                                 force=True))
+    _one_node_war(served, "x", ONE_NODE.replace("m:", "y__z:"))
+    # Another version: TorchServe would add it beside x's, under the same name.
+    _one_node_war(served, "x__y", ONE_NODE.replace("m:", "z:").replace("m1.mar", "tagger2.mar"))
+    for first, second in (("x", "x__y"), ("x__y", "x")):
+        assert served.manage("POST", "/workflows", url=f"{first}.war").status_code == 200
+        try:
+            assert _message(served.manage("POST", "/workflows", url=f"{second}.war"), 409) == (
+                f"Model x__y__z is a node of workflow {first}: its name is the workflow's alone "
+                f"(it is registered and removed with the workflow)")
+            assert served.predict(second, "hello").status_code == 404
+            answer = served.predict(first, "hello").json()
+            assert answer["text"] == "hello|z" and answer["trail"][-1]["node"] == "x__y__z"
+        finally:
+            assert served.manage("DELETE", f"/workflows/{first}").status_code == 200
+
+
+@pytest.mark.parametrize("spec", [BOMB_IN_DAG, BOMB_BESIDE], ids=["in-dag", "beside"])
+def test_a_spec_that_expands_by_aliases_is_refused_small(served: Served, spec: str) -> None:
+    """Issue 31: a 1,892-byte .war whose spec expands by YAML aliases got a 34.7 MB answer
+    (the expansion quoted in it) and grew the frontend by 100 MiB. Now: a short 400, no
+    growth, the server serving on."""
+    path = zipped(served.store, "bomb", spec, SEQUENTIAL[1])
+    assert path.stat().st_size < 4096
+    process = psutil.Process()
+    before = process.memory_info().rss
+    refused = served.manage("POST", "/workflows", url="bomb.war")
+    grown = process.memory_info().rss - before
+    assert len(refused.content) < 1024, len(refused.content)
+    message = _message(refused, 400)
+    assert refused.json()["type"] == "InvalidWorkflowException"
+    assert message.startswith("Failed to parse yaml: the document expands to more than "), \
+        message
+    assert grown < 30 << 20, f"the server grew by {grown >> 20} MiB"
+    assert served.manage("GET", "/workflows/bomb").status_code == 404
+    assert served.predict("seq", "still").json()["text"] == "still|m1|post"
+
+
+def test_a_war_that_unpacks_beyond_its_bound_is_refused_before_unpacking(
+        served: Served) -> None:
+    """A zip bomb: a .war of a few hundred kB whose extra file unpacks to 257 MiB."""
+    path = zipped(served.store, "zipbomb", ONE_NODE, SEQUENTIAL[1])
+    with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as war, \
+            war.open("zeros.bin", "w", force_zip64=True) as member:
+        chunk = bytes(1 << 20)
+        for _ in range(257):
+            member.write(chunk)
+    assert path.stat().st_size < 1 << 20
+    work_dir = served.server.server.services.workflows.work_dir  # type: ignore[union-attr]
+    before = set(work_dir.iterdir()) if work_dir.exists() else set()
+    refused = served.manage("POST", "/workflows", url="zipbomb.war")
+    assert re.fullmatch(r"zipbomb\.war unpacks to 2694\d{5} bytes, over the limit of "
+                        r"268435456 for a \.war archive", _message(refused, 400)), refused.text
+    assert set(work_dir.iterdir()) == before  # nothing was unpacked
+
+
+def test_a_model_config_that_expands_is_refused_small(served: Served) -> None:
+    """The same bound on a .mar's model-config.yaml (the one YAML reader for what archives
+    carry), and nesting beyond it refused as well."""
+    for name, text in (("laughs", _laughs(9)), ("nested", "a: " + "[" * 5000 + "]" * 5000)):
+        config = served.store.parent / f"{name}-config.yaml"
+        config.write_text(text)
+        build_archive(ArchiveOptions(model_name=f"cfg-{name}", handler=str(HANDLERS / "echo.py"),
+                                     config_file=str(config), export_path=served.store,
+                                     force=True))
+        refused = served.manage("POST", "/models", url=f"cfg-{name}.mar")
+        assert len(refused.content) < 1024, len(refused.content)
+        assert _message(refused, 400).startswith(f"invalid {config.name}: the document "), \
+            refused.text
+        assert served.manage("GET", f"/models/cfg-{name}").status_code == 404
 
 
 def test_unregister_under_traffic_answers_every_request_once(served: Served) -> None:

@@ -323,6 +323,21 @@ def test_open_refuses_unknown_models_and_versions(
     assert call.model is None
 
 
+def test_open_model_takes_that_very_version_while_it_is_registered(
+        rig: Rig, loop: asyncio.AbstractEventLoop) -> None:
+    """A workflow's node call holds its Model: it reaches that version whatever the default
+    of its name, and none once that version is gone (even with another under its name)."""
+    held, _ = rig.add_model(version="1.0")
+    rig.add_model(version="2.0", make_default=True)
+    call = rig.plane.begin(HTTP, loop)
+    assert rig.plane.open_model(call, held) is held
+    assert (call.model, call.version) == (held, None)  # labelled "default", as TorchServe's
+    rig.registry.remove(held)
+    rig.add_model(version="1.0")  # another Model under the same name and version
+    with pytest.raises(ModelNotFound, match=r"Model m version 1\.0 is no longer registered"):
+        rig.plane.open_model(rig.plane.begin(HTTP, loop), held)
+
+
 def test_open_refuses_with_503_and_retry_after_when_the_queue_is_full(
         rig: Rig, loop: asyncio.AbstractEventLoop) -> None:
     model, _ = rig.add_model(job_queue_size=2)

@@ -41,9 +41,9 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
 
 
-def _model(name: str, version: str, tmp_path: Path) -> Model:
+def _model(name: str, version: str, tmp_path: Path, workflow: str | None = None) -> Model:
     """A Model as the loader builds one, without workers (the registry only reads names,
-    versions and the workers list)."""
+    versions, the owning workflow and the workers list)."""
     manifest = Manifest(model_name=name, model_version=version, handler="echo.py")
     unpacked = UnpackedArchive(f"{name}.mar", tmp_path / f"{name}.mar", tmp_path / name,
                                manifest, manifest.to_json())
@@ -51,7 +51,7 @@ def _model(name: str, version: str, tmp_path: Path) -> Model:
                           tmp_path, 120, 120)
     return Model(name, version, unpacked, "echo.py", SETTINGS, launch,
                  Placement(GpuAssigner(0), None, lambda: 0, cores=1),
-                 lambda *_: None, logging.getLogger(__name__))
+                 lambda *_: None, logging.getLogger(__name__), workflow=workflow)
 
 
 @pytest.fixture
@@ -119,6 +119,48 @@ def test_a_duplicate_version_is_a_conflict_and_keeps_the_first(
         registry.add(model("m", "1.0"), make_default=True)
     assert registry.get("m", "1.0") is first
     assert len(registry.versions("m")) == 1
+
+
+def test_a_workflows_node_name_is_its_alone(tmp_path: Path) -> None:
+    """A name a workflow's node holds takes no other version, from the model API or from
+    another workflow; a node cannot take a registered name; nothing is added on refusal."""
+    registry = ModelRegistry()
+    node = _model("wf__m", "1.0", tmp_path, workflow="wf")
+    registry.add(node)
+    assert registry.owner("wf__m") == "wf" and registry.holds(node)
+    for intruder in (_model("wf__m", "9.0", tmp_path), _model("wf__m", "1.0", tmp_path),
+                     _model("wf__m", "2.0", tmp_path, workflow="wf"),
+                     _model("wf__m", "2.0", tmp_path, workflow="other")):
+        with pytest.raises(Conflict, match="Model wf__m is a node of workflow wf"):
+            registry.add(intruder, make_default=True)
+        assert not registry.holds(intruder)
+    assert registry.versions("wf__m") == [node] and registry.get("wf__m") is node
+    with pytest.raises(Conflict, match="Model wf__m is a node of workflow wf"):
+        registry.check_free("wf__m", None, "x")
+
+    user = _model("x__y__z", "2.0", tmp_path)
+    registry.add(user)
+    assert registry.owner("x__y__z") is None
+    with pytest.raises(Conflict, match="Model x__y__z is already registered: workflow x__y "
+                                       "cannot serve a node under its name"):
+        registry.add(_model("x__y__z", "1.0", tmp_path, workflow="x__y"))
+    assert registry.versions("x__y__z") == [user]
+    # The model API still adds versions of its own names.
+    registry.add(_model("x__y__z", "3.0", tmp_path))
+    assert len(registry.versions("x__y__z")) == 2
+    # Once the node is removed, its name is free again.
+    registry.remove(node)
+    assert registry.owner("wf__m") is None
+    registry.check_free("wf__m", "1.0", "wf")
+
+
+def test_holds_is_this_very_version(model: Callable[[str, str], Model]) -> None:
+    registry = ModelRegistry()
+    first, twin = model("m", "1.0"), model("m", "1.0")
+    registry.add(first)
+    assert registry.holds(first) and not registry.holds(twin)
+    registry.remove(twin)  # not this registry's: nothing removed
+    assert registry.holds(first)
 
 
 def test_set_default(model: Callable[[str, str], Model]) -> None:

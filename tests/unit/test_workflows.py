@@ -139,6 +139,25 @@ def test_an_archive_that_cannot_be_served_says_why(tmp_path: Path, manifest: dic
     assert not list(work.iterdir())  # nothing left behind
 
 
+@pytest.mark.parametrize(("raw_manifest", "files", "says"), [
+    ("[" * 60_000, FILES, "manifest is not valid JSON: it nests too deeply"),
+    (json.dumps({**MANIFEST, "pad": "x" * 70_000}), FILES,
+     r"the WAR-INF/MANIFEST\.json is over 65536 bytes"),
+    (json.dumps(MANIFEST), {**FILES, "wf.yaml": "#" * 70_000},
+     r"the specFile 'wf\.yaml' is over 65536 bytes"),
+    (json.dumps({**MANIFEST, "workflow": {**MANIFEST["workflow"],  # type: ignore[dict-item]
+                                          "specFile": "/" + "\x1b" * 5000}}), FILES,
+     r"must name a file inside the archive, got '/(\\x1b){99}'\.\.\. \(5001 characters\)$"),
+])
+def test_what_an_archive_holds_is_read_within_bounds(
+        tmp_path: Path, raw_manifest: str, files: dict[str, str], says: str) -> None:
+    source = _war(tmp_path / "wf.war", None, {**files, archives.MANIFEST_PATH: raw_manifest})
+    work = tmp_path / "work"
+    with pytest.raises(InvalidWorkflow, match=says):
+        archives.unpack("wf.war", source, work, None)
+    assert not list(work.iterdir())
+
+
 def test_a_file_that_is_not_a_zip_is_not_a_workflow(tmp_path: Path) -> None:
     (tmp_path / "wf.war").write_bytes(b"not a zip")
     with pytest.raises(InvalidWorkflow, match=r"not a valid \.war"):

@@ -11,7 +11,7 @@ from urllib.parse import parse_qsl
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
-from frontend.errors import BadRequest
+from frontend.errors import BadRequest, excerpt
 
 
 def is_form(content_type: str) -> bool:
@@ -100,7 +100,7 @@ def _parse_multipart(boundary: bytes, body: bytes, max_fields: int,
         parser.write(body)
         parser.finalize()
     except FormParserError as exc:  # MultipartParseError and a bad boundary alike
-        raise BadRequest(f"malformed multipart body: {exc}") from None
+        raise BadRequest(f"malformed multipart body: {excerpt(str(exc))}") from None
     if parser.state != MultipartState.END:
         raise BadRequest("malformed multipart body: it ends before its closing boundary")
     return fields

@@ -21,7 +21,7 @@ import json
 from frontend.api.http import common
 from frontend.api.http.dashboard import DashboardRoutes
 from frontend.api.http.openapi import management_description
-from frontend.errors import BadRequest, MethodNotAllowed, RouteNotFound
+from frontend.errors import BadRequest, MethodNotAllowed, RouteNotFound, quoted
 from frontend.ops.auth import KeyKind
 from frontend.ops.management import Body, ManagementOps
 from frontend.ops.params import bool_param
@@ -153,6 +153,6 @@ def json_params(body: bytes) -> dict[str, str]:
         elif isinstance(item, (str, int, float)):
             params[key] = str(item)
         else:
-            raise BadRequest(f"registration parameter {key!r} must be a string, number or "
+            raise BadRequest(f"registration parameter {quoted(key)} must be a string, number or "
                              "boolean")
     return params
