@@ -96,8 +96,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# Built once (seeded random weights: no download is possible), then reused.
-$(DEMO_MODEL): $(SERVE_STAMP)
+# Built once (seeded random weights: no download is possible), then reused: a reinstall does
+# not rebuild it (the install is an order-only prerequisite).
+$(DEMO_MODEL): | $(SERVE_STAMP)
 	$(PY) $(EXAMPLE)/build_mar.py --model-store model_store
 
 # Other ports: `make demo PORT=8180` serves inference on 8180, management on 8181, metrics on
