@@ -10,9 +10,10 @@ descriptions leave out (``UNDESCRIBED``).
 
 from __future__ import annotations
 
+import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -142,3 +143,24 @@ def test_a_head_answer_ends_at_its_headers_on_the_wire(server: RunningServer,
                   if line.lower().startswith(b"content-length:"))
     assert length > 0
     assert rest.startswith(b"HTTP/1.1 404 "), rest[:80]
+
+
+def test_head_on_token_is_refused_and_rotates_no_key(
+        build_mar: Callable[..., Path], start_server: Callable[..., RunningServer],
+        tmp_path: Path) -> None:
+    """``GET /token`` rotates a key that only its answer carries: a HEAD would rotate it for
+    nobody (the old key dead, the new one unsent), so it is refused; GET still rotates."""
+    build_mar(MODEL, "echo")
+    key_file = tmp_path / "key_file.json"
+    server = start_server(f"{MODEL}.mar", disable_token_authorization=False, key_file=key_file)
+    keys = json.loads(key_file.read_text())
+    api = {"Authorization": f"Bearer {keys['API']['key']}"}
+    url = f"{server.management}/token?type=inference"
+    head = requests.head(url, headers=api, timeout=30)
+    assert head.status_code == 405 and head.content == b""
+    assert json.loads(key_file.read_text()) == keys
+    inference = {"Authorization": f"Bearer {keys['inference']['key']}"}
+    assert server.predict(MODEL, b"still", headers=inference).content == b"still"
+    rotated = requests.get(url, headers=api, timeout=30)
+    assert rotated.status_code == 200
+    assert rotated.json()["inference"]["key"] != keys["inference"]["key"]

@@ -121,7 +121,9 @@ class HeadAsGet:
     (tests/unit/test_uvicorn_contract.py holds it to that). TorchServe answers HEAD where its
     route takes any method (/ping, /metrics, /api-description, KServe's health and metadata),
     and 405 where it checks for GET (/models); here every GET route takes HEAD, as HTTP
-    requires of a server.
+    requires of a server. Except ``/token``: its GET rotates a key that only the answer
+    carries, so a HEAD there is refused with 405 (TorchServe rotates the key and drops the
+    answer).
     """
 
     def __init__(self, app: AsgiApp) -> None:
@@ -129,8 +131,18 @@ class HeadAsGet:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("method") == "HEAD":
-            scope = {**scope, "method": "GET"}
+            scope = {**scope, "method": "GET", _HEAD: True}
         await self.app(scope, receive, send)
+
+
+#: The scope key that marks a HEAD request the apps see as GET (``is_head``).
+_HEAD = "batchserve.head"
+
+
+def is_head(scope: Scope) -> bool:
+    """Whether this GET is a HEAD (``HeadAsGet``): for a GET route whose work only its answer
+    delivers, which a HEAD would do for nothing (``GET /token`` rotates a key)."""
+    return bool(scope.get(_HEAD, False))
 
 
 class Routes:
