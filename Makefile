@@ -1,10 +1,18 @@
 # The two set-up commands: `make demo` and `make test`. Both create .venv when missing and
-# reinstall only when the dependency declarations (setup.py, pyproject.toml) change.
+# reinstall only when the dependency declarations (setup.py, pyproject.toml) change. `make demo`
+# installs what serving needs (`pip install -e .`); `make test` adds the development tools
+# (setup.py's [dev] extra: pytest, mypy, ruff, the clients and stubs the tests use).
+# VENV=/some/where puts the venv elsewhere (a fresh one to try a clean install in, say).
 
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 PY := $(VENV)/bin/python
+# The development install (`make test`, `make lint`).
 STAMP := $(VENV)/.install-stamp
+# The serving install (`make demo`). A development install holds it too and stamps it as
+# well: `make demo` after `make test` installs nothing; `make test` after `make demo` adds the
+# development tools.
+SERVE_STAMP := $(VENV)/.install-stamp-serve
 TS_VENV := .venv-torchserve-archiver
 # Named after what it holds, so a venv made before torchserve (then torch-workflow-archiver)
 # joined it is brought up to date.
@@ -19,7 +27,12 @@ install: $(STAMP)
 $(STAMP): setup.py pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
-	@touch $(STAMP)
+	@touch $(STAMP) $(SERVE_STAMP)
+
+$(SERVE_STAMP): setup.py pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	@touch $(SERVE_STAMP)
 
 # TorchServe's own torch-model-archiver (its package is also named model_archiver, so it
 # lives in a venv of its own); the compatibility tests build archives with it. TorchServe's
@@ -83,8 +96,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# Built once (seeded random weights: no download is possible), then reused.
-$(DEMO_MODEL): $(STAMP)
+# Built once (seeded random weights: no download is possible), then reused: a reinstall does
+# not rebuild it (the install is an order-only prerequisite).
+$(DEMO_MODEL): | $(SERVE_STAMP)
 	$(PY) $(EXAMPLE)/build_mar.py --model-store model_store
 
 # Other ports: `make demo PORT=8180` serves inference on 8180, management on 8181, metrics on
@@ -97,7 +111,7 @@ DEMO_ENV := TS_INFERENCE_ADDRESS=http://127.0.0.1:$(PORT) \
 	TS_METRICS_ADDRESS=http://127.0.0.1:$(shell expr $(PORT) + 2) \
 	TS_GRPC_INFERENCE_PORT=$(GRPC_PORT) TS_GRPC_MANAGEMENT_PORT=$(shell expr $(GRPC_PORT) + 1)
 
-demo: $(STAMP) $(DEMO_MODEL)
+demo: $(SERVE_STAMP) $(DEMO_MODEL)
 	@echo
 	@echo "Serving ResNet-152 (batch_size 8, max_batch_delay 10 ms, 1 worker). In another terminal:"
 	@echo "  curl http://127.0.0.1:$(PORT)/predictions/resnet-152-batch_v2 -T $(EXAMPLE)/kitten.jpg"

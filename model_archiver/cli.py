@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from model_archiver.errors import ModelArchiverError
+from model_archiver.handlers import BUILTIN_HANDLERS
 from model_archiver.packaging import ArchiveFormat, ArchiveOptions, build_archive
 
 __all__ = ["main"]
@@ -33,7 +34,8 @@ def _split_extra_files(value: str | None) -> tuple[str, ...]:
 @click.option(
     "--handler",
     required=True,
-    help="Built-in handler name (e.g. image_classifier) or path to a handler .py[:function].",
+    help="A built-in handler (" + ", ".join(sorted(BUILTIN_HANDLERS)) + ") or a handler "
+    "file, path/to/handler[.py][:function].",
 )
 @click.option("--extra-files", help="Comma-separated files or folders to add to the archive.")
 @click.option(

@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from model_archiver import names
 from model_archiver.errors import ModelArchiverError
 from model_archiver.files import ArchiveEntries, existing_file, temp_sibling, write_zip
+from model_archiver.handlers import resolve_handler
 from model_archiver.manifest import MANIFEST_PATH, Manifest
 
 __all__ = [
@@ -186,39 +187,13 @@ def _collect_inputs(options: ArchiveOptions, entries: ArchiveEntries) -> str:
         if path:
             entries.add_file(existing_file(path, flag, ModelArchiverError))
 
-    handler, handler_source = _resolve_handler(options.handler)
+    handler, handler_source = resolve_handler(options.handler)
     if handler_source is not None:
         entries.add_file(handler_source)
     # Links are followed wherever they lead: a Hugging Face snapshot folder, say, is links
     # into its cache's blobs, and their contents are what the user means to ship.
     entries.add_extra_files(options.extra_files, links_may_leave=True)
     return handler
-
-
-def _resolve_handler(handler: str) -> tuple[str, Path | None]:
-    """Return the manifest ``handler`` value and the handler file to pack (None if built-in).
-
-    ``dir/my_handler.py:handle`` -> (``my_handler.py:handle``, ``dir/my_handler.py``);
-    ``image_classifier`` -> (``image_classifier``, None).
-    """
-    if not handler:
-        raise ModelArchiverError("--handler must not be empty")
-    module, sep, function = handler.rpartition(":")
-    # Only an identifier after the last ":" names a function; "C:\\h.py" stays a path.
-    if not (sep and module and function.isidentifier()):
-        module, function = handler, ""
-    suffix = f":{function}" if function else ""
-
-    candidate = Path(module)
-    if candidate.is_file():
-        return f"{candidate.name}{suffix}", candidate
-    # torch-model-archiver also accepts a module path without ".py" ("handlers/my_handler").
-    with_py = Path(f"{module}.py")
-    if not module.endswith(".py") and with_py.is_file():
-        return f"{candidate.name}{suffix}", with_py
-    if module.endswith(".py") or "/" in module or os.sep in module:
-        raise ModelArchiverError(f"--handler: handler file {module} does not exist")
-    return handler, None  # a built-in handler name such as "image_classifier"
 
 
 def _write_tgz(

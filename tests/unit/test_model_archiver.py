@@ -13,8 +13,11 @@ from click.testing import CliRunner
 
 from model_archiver.cli import main
 from model_archiver.errors import ModelArchiverError
+from model_archiver.handlers import BUILTIN_HANDLERS
 from model_archiver.manifest import MANIFEST_PATH, read_manifest
 from model_archiver.packaging import ArchiveFormat, ArchiveOptions, build_archive
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -170,6 +173,87 @@ def test_builtin_handler_is_recorded_verbatim(inputs: Path, tmp_path: Path) -> N
 def test_missing_handler_file_is_an_error(inputs: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelArchiverError, match=r"handler file .*missing\.py does not exist"):
         build_archive(options(inputs, tmp_path, handler=str(inputs / "missing.py:handle")))
+
+
+@pytest.mark.parametrize(("typo", "meant"), [
+    ("image_clasifier", "image_classifier"), ("imageclassifier", "image_classifier"),
+    ("Image_Classifier", "image_classifier"), ("object_detecter", "object_detector"),
+    ("text_classifer", "text_classifier"), ("image_segmentor", "image_segmenter"),
+    ("ts.torch_handler.image_classifier", "image_classifier"),
+])
+def test_a_misspelt_builtin_handler_is_refused_naming_the_builtins(
+        inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, typo: str,
+        meant: str) -> None:
+    """As torch-model-archiver 0.12: a bare name that is no built-in is a file, and there is
+    none; the message names the closest built-in and all of them, and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelArchiverError) as refused:
+        build_archive(options(inputs, tmp_path, handler=typo))
+    message = str(refused.value)
+    assert f"did you mean {meant}?" in message
+    assert all(name in message for name in BUILTIN_HANDLERS)
+    assert f"{typo}.py" in message
+    assert not list(tmp_path.glob("toy*"))
+
+
+@pytest.mark.parametrize(("handler", "message"), [
+    ("module:fn", "no handler file module.py"),
+    ("densenet_handler", "not a built-in handler"),  # a ts module, but not the archiver's
+    ("image_classifier:handle", "a built-in handler takes no ':function'"),
+    ("missing.py", "handler file missing.py does not exist"),
+    ("missing.py:handle", "handler file missing.py does not exist"),
+    ("no/such/dir/h", "handler file no/such/dir/h.py does not exist"),
+    ("no/such/dir/h:fn", "handler file no/such/dir/h.py does not exist"),
+    ("", "must not be empty"),
+    ("  ", "must not be empty"),
+])
+def test_a_handler_that_is_neither_builtin_nor_file_is_refused(
+        inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handler: str,
+        message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelArchiverError, match=re.escape(message)):
+        build_archive(options(inputs, tmp_path, handler=handler))
+    assert not list(tmp_path.glob("toy*"))
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_HANDLERS))
+def test_every_builtin_handler_is_taken_by_name(inputs: Path, tmp_path: Path,
+                                                name: str) -> None:
+    written = build_archive(options(inputs, tmp_path, handler=name))
+    assert read_manifest(written).handler == name
+    assert "handler.py" not in zip_names(written)
+
+
+@pytest.mark.parametrize(("handler", "recorded", "packed"), [
+    ("h", "h", "h.py"), ("h:fn", "h:fn", "h.py"), ("h.py", "h.py", "h.py"),
+    ("h.py:fn", "h.py:fn", "h.py"), ("./h.py", "h.py", "h.py"), ("sub/h2", "h2", "h2.py"),
+    ("sub/h2:fn", "h2:fn", "h2.py"), ("sub/h2.py:fn", "h2.py:fn", "h2.py"),
+    ("image_classifier", "image_classifier", None),  # the built-in, not ./image_classifier.py
+])
+def test_handler_files_are_found_as_torchserves_archiver_finds_them(
+        inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handler: str,
+        recorded: str, packed: str | None) -> None:
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    for file in ("h.py", "sub/h2.py", "image_classifier.py"):
+        (work / file).write_text("def fn(data, context):\n    return data\n")
+    monkeypatch.chdir(work)
+    written = build_archive(options(inputs, tmp_path, handler=handler))
+    assert read_manifest(written).handler == recorded
+    files = {name for name in zip_names(written) if name.endswith(".py")} - {"model.py"}
+    assert files == ({packed} if packed else set())
+
+
+def test_the_archivers_builtins_are_handlers_the_worker_loads() -> None:
+    """Every name the archiver takes as built-in is batchserve's own built-in or a module of
+    the worker's ``ts.torch_handler`` (TorchServe's server resolves it there too), and each
+    of batchserve's own built-ins is one the archiver takes."""
+    from backend.handlers import BUILTIN_HANDLERS as WORKER_BUILTINS
+
+    ts_handlers = ROOT / "backend" / "compat" / "ts" / "torch_handler"
+    assert set(WORKER_BUILTINS) <= BUILTIN_HANDLERS
+    for name in BUILTIN_HANDLERS - set(WORKER_BUILTINS):
+        assert (ts_handlers / f"{name}.py").is_file(), name
 
 
 @pytest.mark.parametrize("name", ["1model", "bad name", "a/b", "", "_x", "toy!", "x" * 129,
@@ -340,6 +424,17 @@ def test_cli_requires_model_name_and_handler() -> None:
     result = CliRunner().invoke(main, ["--model-name", "toy"])
     assert result.exit_code == 2
     assert "--handler" in result.stderr
+
+
+def test_cli_refuses_a_misspelt_builtin_handler(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["--model-name", "x", "--version", "1", "--handler",
+                                       "image_clasifier", "--export-path", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith("model-archiver: error: --handler image_clasifier: ")
+    assert "did you mean image_classifier?" in result.stderr
+    assert "object_detector" in result.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_rejects_unknown_archive_format(tmp_path: Path) -> None:

@@ -534,6 +534,31 @@ def test_request_response_cycle_writes_a_stream_chunked() -> None:
     asyncio.run(scenario())
 
 
+def test_request_response_cycle_sends_no_content_for_head() -> None:
+    """common.HeadAsGet shows the apps GET and leaves the body to uvicorn: for a HEAD
+    request's scope the cycle writes the status and headers, Content-Length as the app gave
+    it, and none of the body's bytes; the response is complete and the connection kept."""
+
+    async def scenario() -> None:
+        transport = _Transport()
+        done: list[bool] = []
+        cycle = RequestResponseCycle(
+            scope={"method": "HEAD"},  # type: ignore[typeddict-item]  # all send reads
+            transport=transport, flow=FlowControl(transport),
+            logger=logging.getLogger("test"), access_logger=logging.getLogger("test"),
+            access_log=False, default_headers=[], message_event=asyncio.Event(),
+            expect_100_continue=False, keep_alive=True, on_response=lambda: done.append(True))
+        await cycle.send({"type": "http.response.start", "status": 200,  # type: ignore[arg-type]
+                          "headers": [(b"content-type", b"text/plain"),
+                                      (b"content-length", b"5")]})
+        await cycle.send({"type": "http.response.body", "body": b"hello"})  # type: ignore[arg-type]
+        assert bytes(transport.written) == (
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\n\r\n")
+        assert cycle.response_complete and not transport.closed and done == [True]
+
+    asyncio.run(scenario())
+
+
 # -- Config, Server, lifespan (app.py) ----------------------------------------------------------
 
 

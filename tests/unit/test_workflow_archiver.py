@@ -207,6 +207,11 @@ def test_a_link_out_of_an_extra_folder_is_refused(tmp_path: Path) -> None:
     ({"workflow_name": "-dash"}, "invalid workflow name"),
     ({"spec_file": "missing.yaml"}, "--spec-file: missing.yaml does not exist"),
     ({"handler": "missing.py"}, "--handler: missing.py does not exist"),
+    # A workflow's handler is a file, always (as torch-workflow-archiver 0.2.15, which
+    # refuses these three too): no built-in names, no module name, no ":function".
+    ({"handler": "image_classifier"}, "--handler: image_classifier does not exist"),
+    ({"handler": "handler"}, "--handler: handler does not exist"),
+    ({"handler": "handler.py:pre"}, "--handler: handler.py:pre does not exist"),
     ({"export_path": Path("no/such/folder")}, "is not an existing directory"),
 ])
 def test_bad_options_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -197,7 +197,9 @@ class HttpListeners:
         for _names, sock, app, is_tls in self._sockets:
             apps = app.apps if isinstance(app, CombinedApp) else [app]
             inference = next((a for a in apps if isinstance(a, InferenceApp)), None)
-            served: common.AsgiApp = app if self._cors is None else CorsApp(app, self._cors)
+            served: common.AsgiApp = common.HeadAsGet(app)
+            if self._cors is not None:
+                served = CorsApp(served, self._cors)
             protocol = protocol_for(inference, self._header_timeout_s,
                                     self._metrics.count_response, self._cors)
             config = uvicorn_config(CountedResponses(served, self._metrics.count_response),

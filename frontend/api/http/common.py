@@ -112,6 +112,37 @@ def path_parts(scope: Scope) -> list[str]:
     return [part for part in scope["path"].split("/") if part]
 
 
+class HeadAsGet:
+    """HTTP's HEAD (RFC 9110, 9.3.2): the answer GET would get, status and headers (its
+    Content-Length too), without the content, on every route that answers GET.
+
+    The app below sees GET; the connection sends no content for HEAD: uvicorn's cycle keeps
+    the request's own scope, whose method is still HEAD, and writes no body bytes for it
+    (tests/unit/test_uvicorn_contract.py holds it to that). TorchServe answers HEAD where its
+    route takes any method (/ping, /metrics, /api-description, KServe's health and metadata),
+    and 405 where it checks for GET (/models); here every GET route takes HEAD, as HTTP
+    requires of a server. Except ``/token``: its GET rotates a key that only the answer
+    carries, so a HEAD there is refused with 405 (TorchServe rotates the key and drops the
+    answer).
+    """
+
+    def __init__(self, app: AsgiApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("method") == "HEAD":
+            scope = {**scope, "method": "GET", _HEAD: True}
+        await self.app(scope, receive, send)
+
+
+#: The scope key that marks a HEAD request the apps see as GET (``is_head``).
+_HEAD = "batchserve.head"
+
+
+def is_head(scope: Scope) -> bool:
+    """Whether this GET is a HEAD (``HeadAsGet``): for a GET route whose work only its answer
+    delivers, which a HEAD would do for nothing (``GET /token`` rotates a key)."""
+    return bool(scope.get(_HEAD, False))
 
 
 class Routes:

@@ -120,8 +120,8 @@ class ManagementApp(common.Routes):
         """Rotate the inference or management key (authorised by the API key)."""
         if self.auth is None:
             raise BadRequest("token authorization is disabled on this server")
-        if scope["method"] != "GET":
-            raise MethodNotAllowed()
+        if scope["method"] != "GET" or common.is_head(scope):
+            raise MethodNotAllowed()  # HEAD too: it would rotate a key nobody receives
         self.auth.check(KeyKind.API, scope["headers"])
         kind = common.query_params(scope).get("type", "")
         await common.send_json(send, 200, {kind: self.auth.rotate(kind)})
