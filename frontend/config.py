@@ -572,51 +572,64 @@ def resolve_env_references(values: Mapping[str, str], environ: Mapping[str, str]
     """Replace each ``$$NAME$$`` in a config file's values with that variable's value, as
     TorchServe does for every key (the SageMaker toolkit's multi-model config writes
     ``default_service_handler=$$SAGEMAKER_HANDLER$$``); a variable that is not set is an
-    error, as there."""
-    resolved = dict(values)
-    for key, value in values.items():
-        def variable(match: re.Match[str], key: str = key) -> str:
-            name = match.group(1)
-            if name not in environ:
-                raise ConfigError(f"config key {key}: environment variable {name} (named as "
-                                  f"$${name}$$) is not set")
-            return environ[name]
+    error, as there. A variable's value is put in as it is: never searched for references
+    itself, never split (``unglue_lines`` works on the file as written, before this)."""
+    return {key: _resolved(key, value, environ) for key, value in values.items()}
 
-        resolved[key] = _ENV_REFERENCE.sub(variable, value)
-    return resolved
+
+def _resolved(key: str, value: str, environ: Mapping[str, str]) -> str:
+    """``value`` (of ``key``) with its references replaced by their variables' values."""
+    def variable(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise ConfigError(f"config key {key}: environment variable {name} (named as "
+                              f"$${name}$$) is not set")
+        return environ[name]
+
+    return _ENV_REFERENCE.sub(variable, value)
 
 
 def _known_key(key: str) -> bool:
     return key in _PARSERS or key in NO_EFFECT or key in _ACCEPTED_WITHOUT_EFFECT
 
 
-def unglue_lines(values: Mapping[str, str], origin: str) -> dict[str, str]:
+def _is_valid(key: str, text: str, environ: Mapping[str, str]) -> bool:
+    """Whether ``text``, its references resolved, is a value ``key`` accepts."""
+    try:
+        _PARSERS[key][1](_resolved(key, text, environ).strip())
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        return False
+    return True
+
+
+def unglue_lines(values: Mapping[str, str], origin: str, environ: Mapping[str, str]
+                 ) -> dict[str, str]:
     """Split values that hold a second ``key=value`` glued on: a file written by appending
     lines to one that has no final newline (the SageMaker toolkit writes
     ``enable_model_api=truedefault_response_timeout=60``). A value is split only where its
     own key refuses it whole, the part before a known key is a valid value of its key, and
     that key is not set elsewhere in the file; each split is logged. (TorchServe's Java
-    parsing reads such a boolean as false and loses the second key.)"""
+    parsing reads such a boolean as false and loses the second key.)
+
+    ``values`` are the file's as written, their ``$$NAME$$`` references not yet resolved
+    (``environ`` resolves them only to judge a part's validity): a split falls in the file's
+    own text, never inside a reference, so a variable's value is never split into keys. A
+    variable that holds ``key=value`` text stays its key's value (which then refuses it)."""
     result = dict(values)
     pending = list(values.items())
     while pending:
         key, value = pending.pop()
-        if key not in _PARSERS or len(value) > 4096:
+        if key not in _PARSERS or len(value) > 4096 or _is_valid(key, value, environ):
             continue
-        parse = _PARSERS[key][1]
-        try:
-            parse(value.strip())
-            continue
-        except (ValueError, TypeError, OverflowError, RecursionError):
-            pass
+        references = [match.span() for match in _ENV_REFERENCE.finditer(value)]
         for start in range(1, len(value)):
+            if any(begin < start < end for begin, end in references):
+                continue  # inside a reference: the variable's value is not the file's text
             glued, sep, rest = value[start:].partition("=")
             if not sep or not _known_key(glued) or glued in values:
                 continue
             head = value[:start]
-            try:
-                parse(head.strip())
-            except (ValueError, TypeError, OverflowError, RecursionError):
+            if not _is_valid(key, head, environ):
                 continue
             logger.warning("config: %s: %s=%s reads as two lines, %s=%s and %s=%s (a line "
                            "without its newline)", origin, key, _shown(value), key, head,
@@ -778,10 +791,12 @@ def load_config(
     environ = os.environ if environ is None else environ
     file_values: dict[str, str] = {}
     if config_file is not None:
-        file_values = unglue_lines(
-            resolve_env_references(read_properties(config_file), environ), str(config_file))
-    envvars_on = parse_bool(file_values.get("enable_envvars_config", "false"))
-    urls_from_env = parse_bool(file_values.get("use_env_allowed_urls", "false"))
+        # Glued lines are split as the file is written, before its references are
+        # resolved: a variable's value is never split into keys.
+        file_values = resolve_env_references(
+            unglue_lines(read_properties(config_file), str(config_file), environ), environ)
+    envvars_on = _file_flag(file_values, "enable_envvars_config")
+    urls_from_env = _file_flag(file_values, "use_env_allowed_urls")
     sources = [file_values, otel_env(environ),
                env_overrides(environ, envvars_on, urls_from_env),
                kserve_env(environ, envvars_on), cli_overrides]
@@ -811,6 +826,16 @@ def load_config(
                       if "disable_token_authorization" in source)
         config = replace(config, token_authorization_off_by=setter)
     return config
+
+
+def _file_flag(values: Mapping[str, str], key: str) -> bool:
+    """A true/false key of the file read before the rest (it decides which other sources
+    count); a bad value is a ConfigError naming it, as any key's."""
+    raw = values.get(key, "false")
+    try:
+        return parse_bool(raw)
+    except ValueError as exc:
+        raise ConfigError(f"config key {key}={_shown(repr(raw), 120)}: {exc}") from exc
 
 
 def kserve_env(environ: Mapping[str, str], enabled: bool) -> dict[str, str]:
