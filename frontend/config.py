@@ -487,15 +487,20 @@ class ServerConfig:
     metric_time_interval_s: int = option("metric_time_interval", parse=_parse_positive_int,
                                          default=60)
     log_location: Path = option("log_location", parse=Path, default=Path("logs"))
-    #: One line per request in {log_location}/access_log.log, written off the hot path.
+    #: One line per request in {log_location}/access_log.log, written off the hot path, as
+    #: TorchServe writes it (frontend/observe/logs.py).
     enable_access_log: bool = option("enable_access_log", parse=parse_bool, default=True)
+    #: A prediction's access-log line goes on with batchserve's fields: model, version,
+    #: queue_ms, batch, then its phases and its batch's reason (unless request_phases=false);
+    #: false: TorchServe's line, nothing more.
+    access_log_extended: bool = option("access_log_extended", parse=parse_bool, default=False)
     #: The Server-Timing header (and gRPC trailing metadata) on predictions, which reveals
     #: where their time went: off; request (a request asks with X-Server-Timing: true);
     #: always (docs/batches.md).
     server_timing: str = option("server_timing", parse=parse_timing_mode, default="off")
-    #: Each prediction's time split into phases in the access log (fields after ``batch=``)
-    #: and in ``batchserve_request_phase_seconds``; false: neither, and nothing of it is
-    #: worked out per request (docs/batches.md).
+    #: Each prediction's time split into phases in the access log (fields after ``batch=``,
+    #: with access_log_extended=true) and in ``batchserve_request_phase_seconds``; false:
+    #: neither, and nothing of it is worked out per request (docs/batches.md).
     request_phases: bool = option("request_phases", parse=parse_bool, default=True)
     #: Why each batch left the queue and how full it was: ``batchserve_dispatch_total``,
     #: ``batchserve_batch_fill`` and describe's ``dispatchReasons``/``batchFill``; false:

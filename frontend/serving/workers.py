@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import psutil
 
 from frontend.errors import GatewayTimeout, InternalError, WorkerDied
-from frontend.observe.logs import output_lines
+from frontend.observe.logs import log_output, output_lines
 from frontend.observe.metrics import METRICS_MARK, parse_metric_line
 from frontend.processes import python_module, worker_environment
 from frontend.serving.batching import Batcher, Job
@@ -119,13 +119,16 @@ def backoff_s(failures: int) -> float:
 
 async def _forward_output(stream: asyncio.StreamReader | None, name: str,
                           tail: collections.deque[str], model_log: logging.Logger,
-                          events: WorkerEvents | None = None) -> None:
+                          events: WorkerEvents | None = None, stderr: bool = False) -> None:
     """Copy a worker's stdout or stderr into the model log, one line at a time, escaped (a
-    handler may print what a client sent). A TorchServe ``[METRICS]`` line (a handler's
-    own, or a real TorchServe's metric objects logging) is a metric instead, as TorchServe's
-    frontend reads it."""
+    handler may print what a client sent), as TorchServe's reader threads do: under the name
+    ``<worker>-stdout`` (INFO) or ``<worker>-stderr`` (WARN). A TorchServe ``[METRICS]``
+    line (a handler's own, or a real TorchServe's metric objects logging) is a metric
+    instead, as TorchServe's frontend reads it."""
     if stream is None:
         return
+    thread, level = (f"{name}-stderr", logging.WARNING) if stderr else \
+        (f"{name}-stdout", logging.INFO)
     async for text in output_lines(stream):
         if events is not None and METRICS_MARK in text:
             metric = parse_metric_line(text)
@@ -133,7 +136,7 @@ async def _forward_output(stream: asyncio.StreamReader | None, name: str,
                 events.record_model_metrics((metric,))
                 continue
         tail.append(text)
-        model_log.info("[%s] %s", name, text)
+        log_output(model_log, thread, text, level)
 
 
 class Worker:
@@ -328,8 +331,8 @@ class Worker:
             # Keep hard references: the loop holds tasks only weakly.
             self._log_tasks = [
                 loop.create_task(_forward_output(stream, self.name, self._stderr_tail,
-                                                 self._model_log, launch.events))
-                for stream in (process.stdout, process.stderr)
+                                                 self._model_log, launch.events, stderr))
+                for stream, stderr in ((process.stdout, False), (process.stderr, True))
             ]
             reader, writer = await self._await_connection(process, connected)
         except BaseException:
