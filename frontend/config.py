@@ -578,20 +578,70 @@ def resolve_env_references(values: Mapping[str, str], environ: Mapping[str, str]
     TorchServe does for every key (the SageMaker toolkit's multi-model config writes
     ``default_service_handler=$$SAGEMAKER_HANDLER$$``); a variable that is not set is an
     error, as there. A variable's value is put in as it is: never searched for references
-    itself, never split (``unglue_lines`` works on the file as written, before this)."""
+    itself, never split into keys (``unglue_lines`` works on the file as written, before
+    this), and in a JSON value never more than the string or value it stands for
+    (``_resolved_json``)."""
     return {key: _resolved(key, value, environ) for key, value in values.items()}
 
 
 def _resolved(key: str, value: str, environ: Mapping[str, str]) -> str:
-    """``value`` (of ``key``) with its references replaced by their variables' values."""
-    def variable(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in environ:
-            raise ConfigError(f"config key {key}: environment variable {name} (named as "
-                              f"$${name}$$) is not set")
-        return environ[name]
+    """``value`` (of ``key``) with its references replaced by their variables' values (in a
+    JSON value, as ``_resolved_json`` puts them in)."""
+    if key in _JSON_KEYS and not _ENV_REFERENCE.fullmatch(value.strip()):
+        return _resolved_json(key, value, environ)
+    return _ENV_REFERENCE.sub(lambda match: _variable(key, match, environ), value)
 
-    return _ENV_REFERENCE.sub(variable, value)
+
+def _variable(key: str, match: re.Match[str], environ: Mapping[str, str]) -> str:
+    name = match.group(1)
+    if name not in environ:
+        raise ConfigError(f"config key {key}: environment variable {name} (named as "
+                          f"$${name}$$) is not set")
+    return environ[name]
+
+
+#: The keys whose value is a JSON document.
+_JSON_KEYS = frozenset(("models", "model_snapshot"))
+
+
+def _resolved_json(key: str, value: str, environ: Mapping[str, str]) -> str:
+    """A JSON value's references resolved so that no variable changes the document's shape,
+    which the file's text gives (a variable that is the whole value is the whole document):
+    in a string, the variable's value is that string's text (escaped); elsewhere it must be
+    one JSON value (a number, ``true``, an object...), else a ConfigError."""
+    out: list[str] = []
+    in_string = False
+    at = copied = 0
+    while at < len(value):
+        char = value[at]
+        match = _ENV_REFERENCE.match(value, at) if char == "$" else None
+        if match is not None:
+            text = _variable(key, match, environ)
+            if in_string:
+                text = json.dumps(text)[1:-1]
+            elif not _one_json_value(text):
+                raise ConfigError(f"config key {key}: environment variable {match.group(1)} "
+                                  f"is not one JSON value: {_shown(repr(text), 80)}")
+            out.append(value[copied:at])
+            out.append(text)
+            at = copied = match.end()
+            continue
+        if in_string and char == "\\":
+            at += 2
+            continue
+        if char == '"':
+            in_string = not in_string
+        at += 1
+    out.append(value[copied:])
+    return "".join(out)
+
+
+def _one_json_value(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _known_key(key: str) -> bool:

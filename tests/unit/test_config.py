@@ -339,6 +339,25 @@ def test_a_variables_value_is_put_in_as_it_is(tmp_path: Path) -> None:
         assert config.allowed_urls == ()
 
 
+def test_a_variable_in_a_json_value_never_changes_its_shape(tmp_path: Path) -> None:
+    """``models=`` JSON: a variable in a string is that string's text (quotes and backslashes
+    included); elsewhere it must be one JSON value; the whole value may come from one."""
+    path = tmp_path / "ts.properties"
+    path.write_text('models={"m": {"1.0": {"marName": "$$MAR$$", "batchSize": $$BATCH$$, '
+                    '"defaultVersion": true}}}\n')
+    injected = 'm.mar", "minWorkers": 64, "x": "C:\\models\\m'
+    config = load_config(path, {}, environ={"MAR": injected, "BATCH": "4"})
+    assert config.models["m"]["1.0"].settings == {"batch_size": 4}
+    for batch in ('4, "minWorkers": 64', "4}}, \"n\": {\"1.0\": {", "[1"):
+        with pytest.raises(ConfigError, match="config key models: environment variable "
+                                              "BATCH is not one JSON value"):
+            load_config(path, {}, environ={"MAR": "m.mar", "BATCH": batch})
+    whole = '{"m": {"1.0": {"batchSize": 8, "minWorkers": 2}}}'
+    path.write_text("models=$$MODELS$$\n")
+    config = load_config(path, {}, environ={"MODELS": whole})
+    assert config.models["m"]["1.0"].settings == {"batch_size": 8, "min_workers": 2}
+
+
 def test_a_ts_variable_is_its_one_keys_value(tmp_path: Path) -> None:
     """``TS_<KEY>`` (enable_envvars_config=true) sets its key alone: a value that holds
     ``key=value`` is refused by that key, never read as a second key."""
