@@ -346,6 +346,20 @@ def test_properties_lookups_and_strict_format(tmp_path: Path) -> None:
     assert layout.formatter.format(_record("m")) == "${literal} m"
 
 
+def test_a_variables_value_is_never_looked_up_again(tmp_path: Path) -> None:
+    """``${env:NAME}`` is the variable's text: a lookup in it stays as it is (no second
+    substitution), in a file name as in a property."""
+    source = tmp_path / "log4j2.xml"
+    source.write_text(
+        '<Configuration><Properties><Property name="p">${env:DIR}</Property></Properties>'
+        '<Appenders><File name="f" fileName="${env:DIR}/a.log"/>'
+        '<File name="g" fileName="${p}/b.log"/></Appenders>'
+        '<Loggers><Root level="INFO"><AppenderRef ref="f"/></Root></Loggers></Configuration>')
+    config = log4j.read(source, {"DIR": "${env:SECRET}", "SECRET": "/etc"})
+    assert config.appenders["f"].path == Path("${env:SECRET}/a.log")
+    assert config.appenders["g"].path == Path("${env:SECRET}/b.log")
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("<Configuration><Appenders>", "not well-formed XML"),
     ("<log4j:configuration xmlns:log4j='x'/>", "not a log4j2 configuration"),
