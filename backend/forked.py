@@ -146,7 +146,7 @@ def reseed() -> None:
 
 def reset_logging() -> None:
     """No handler of the fork server's: the worker configures its own (its log lines go to
-    its stderr, the pipe the frontend reads under its name)."""
+    its stdout, the pipe the frontend reads under its name)."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)

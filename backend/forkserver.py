@@ -54,7 +54,8 @@ logger = logging.getLogger("backend.forkserver")
 
 #: The largest control packet read (a ForkRequest is a few kilobytes: its environment).
 MAX_PACKET_BYTES = 1 << 20
-LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
+#: As a worker's (backend/worker.py): the message alone, on stdout.
+LOG_FORMAT = "%(message)s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # open (an event loop's spawn does not close everything) must not reach the workers.
     os.closerange(3, args.control_fd)
     os.closerange(args.control_fd + 1, os.sysconf("SC_OPEN_MAX"))
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stdout)
     if os.getppid() != args.frontend_pid:
         logger.error("started by pid %d, not by the frontend %d", os.getppid(),
                      args.frontend_pid)

@@ -50,7 +50,9 @@ RECV_BYTES = 1 << 20
 #: two batches in flight on a worker.
 READ_AHEAD = 2
 WATCHDOG_INTERVAL_S = 0.25
-LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
+#: TorchServe's worker's: the message alone, on stdout (the frontend's model log adds the
+#: time, the level and the worker's name to each line, as TorchServe's frontend does).
+LOG_FORMAT = "%(message)s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +285,7 @@ def start_pidfd_watchdog(pidfd: int, pid: int) -> None:
 
 class _OneLineRecord(logging.LogRecord):
     """A log record whose unprintable characters are escaped: a request's name or text in a
-    message cannot start a forged line of the model log, which is this process's stderr
+    message cannot start a forged line of the model log, which is this process's stdout
     (the frontend escapes each line it forwards too; a traceback keeps its lines)."""
 
     def getMessage(self) -> str:
@@ -311,10 +313,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def configure_output() -> None:
-    """The worker's log lines on stderr, one record a line; print() line-buffered: the frontend
-    reads both through pipes, and a line must not sit in a block buffer until exit."""
+    """The worker's log lines on stdout, as TorchServe's worker writes them, one record a
+    line; print() line-buffered: the frontend reads stdout and stderr through pipes, and a
+    line must not sit in a block buffer until exit."""
     logging.setLogRecordFactory(_OneLineRecord)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stdout)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
 

@@ -33,7 +33,14 @@ from frontend.config import ServerConfig, load_config, parse_bool
 from frontend.errors import ConfigError
 from frontend.models.startup import early_forkserver
 from frontend.observe import log4j
-from frontend.observe.logs import EscapingLogRecord
+from frontend.observe.log4j_pattern import translate
+from frontend.observe.logs import (
+    SERVER_LOG,
+    SERVER_PATTERN,
+    EscapingLogRecord,
+    console_logging,
+    open_server_log,
+)
 from frontend.processes import python_module
 from frontend.torchserve_keys import NO_EFFECT
 
@@ -49,7 +56,6 @@ STATE_FILE = "server.json"
 STOP_TIMEOUT_S = 180.0
 #: How often a background start looks whether its server is up (it returns that much later).
 START_POLL_S = 0.05
-LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s - %(message)s"
 #: Set by a container image: ``torchserve --start`` stays in the foreground ("1"/"true"), or
 #: goes to the background even as PID 1 ("0"/"false").
 FOREGROUND_ENV = "BATCHSERVE_FOREGROUND"
@@ -255,20 +261,25 @@ def stays_in_foreground(args: argparse.Namespace, environ: Mapping[str, str], pi
                           "false") from None
 
 
-def setup_logging(log_config: Path | None, stream: TextIO) -> bool:
+def setup_logging(log_config: Path | None, stream: TextIO, server_log: bool = False) -> bool:
     """Set up this process's logging: by ``log_config`` when given (TorchServe's log4j2 XML,
-    or Python's ini format), else to ``stream``. Returns whether a log4j2 file set up the
-    loggers of TorchServe's names (the server then writes its access, model and metric logs
-    through them). A file that cannot be used is a ``ConfigError``."""
+    or Python's ini format), else to ``stream`` in TorchServe's layout (and, with
+    ``server_log``, to ts_log.log once the configuration says where: ``open_server_log``).
+    Returns whether a log4j2 file set up the loggers of TorchServe's names (the server then
+    writes its access, model and metric logs through them). A file that cannot be used is a
+    ``ConfigError``."""
     # Every message escaped, whatever writes it (a user's log config too): a client's bytes
     # in a logged value cannot forge a line.
     logging.setLogRecordFactory(EscapingLogRecord)
+    # A Python warning is a log record (py.warnings) in the layout of the others, not raw text
+    # on stderr, which a background server's log file is.
+    logging.captureWarnings(True)
     if log_config is not None:
         if not log_config.is_file():
             raise ConfigError(f"--log-config file not found: {log_config}")
         if log4j.is_log4j_xml(log_config):
             log4j.configure(log4j.read(log_config), stream, sys.stderr,
-                            logging.Formatter(LOG_FORMAT))
+                            translate(SERVER_PATTERN).formatter)
             return True
         if not log4j.is_log4j_properties(log_config):
             try:
@@ -278,7 +289,7 @@ def setup_logging(log_config: Path | None, stream: TextIO) -> bool:
                                   f"a Python logging configuration (ini format): {exc!r}"
                                   ) from exc
             return False
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=stream)
+    console_logging(stream, server_log)
     if log_config is not None:
         logger.info("--log-config %s is a log4j properties file: its format is not read here "
                     "(log4j2's XML format is, and Python's ini format)", log_config)
@@ -298,9 +309,11 @@ def _is_log4j_xml(log_config: Path | None) -> bool:
     return True
 
 
-def run_foreground(config: ServerConfig, named_loggers: bool = False) -> int:
+def run_foreground(config: ServerConfig, named_loggers: bool = False,
+                   console_is_log: bool = False) -> int:
     """Serve until stopped; ``named_loggers``: a log4j2 --log-config set up the loggers the
-    access, model and metric logs go to (``setup_logging``)."""
+    access, model and metric logs go to (``setup_logging``); ``console_is_log``: this
+    process's output is the server log (a background start's), where only log lines go."""
     # NOTE: this process forks its workers while grpc.aio threads run; grpcio's fork handlers
     # would crash such a child before it can exec (SIGSEGV). We never use gRPC in a forked
     # child, so turn them off; grpcio reads this when it is first imported (frontend.server
@@ -327,9 +340,12 @@ def run_foreground(config: ServerConfig, named_loggers: bool = False) -> int:
             else str(config.key_file.resolve()),
         })
         # TorchServe's own line first: its launcher and test harness (ts.launcher.start)
-        # read the server's output until they see it.
-        print(f"Model server started.\nbatchserve is serving: inference {bound.inference}, "
-              f"management {bound.management}, metrics {bound.metrics}", flush=True)
+        # read the server's output until they see it. (A background start's launcher
+        # prints it itself.)
+        if not console_is_log:
+            print("Model server started.", flush=True)
+        logger.info("batchserve is serving: inference %s, management %s, metrics %s",
+                    bound.inference, bound.management, bound.metrics)
 
     server = Server(config, on_started=announce, named_loggers=named_loggers,
                     forkserver=forkserver)
@@ -373,7 +389,8 @@ def _run(coro: Coroutine[object, object, None]) -> None:
 def start_background(argv: Sequence[str], config: ServerConfig, log4j_file: bool = False
                      ) -> int:
     """Start the server in a process of its own and return once it answers. Its output goes
-    to ``log_location/batchserve.log``; with a log4j2 ``--log-config`` (``log4j_file``) it is
+    to ``log_location/ts_log.log`` (the server log, TorchServe's); with a log4j2
+    ``--log-config`` (``log4j_file``) it is
     this command's own output, as TorchServe's Java server inherits it: that file's console
     appenders write there (SageMaker's toolkit reads the server's log from it) and its file
     appenders write the files it names."""
@@ -385,7 +402,7 @@ def start_background(argv: Sequence[str], config: ServerConfig, log4j_file: bool
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
     else:
         config.log_location.mkdir(parents=True, exist_ok=True)
-        log_path = config.log_location / "batchserve.log"
+        log_path = config.log_location / SERVER_LOG
         with open(log_path, "ab") as log:
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
                                        stderr=subprocess.STDOUT, start_new_session=True)
@@ -513,19 +530,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         # start reports on the terminal, the server logging as its --log-config says, else
         # to its file.
         named_loggers = setup_logging(args.log_config if foreground else None,
-                                      sys.stdout if foreground else sys.stderr)
+                                      sys.stdout if foreground else sys.stderr,
+                                      server_log=foreground)
         config = resolve_config(args)
         running = read_state()
         if running is not None:
             raise ConfigError(f"batchserve is already running (pid {running['pid']}); "
                               "stop it with torchserve --stop")
+        console_is_log = False
+        if foreground:
+            try:
+                console_is_log = open_server_log(config.log_location, sys.stdout)
+            except OSError as exc:
+                raise ConfigError(f"cannot write the server log in {config.log_location} "
+                                  f"(log_location): {exc.strerror}") from exc
     except ConfigError as exc:
         print(f"torchserve: error: {exc}", file=sys.stderr)
         return 2
     if foreground:
         for flag, reason in ignored_flags(args).items():
             logger.info("%s has no effect here: %s", flag, reason)
-        return run_foreground(config, named_loggers)
+        return run_foreground(config, named_loggers, console_is_log)
     child_argv = [a for a in argv if a != "--foreground"]
     if "--start" not in child_argv:  # started without --start, as TorchServe allows
         child_argv.insert(0, "--start")

@@ -487,15 +487,20 @@ class ServerConfig:
     metric_time_interval_s: int = option("metric_time_interval", parse=_parse_positive_int,
                                          default=60)
     log_location: Path = option("log_location", parse=Path, default=Path("logs"))
-    #: One line per request in {log_location}/access_log.log, written off the hot path.
+    #: One line per request in {log_location}/access_log.log, written off the hot path, as
+    #: TorchServe writes it (frontend/observe/logs.py).
     enable_access_log: bool = option("enable_access_log", parse=parse_bool, default=True)
+    #: A prediction's access-log line goes on with batchserve's fields: model, version,
+    #: queue_ms, batch, then its phases and its batch's reason (unless request_phases=false);
+    #: false: TorchServe's line, nothing more.
+    access_log_extended: bool = option("access_log_extended", parse=parse_bool, default=False)
     #: The Server-Timing header (and gRPC trailing metadata) on predictions, which reveals
     #: where their time went: off; request (a request asks with X-Server-Timing: true);
     #: always (docs/batches.md).
     server_timing: str = option("server_timing", parse=parse_timing_mode, default="off")
-    #: Each prediction's time split into phases in the access log (fields after ``batch=``)
-    #: and in ``batchserve_request_phase_seconds``; false: neither, and nothing of it is
-    #: worked out per request (docs/batches.md).
+    #: Each prediction's time split into phases in the access log (fields after ``batch=``,
+    #: with access_log_extended=true) and in ``batchserve_request_phase_seconds``; false:
+    #: neither, and nothing of it is worked out per request (docs/batches.md).
     request_phases: bool = option("request_phases", parse=parse_bool, default=True)
     #: Why each batch left the queue and how full it was: ``batchserve_dispatch_total``,
     #: ``batchserve_batch_fill`` and describe's ``dispatchReasons``/``batchFill``; false:
@@ -572,51 +577,114 @@ def resolve_env_references(values: Mapping[str, str], environ: Mapping[str, str]
     """Replace each ``$$NAME$$`` in a config file's values with that variable's value, as
     TorchServe does for every key (the SageMaker toolkit's multi-model config writes
     ``default_service_handler=$$SAGEMAKER_HANDLER$$``); a variable that is not set is an
-    error, as there."""
-    resolved = dict(values)
-    for key, value in values.items():
-        def variable(match: re.Match[str], key: str = key) -> str:
-            name = match.group(1)
-            if name not in environ:
-                raise ConfigError(f"config key {key}: environment variable {name} (named as "
-                                  f"$${name}$$) is not set")
-            return environ[name]
+    error, as there. A variable's value is put in as it is: never searched for references
+    itself, never split into keys (``unglue_lines`` works on the file as written, before
+    this), and in a JSON value never more than the string or value it stands for
+    (``_resolved_json``)."""
+    return {key: _resolved(key, value, environ) for key, value in values.items()}
 
-        resolved[key] = _ENV_REFERENCE.sub(variable, value)
-    return resolved
+
+def _resolved(key: str, value: str, environ: Mapping[str, str]) -> str:
+    """``value`` (of ``key``) with its references replaced by their variables' values (in a
+    JSON value, as ``_resolved_json`` puts them in)."""
+    if key in _JSON_KEYS and not _ENV_REFERENCE.fullmatch(value.strip()):
+        return _resolved_json(key, value, environ)
+    return _ENV_REFERENCE.sub(lambda match: _variable(key, match, environ), value)
+
+
+def _variable(key: str, match: re.Match[str], environ: Mapping[str, str]) -> str:
+    name = match.group(1)
+    if name not in environ:
+        raise ConfigError(f"config key {key}: environment variable {name} (named as "
+                          f"$${name}$$) is not set")
+    return environ[name]
+
+
+#: The keys whose value is a JSON document.
+_JSON_KEYS = frozenset(("models", "model_snapshot"))
+
+
+def _resolved_json(key: str, value: str, environ: Mapping[str, str]) -> str:
+    """A JSON value's references resolved so that no variable changes the document's shape,
+    which the file's text gives (a variable that is the whole value is the whole document):
+    in a string, the variable's value is that string's text (escaped); elsewhere it must be
+    one JSON value (a number, ``true``, an object...), else a ConfigError."""
+    out: list[str] = []
+    in_string = False
+    at = copied = 0
+    while at < len(value):
+        char = value[at]
+        match = _ENV_REFERENCE.match(value, at) if char == "$" else None
+        if match is not None:
+            text = _variable(key, match, environ)
+            if in_string:
+                text = json.dumps(text)[1:-1]
+            elif not _one_json_value(text):
+                raise ConfigError(f"config key {key}: environment variable {match.group(1)} "
+                                  f"is not one JSON value: {_shown(repr(text), 80)}")
+            out.append(value[copied:at])
+            out.append(text)
+            at = copied = match.end()
+            continue
+        if in_string and char == "\\":
+            at += 2
+            continue
+        if char == '"':
+            in_string = not in_string
+        at += 1
+    out.append(value[copied:])
+    return "".join(out)
+
+
+def _one_json_value(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _known_key(key: str) -> bool:
     return key in _PARSERS or key in NO_EFFECT or key in _ACCEPTED_WITHOUT_EFFECT
 
 
-def unglue_lines(values: Mapping[str, str], origin: str) -> dict[str, str]:
+def _is_valid(key: str, text: str, environ: Mapping[str, str]) -> bool:
+    """Whether ``text``, its references resolved, is a value ``key`` accepts."""
+    try:
+        _PARSERS[key][1](_resolved(key, text, environ).strip())
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        return False
+    return True
+
+
+def unglue_lines(values: Mapping[str, str], origin: str, environ: Mapping[str, str]
+                 ) -> dict[str, str]:
     """Split values that hold a second ``key=value`` glued on: a file written by appending
     lines to one that has no final newline (the SageMaker toolkit writes
     ``enable_model_api=truedefault_response_timeout=60``). A value is split only where its
     own key refuses it whole, the part before a known key is a valid value of its key, and
     that key is not set elsewhere in the file; each split is logged. (TorchServe's Java
-    parsing reads such a boolean as false and loses the second key.)"""
+    parsing reads such a boolean as false and loses the second key.)
+
+    ``values`` are the file's as written, their ``$$NAME$$`` references not yet resolved
+    (``environ`` resolves them only to judge a part's validity): a split falls in the file's
+    own text, never inside a reference, so a variable's value is never split into keys. A
+    variable that holds ``key=value`` text stays its key's value (which then refuses it)."""
     result = dict(values)
     pending = list(values.items())
     while pending:
         key, value = pending.pop()
-        if key not in _PARSERS or len(value) > 4096:
+        if key not in _PARSERS or len(value) > 4096 or _is_valid(key, value, environ):
             continue
-        parse = _PARSERS[key][1]
-        try:
-            parse(value.strip())
-            continue
-        except (ValueError, TypeError, OverflowError, RecursionError):
-            pass
+        references = [match.span() for match in _ENV_REFERENCE.finditer(value)]
         for start in range(1, len(value)):
+            if any(begin < start < end for begin, end in references):
+                continue  # inside a reference: the variable's value is not the file's text
             glued, sep, rest = value[start:].partition("=")
             if not sep or not _known_key(glued) or glued in values:
                 continue
             head = value[:start]
-            try:
-                parse(head.strip())
-            except (ValueError, TypeError, OverflowError, RecursionError):
+            if not _is_valid(key, head, environ):
                 continue
             logger.warning("config: %s: %s=%s reads as two lines, %s=%s and %s=%s (a line "
                            "without its newline)", origin, key, _shown(value), key, head,
@@ -778,10 +846,12 @@ def load_config(
     environ = os.environ if environ is None else environ
     file_values: dict[str, str] = {}
     if config_file is not None:
-        file_values = unglue_lines(
-            resolve_env_references(read_properties(config_file), environ), str(config_file))
-    envvars_on = parse_bool(file_values.get("enable_envvars_config", "false"))
-    urls_from_env = parse_bool(file_values.get("use_env_allowed_urls", "false"))
+        # Glued lines are split as the file is written, before its references are
+        # resolved: a variable's value is never split into keys.
+        file_values = resolve_env_references(
+            unglue_lines(read_properties(config_file), str(config_file), environ), environ)
+    envvars_on = _file_flag(file_values, "enable_envvars_config")
+    urls_from_env = _file_flag(file_values, "use_env_allowed_urls")
     sources = [file_values, otel_env(environ),
                env_overrides(environ, envvars_on, urls_from_env),
                kserve_env(environ, envvars_on), cli_overrides]
@@ -811,6 +881,16 @@ def load_config(
                       if "disable_token_authorization" in source)
         config = replace(config, token_authorization_off_by=setter)
     return config
+
+
+def _file_flag(values: Mapping[str, str], key: str) -> bool:
+    """A true/false key of the file read before the rest (it decides which other sources
+    count); a bad value is a ConfigError naming it, as any key's."""
+    raw = values.get(key, "false")
+    try:
+        return parse_bool(raw)
+    except ValueError as exc:
+        raise ConfigError(f"config key {key}={_shown(repr(raw), 120)}: {exc}") from exc
 
 
 def kserve_env(environ: Mapping[str, str], enabled: bool) -> dict[str, str]:

@@ -184,7 +184,7 @@ class Server:
         metrics = server_metrics(config, registry, gpus.count, self.named_loggers)
         cpus = CpuAssigner.detect(config.cpu_cores_per_worker) if config.cpu_affinity else None
         logs = ServerLogs(config.log_location, config.enable_access_log, self.named_loggers,
-                          phases=config.request_phases)
+                          phases=config.request_phases, extended=config.access_log_extended)
         loader = ModelLoader(config, run_dir, registry,
                              Placement(gpus, cpus, registry.worker_count),
                              traced_batches(metrics.record_batch, tracing), logs.model,

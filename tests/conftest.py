@@ -183,10 +183,11 @@ def terminate(process: subprocess.Popen[bytes], timeout_s: float = 60) -> int:
 
 def spawn_server(work_dir: Path, model_store: Path, *models: str,
                  config: dict[str, object] | None = None,
-                 flags: tuple[str, ...] = ("--disable-token-auth",)) -> ServerProcess:
+                 flags: tuple[str, ...] = ("--disable-token-auth",),
+                 env: dict[str, str] | None = None) -> ServerProcess:
     """Start ``torchserve --start --foreground`` on free loopback ports and wait until it
     answers; ``config`` adds config.properties keys, ``flags`` are more command-line flags
-    (by default ``--disable-token-auth``)."""
+    (by default ``--disable-token-auth``), ``env`` more environment variables."""
     settings: dict[str, object] = {
         "inference_address": "http://127.0.0.1:0", "management_address": "http://127.0.0.1:0",
         "metrics_address": "http://127.0.0.1:0", "grpc_inference_port": 0,
@@ -203,7 +204,8 @@ def spawn_server(work_dir: Path, model_store: Path, *models: str,
     with log.open("wb") as out:
         process = subprocess.Popen(command, cwd=work_dir, stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT,
-                                   env={**os.environ, "BATCHSERVE_STATE_DIR": str(state_dir)})
+                                   env={**os.environ, "BATCHSERVE_STATE_DIR": str(state_dir),
+                                        **(env or {})})
     deadline = time.monotonic() + START_TIMEOUT_S
     state_file = state_dir / "server.json"
     while True:

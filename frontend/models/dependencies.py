@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from frontend.errors import DependencyInstallError, quoted
-from frontend.observe.logs import output_lines
+from frontend.observe.logs import log_output, output_lines
 from frontend.processes import python_module
 
 logger = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class DependencyInstaller:
 class _Runner:
     """Runs the installer's commands for one model version."""
 
-    #: Prefixes the installer's lines in the model log.
+    #: Names the installer's lines in the model log (their thread: ``install-m_1.0``).
     label: str
     #: Names the model version in messages.
     who: str
@@ -181,7 +181,7 @@ class _Runner:
     async def __call__(self, command: list[str], failure: str) -> None:
         """Run ``command``, its output into the model log; raise DependencyInstallError
         (``failure`` and the output's last lines) unless it succeeds in time."""
-        self.model_log.info("[%s] %s", self.label, " ".join(command))
+        log_output(self.model_log, self.label, " ".join(command))
         process = await asyncio.create_subprocess_exec(
             *command, cwd=self.cwd, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -211,11 +211,11 @@ class _Runner:
         async for text in output_lines(process.stdout):
             if text:
                 tail.append(text)
-                self.model_log.info("[%s] %s", self.label, text)
+                log_output(self.model_log, self.label, text)
         await process.wait()
 
 
 def failure_text(lines: list[str]) -> str:
     """What to quote of a failed installer's last lines: pip's ERROR lines, else the last."""
-    quoted = [line for line in lines if line.startswith("ERROR")] or lines[-3:]
-    return " | ".join(quoted) or "no output"
+    shown = [line for line in lines if line.startswith("ERROR")] or lines[-3:]
+    return " | ".join(shown) or "no output"

@@ -49,14 +49,9 @@ class MetricLog(BufferedLog):
             self._schedule()
 
     def _text(self, entries: list[tuple[Any, ...]]) -> str:
-        return "".join(f"{_iso8601(stamp)} - {escape(message)}\n" for stamp, message in entries)
+        clock = self._clock
+        return "".join(f"{clock(stamp)} - {escape(message)}\n" for stamp, message in entries)
 
     def _message(self, entry: tuple[Any, ...]) -> str:
         return escape(cast(str, entry[1]))
 
-
-def _iso8601(seconds: float) -> str:
-    """log4j's ``%d{ISO8601}``: ``2024-05-30T21:41:47,123`` (local time)."""
-    whole = int(seconds)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(whole))
-    return f"{stamp},{int((seconds - whole) * 1000):03d}"

@@ -62,21 +62,39 @@ Answer = worker_pb2.Response | ResponseStream
 
 
 class Origin:
-    """Who asked, for the access log. (A plain class: one is made per request.)"""
+    """Who asked, for the access log and the traces. (A plain class: one is made per
+    request.)"""
 
-    __slots__ = ("count_status", "method", "path", "peer", "protocol")
+    __slots__ = ("count_status", "method", "node", "path", "peer", "protocol", "recorded",
+                 "uri")
 
     def __init__(self, peer: str, method: str, path: str, protocol: str,
-                 count_status: bool = False) -> None:
+                 count_status: bool = False, uri: str | None = None,
+                 node: bool = False) -> None:
+        #: The client's address as TorchServe's access log writes it: ``/127.0.0.1:41696``.
         self.peer = peer
         #: "POST", "PUT", ... or "gRPC".
         self.method = method
+        #: The path (a trace's), decoded.
         self.path = path
         #: "HTTP/1.1", "HTTP/1.0", "HTTP/2.0" (gRPC).
         self.protocol = protocol
         #: Whether ``end`` counts the answer in Requests2XX/4XX/5XX (gRPC's; an HTTP
         #: response is counted by its connection, like every other HTTP response).
         self.count_status = count_status
+        #: What the access log writes of the request: the request line's target as it came
+        #: (with its query), or the RPC's ``<service>/<method>``; by default the path.
+        self.uri = path if uri is None else uri
+        #: Its access-log line is written (by the plane, or a workflow's run).
+        self.recorded = False
+        #: A workflow node's call for a request: TorchServe's access log has a line for the
+        #: request only; the extended one has a line for each node call too.
+        self.node = node
+
+    def for_nodes(self) -> Origin:
+        """The origin of the node calls a workflow makes for this request."""
+        return Origin(self.peer, self.method, self.path, self.protocol, self.count_status,
+                      self.uri, node=True)
 
 
 class Call:
@@ -283,10 +301,12 @@ class InferencePlane:
                                     answered=answered)
         if origin.count_status and call.status:
             self.metrics.count_response(call.status)
-        self.access.write(origin.peer, origin.method, origin.path, origin.protocol, call.status,
-                          latency_s, model.name if model else "-",
-                          model.version if model else "-", job.queue_wait_s, job.batch_size,
-                          job.form_s, job.timing)
+        if not origin.node or self.access.extended:
+            origin.recorded = True
+            self.access.write(origin.peer, origin.method, origin.uri, origin.protocol,
+                              call.status, latency_s, model.name if model else "-",
+                              model.version if model else "-", job.queue_wait_s,
+                              job.batch_size, job.form_s, job.timing)
         if self.tracing is not None:
             self.tracing.request(job, model, started=call.started, latency_s=latency_s,
                                  method=origin.method, path=origin.path,

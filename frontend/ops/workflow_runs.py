@@ -121,7 +121,8 @@ class WorkflowRunner:
             for name, value in headers:
                 if name == REQUEST_TIMEOUT_HEADER.encode():
                     deadline = time.monotonic() + parse_timeout(value.decode("latin-1"))
-            answer = await self._execute(workflow, origin, headers, inputs, deadline)
+            answer = await self._execute(workflow, origin.for_nodes(), headers, inputs,
+                                         deadline)
             status = 200
             return answer
         except ServeError as error:
@@ -134,7 +135,8 @@ class WorkflowRunner:
             workflow.end_run()
             latency_s = time.perf_counter() - started
             self.metrics.record_workflow(workflow.name, status, latency_s)
-            self.access.write(origin.peer, origin.method, origin.path, origin.protocol, status,
+            origin.recorded = True
+            self.access.write(origin.peer, origin.method, origin.uri, origin.protocol, status,
                               latency_s, workflow.name, WORKFLOW_VERSION, 0.0, 0)
 
     async def _execute(self, workflow: Workflow, origin: Origin, headers: Headers,

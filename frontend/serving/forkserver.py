@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from frontend.observe.logs import output_lines
+from frontend.observe.logs import log_output, output_lines
 from frontend.processes import python_module
 from protos import worker_pb2
 from protos.framing import Frame, FrameDecoder, Kind, ProtocolError, encode
@@ -378,8 +378,9 @@ class ForkServer:
         self._hello = loop.create_future()
         # Kept: the loop holds tasks only weakly (an earlier fork server's may still run).
         self._log_tasks = [task for task in self._log_tasks if not task.done()]
-        for fd in (launched.stdout, launched.stderr):
-            self._log_tasks.append(loop.create_task(self._forward(await _pipe_reader(fd))))
+        for fd, stderr in ((launched.stdout, False), (launched.stderr, True)):
+            self._log_tasks.append(loop.create_task(
+                self._forward(await _pipe_reader(fd), stderr)))
         launched.stdout = launched.stderr = -1
         loop.add_reader(ours.fileno(), self._on_readable)
         try:
@@ -390,12 +391,15 @@ class ForkServer:
         logger.info("fork server started (pid %d)", process.pid)
         return ours
 
-    async def _forward(self, stream: asyncio.StreamReader | None) -> None:
-        """The fork server's own output into the model log, escaped, as a worker's."""
+    async def _forward(self, stream: asyncio.StreamReader | None, stderr: bool) -> None:
+        """The fork server's own output into the model log, escaped, as a worker's (named
+        ``forkserver-stdout`` or ``forkserver-stderr``)."""
         if stream is None:
             return
+        thread, level = ("forkserver-stderr", logging.WARNING) if stderr else \
+            ("forkserver-stdout", logging.INFO)
         async for text in output_lines(stream):
-            self._model_log.info("[forkserver] %s", text)
+            log_output(self._model_log, thread, text, level)
 
     def _on_readable(self) -> None:
         control = self._control

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import psutil
 
 from frontend.errors import GatewayTimeout, InternalError, WorkerDied
-from frontend.observe.logs import output_lines
+from frontend.observe.logs import log_output, output_lines
 from frontend.observe.metrics import METRICS_MARK
 from frontend.processes import python_module, worker_environment
 from frontend.serving.batching import Batcher, Job
@@ -115,9 +115,11 @@ def backoff_s(failures: int) -> float:
 
 
 async def _forward_output(stream: asyncio.StreamReader | None, name: str,
-                          tail: collections.deque[str], model_log: logging.Logger) -> None:
+                          tail: collections.deque[str], model_log: logging.Logger,
+                          stderr: bool = False) -> None:
     """Copy a worker's stdout or stderr into the model log, one line at a time, escaped (a
-    handler may print what a client sent).
+    handler may print what a client sent), as TorchServe's reader threads do: under the name
+    ``<worker>-stdout`` (INFO) or ``<worker>-stderr`` (WARN).
 
     No line is a metric, not even one that begins with TorchServe's ``[METRICS]`` mark (which
     TorchServe's frontend reads as one): a handler that prints a client's text, a newline in
@@ -126,6 +128,8 @@ async def _forward_output(stream: asyncio.StreamReader | None, name: str,
     told so, once."""
     if stream is None:
         return
+    thread, level = (f"{name}-stderr", logging.WARNING) if stderr else \
+        (f"{name}-stdout", logging.INFO)
     told = False
     async for text in output_lines(stream):
         if not told and text.startswith(METRICS_MARK):
@@ -134,7 +138,7 @@ async def _forward_output(stream: asyncio.StreamReader | None, name: str,
                            "handler reports metrics through context.metrics)", name,
                            METRICS_MARK)
         tail.append(text)
-        model_log.info("[%s] %s", name, text)
+        log_output(model_log, thread, text, level)
 
 
 class Worker:
@@ -329,8 +333,8 @@ class Worker:
             # Keep hard references: the loop holds tasks only weakly.
             self._log_tasks = [
                 loop.create_task(_forward_output(stream, self.name, self._stderr_tail,
-                                                 self._model_log))
-                for stream in (process.stdout, process.stderr)
+                                                 self._model_log, stderr))
+                for stream, stderr in ((process.stdout, False), (process.stderr, True))
             ]
             reader, writer = await self._await_connection(process, connected)
         except BaseException:

@@ -101,7 +101,7 @@ def adds_up(parts: dict[str, tuple[float, str | None]], elapsed_ms: float) -> No
 
 def test_phases_reasons_and_server_timing(build_mar, start_server, model_store: Path) -> None:
     build_mar("phased", "phased")
-    server = start_server(server_timing="request")
+    server = start_server(server_timing="request", access_log_extended=True)
     register(server, "fixed", "fixed")
     register(server, "adaptive", "adaptive")
 
@@ -189,7 +189,7 @@ def test_phases_reasons_and_server_timing(build_mar, start_server, model_store: 
     assert value(found, "batchserve_request_phase_seconds_sum", model_name="fixed",
                  phase="batch_form") >= MAX_DELAY_MS / 1000 - 0.001
 
-    # The access log: every line ends with the phases and the batch's reason.
+    # The extended access log: every line ends with the phases and the batch's reason.
     access = model_store.parent / "logs" / "access_log.log"
 
     def lines() -> list[str]:
@@ -208,12 +208,12 @@ def test_phases_reasons_and_server_timing(build_mar, start_server, model_store: 
 
 def test_phases_and_reasons_off_keep_nothing_and_server_timing_still_answers(
         build_mar, start_server, model_store: Path) -> None:
-    # request_phases=false and dispatch_stats=false: the access log's lines end at batch=,
-    # the phase, reason and fill families have no samples, describe shows no reasons; the
-    # Server-Timing header (its own switch) still splits the request.
+    # request_phases=false and dispatch_stats=false: the extended access log's lines end at
+    # batch=, the phase, reason and fill families have no samples, describe shows no
+    # reasons; the Server-Timing header (its own switch) still splits the request.
     build_mar("phased", "phased")
     server = start_server(server_timing="request", request_phases=False,
-                          dispatch_stats=False)
+                          dispatch_stats=False, access_log_extended=True)
     register(server, "fixed", "fixed")
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda i: server.predict("fixed", b"x%d" % i, headers=ASK),

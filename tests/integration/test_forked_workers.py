@@ -216,18 +216,17 @@ def test_a_forked_worker_holds_no_descriptor_of_the_frontend_the_fork_server_or_
 
 def test_a_forked_workers_output_reaches_the_model_log_under_its_own_name(
         fleet: Fleet) -> None:
-    # What its handler prints (stdout) and what the worker logs (stderr), each line under the
-    # worker's own name.
+    # What its handler prints and what the worker logs (both on its stdout, as TorchServe's
+    # worker logs), each line under the worker's own name, as TorchServe's reader thread's.
     server = fleet.server
     for model in FORKED_MODELS:
         for worker in _workers(server, model):
-            name = f"[W-{worker['id']}-{model}_1.0]"
+            name = f" W-{worker['id']}-{model}_1.0-stdout MODEL_LOG - "
 
             def logged(name: str = name, pid: int = worker["pid"], model: str = model) -> bool:
                 lines = fleet.model_log.read_text().splitlines()
-                return any(f"{name} convnet worker {pid} loaded" in line for line in lines) \
-                    and any(name in line and f"backend.worker: loading model {model} " in line
-                            for line in lines)
+                return any(f"{name}convnet worker {pid} loaded" in line for line in lines) \
+                    and any(f"{name}loading model {model} " in line for line in lines)
 
             server.wait_for(logged, f"{name}'s lines in the model log")
 
@@ -411,7 +410,7 @@ def test_the_startup_models_fork_server_starts_first_and_forks_their_workers(
     reply = requests.post(f"{server.inference}/predictions/convnet", json=INPUT, timeout=60)
     assert reply.status_code == 200, reply.text
     model_log = (server.log.parent / "logs" / "model_log.log").read_text()
-    assert "backend.forkserver: preloaded torch" in model_log
+    assert " forkserver-stdout MODEL_LOG - preloaded torch" in model_log
 
 
 def test_an_early_fork_server_no_startup_worker_needs_is_stopped(

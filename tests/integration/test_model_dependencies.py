@@ -70,7 +70,7 @@ def _install_runs(log: Path, name: str) -> int:
     """How many times pip ran for ``name`` (each run logs its command line first)."""
     lines = log.read_text().splitlines() if log.exists() else []
     return sum(1 for line in lines
-               if f"[install-{name}_1.0] " in line and " -m pip install " in line)
+               if f" install-{name}_1.0 MODEL_LOG - " in line and " -m pip install " in line)
 
 
 def _answer(server: RunningServer, name: str) -> dict[str, str]:

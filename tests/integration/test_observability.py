@@ -114,10 +114,32 @@ def test_access_log_and_model_log(build_mar, start_server, model_store: Path) ->
         return access.read_text().splitlines() if access.exists() else []
 
     server.wait_for(lambda: len(lines()) == 5, "five access-log lines")
-    assert all('"POST /predictions/echo HTTP/1.1" 200' in line and "model=echo" in line
-               and "batch=1" in line for line in lines())
+    # TorchServe's line: time, client, request line, status, milliseconds; nothing more.
+    assert all(re.fullmatch(r'\S+ - /127\.0\.0\.1:\d+ "POST /predictions/echo HTTP/1\.1" '
+                            r"200 \d+", line) for line in lines()), lines()
     model_log = (logs / "model_log.log").read_text()
-    assert "[W-" in model_log and "echo_1.0]" in model_log
+    assert re.search(r" \[INFO \] W-\d+-echo_1\.0-stdout MODEL_LOG - ", model_log), model_log
+
+
+def test_the_extended_access_log_adds_batchserves_fields(build_mar, start_server,
+                                                          model_store: Path) -> None:
+    build_mar("echo", "echo")
+    server = start_server("echo.mar", access_log_extended=True)
+    assert server.predict("echo", b"x").status_code == 200
+    assert requests.get(f"{server.management}/models", timeout=30).status_code == 200
+    access = model_store.parent / "logs" / "access_log.log"
+
+    def lines() -> list[str]:
+        return access.read_text().splitlines() if access.exists() else []
+
+    server.wait_for(lambda: len(lines()) == 2, "two access-log lines")
+    predicted, listed = lines()
+    assert re.fullmatch(r'\S+ - /127\.0\.0\.1:\d+ "POST /predictions/echo HTTP/1\.1" 200 \d+ '
+                        r"model=echo version=1\.0 queue_ms=[\d.]+ batch=1 form_ms=[\d.]+ "
+                        r"worker_ms=[\d.]+ .* reason=\w+", predicted), predicted
+    # A request that is no prediction has TorchServe's fields only.
+    assert re.fullmatch(r'\S+ - /127\.0\.0\.1:\d+ "GET /models HTTP/1\.1" 200 \d+', listed), \
+        listed
 
 
 def test_access_log_can_be_turned_off(build_mar, start_server, model_store: Path) -> None:
@@ -295,7 +317,7 @@ def test_no_client_byte_reaches_a_log_unescaped(build_mar, server_process) -> No
     server.wait_for(lambda: access.exists() and access.read_text().count("\n") >= 7,
                     "the access log's lines")
     server.wait_for(lambda: "logged: hello" in model_log.read_text(), "the handler's log line")
-    stamp = re.compile(r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+    stamp = re.compile(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d,\d{3} ")
     for path in (access, model_log, server.log):
         text = path.read_bytes().decode("utf-8")
         assert "\r" not in text and "\x1b" not in text, path.name
@@ -303,18 +325,20 @@ def test_no_client_byte_reaches_a_log_unescaped(build_mar, server_process) -> No
             # Each line is an entry of its own, stamped now (a forged one says 2024).
             assert not line.startswith("2024-01-01"), (path.name, line)
             assert stamp.match(line) or path == server.log, (path.name, line)
-    # The access log writes the paths and names as sent, escaped.
-    assert "/predictions/echo\\r\\n2024-01-01 00:00:00,000 [INFO] FORGED" in access.read_text()
-    assert "/predictions/echo/1.0\\r\\n2024-01-01" in access.read_text()
-    assert "/echo\\x1b[2Jcleared" in access.read_text()
-    assert '"gRPC /echo\\r\\n2024-01-01' in access.read_text()
+    # The access log writes the request line's target as sent (TorchServe's), percent-encoded;
+    # a gRPC call by its method.
+    assert f"/predictions/echo{encoded} HTTP/1.1\" 404 " in access.read_text()
+    assert f"/predictions/echo/1.0{encoded} HTTP/1.1\" 404 " in access.read_text()
+    assert "/predictions/echo%1B%5B2Jcleared HTTP/1.1\" 404 " in access.read_text()
+    assert '"gRPC org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions HTTP/2.0" ' \
+        "5 " in access.read_text()  # NOT_FOUND
     # The model log: a message the handler logs keeps to its line; a line it prints is a line
     # of that worker's output, escaped.
     lines = model_log.read_text().splitlines()
     assert any(line.endswith("logged: hello\\r\\n2024-01-01 00:00:00,000 [INFO] "
                              "FORGED\\x1b[2J") for line in lines)
-    assert any("[W-" in line and line.endswith("] 2024-01-01 00:00:00,000 [INFO] "
-                                              "FORGED\\x1b[2J") for line in lines)
+    assert any("-stdout MODEL_LOG - 2024-01-01 00:00:00,000 [INFO] FORGED\\x1b[2J" in line
+               for line in lines)
     # A line longer than the pipe reader's limit (64 KiB) is logged in pieces, and the worker
     # is still read from: its next answers and lines come.
     long_line = requests.post(f"{server.inference}/predictions/printer", data=b"y" * 300_000,

@@ -179,7 +179,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                            key_file=key_file, batches_in_flight=1,
                            # a burst of 200 is never refused, even on a loaded machine
                            job_queue_size=500,
-                           log_location=root / "logs")
+                           log_location=root / "logs",
+                           access_log_extended=True)  # a line per node call too
     keys = {kind: entry["key"] for kind, entry in json.loads(key_file.read_text()).items()}
     served = Served(server, store, keys, par_archiver)
     try:
@@ -641,6 +642,27 @@ def test_a_model_config_that_expands_is_refused_small(served: Served) -> None:
         assert _message(refused, 400).startswith(f"invalid {config.name}: the document "), \
             refused.text
         assert served.manage("GET", f"/models/cfg-{name}").status_code == 404
+
+
+def test_torchserves_access_log_has_one_line_per_workflow_request(
+        served: Served, tmp_path: Path) -> None:
+    """Without access_log_extended: the /wfpredict request's line alone, as TorchServe logs a
+    request; its node calls are no lines of their own."""
+    server = launch_server(served.store, load_workflows=("seq.war",),
+                           log_location=tmp_path / "logs")
+    try:
+        answer = requests.post(f"{server.inference}/wfpredict/seq", data="once", timeout=60,
+                               headers={"Content-Type": "text/plain"})
+        assert answer.json()["text"] == "once|m1|post"
+        log = tmp_path / "logs" / "access_log.log"
+        server.wait_for(lambda: log.exists() and "/wfpredict/seq" in log.read_text(),
+                        "the request's line")
+    finally:
+        server.stop()  # flushes the log: a node call's line would be there by now
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1, lines
+    assert re.fullmatch(r'\S+ - /127\.0\.0\.1:\d+ "POST /wfpredict/seq HTTP/1\.1" 200 \d+',
+                        lines[0]), lines
 
 
 def test_unregister_under_traffic_answers_every_request_once(served: Served) -> None:

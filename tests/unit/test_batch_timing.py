@@ -368,14 +368,20 @@ def test_disabled_dispatch_stats_count_nothing() -> None:
 def test_an_access_log_without_phases_ends_its_lines_at_the_batch_size(tmp_path: Path) -> None:
     batch = _answered(0.2, None, handler_ms=100)
     lines = {}
-    for phases in (True, False):
-        path = tmp_path / f"{phases}.log"
-        log = AccessLog(path, phases=phases)
+    for extended, phases in ((True, True), (True, False), (False, True), (False, False)):
+        path = tmp_path / f"{extended}-{phases}.log"
+        log = AccessLog(path, phases=phases, extended=extended)
         log.open()
-        log.write("127.0.0.1", "POST", "/predictions/m", "HTTP/1.1", 200, 0.5, "m", "1.0", 0.1,
-                  2, 0.05, batch)
+        log.write("/127.0.0.1:1", "POST", "/predictions/m", "HTTP/1.1", 200, 0.5, "m", "1.0",
+                  0.1, 2, 0.05, batch)
         log.flush()
         log.close()
-        lines[phases] = path.read_text().rstrip("\n")
-    assert lines[True].startswith(lines[False] + " form_ms=50.00 worker_ms=100.00 ")
-    assert lines[False].endswith(" queue_ms=100.00 batch=2")
+        lines[extended, phases] = path.read_text().rstrip("\n")
+    assert lines[True, True].startswith(lines[True, False] + " form_ms=50.00 worker_ms=100.00 ")
+    assert lines[True, False].endswith(' "POST /predictions/m HTTP/1.1" 200 500 model=m '
+                                       "version=1.0 queue_ms=100.00 batch=2")
+    # Not extended (the default): TorchServe's line, whatever request_phases says.
+    assert lines[False, True] == lines[False, False]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{3} - "
+                        r'/127\.0\.0\.1:1 "POST /predictions/m HTTP/1\.1" 200 500',
+                        lines[False, True]), lines[False, True]

@@ -289,6 +289,87 @@ def test_a_value_is_split_only_where_its_key_refuses_it_whole(tmp_path: Path) ->
         load_config(path, {}, environ={})
 
 
+def test_a_variables_value_is_never_split_into_keys(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Glued lines are split as the file is written: a variable's value that holds
+    ``key=value`` stays its own key's value, which then refuses it, naming the key."""
+    path = tmp_path / "ts.properties"
+    cases = [
+        ("enable_model_api=$$FLAG$$\n", {"FLAG": "trueallowed_urls=.*"}, "enable_model_api"),
+        ("default_workers_per_model=$$WORKERS$$\n", {"WORKERS": "3allowed_urls=.*"},
+         "default_workers_per_model"),
+        # Two references side by side: the split would fall between the variables' values.
+        ("enable_model_api=$$FLAG$$$$REST$$\n",
+         {"FLAG": "true", "REST": "allowed_urls=.*"}, "enable_model_api"),
+        # A line glued in the file's text, the variable after it holding a third line.
+        ("enable_model_api=$$FLAG$$default_response_timeout=$$TIMEOUT$$\n",
+         {"FLAG": "true", "TIMEOUT": "60allowed_urls=.*"}, "default_response_timeout"),
+        # Read before the rest of the file: a clear error too, not a traceback.
+        ("enable_envvars_config=$$FLAG$$\n", {"FLAG": "truedefault_workers_per_model=9"},
+         "enable_envvars_config"),
+    ]
+    for text, environ, key in cases:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=f"config key {key}="):
+            load_config(path, {}, environ=environ)
+    # The one split logged is the file's own glued line; no variable's value is in the log.
+    assert caplog.text.count("reads as two lines") == 1
+    assert "allowed_urls" not in caplog.text and "=9" not in caplog.text
+
+
+def test_a_line_glued_in_the_files_own_text_is_split_around_its_references(
+        tmp_path: Path) -> None:
+    path = tmp_path / "ts.properties"
+    path.write_text("enable_model_api=$$FLAG$$default_response_timeout=$$TIMEOUT$$\n"
+                    "default_workers_per_model=$$WORKERS$$number_of_gpu=0\n")
+    config = load_config(path, {}, environ={"FLAG": "true", "TIMEOUT": "60", "WORKERS": "3"})
+    assert config.enable_model_api is True and config.default_response_timeout_s == 60
+    assert config.default_workers_per_model == 3 and config.number_of_gpu == 0
+    assert config.allowed_urls == ()
+
+
+def test_a_variables_value_is_put_in_as_it_is(tmp_path: Path) -> None:
+    """Never searched for references itself, nor read as a replacement pattern (TorchServe's
+    Java ``appendReplacement`` reads ``$1`` and ``\\`` in it)."""
+    path = tmp_path / "ts.properties"
+    path.write_text("default_service_handler=$$HANDLER$$:handle\n")
+    for value in ("$$SECRET$$", "a$1b", "C:\\h\\x", "svc.pyallowed_urls=.*"):
+        config = load_config(path, {}, environ={"HANDLER": value, "SECRET": "leaked"})
+        assert config.default_service_handler == f"{value}:handle"
+        assert config.allowed_urls == ()
+
+
+def test_a_variable_in_a_json_value_never_changes_its_shape(tmp_path: Path) -> None:
+    """``models=`` JSON: a variable in a string is that string's text (quotes and backslashes
+    included); elsewhere it must be one JSON value; the whole value may come from one."""
+    path = tmp_path / "ts.properties"
+    path.write_text('models={"m": {"1.0": {"marName": "$$MAR$$", "batchSize": $$BATCH$$, '
+                    '"defaultVersion": true}}}\n')
+    injected = 'm.mar", "minWorkers": 64, "x": "C:\\models\\m'
+    config = load_config(path, {}, environ={"MAR": injected, "BATCH": "4"})
+    assert config.models["m"]["1.0"].settings == {"batch_size": 4}
+    for batch in ('4, "minWorkers": 64', "4}}, \"n\": {\"1.0\": {", "[1"):
+        with pytest.raises(ConfigError, match="config key models: environment variable "
+                                              "BATCH is not one JSON value"):
+            load_config(path, {}, environ={"MAR": "m.mar", "BATCH": batch})
+    whole = '{"m": {"1.0": {"batchSize": 8, "minWorkers": 2}}}'
+    path.write_text("models=$$MODELS$$\n")
+    config = load_config(path, {}, environ={"MODELS": whole})
+    assert config.models["m"]["1.0"].settings == {"batch_size": 8, "min_workers": 2}
+
+
+def test_a_ts_variable_is_its_one_keys_value(tmp_path: Path) -> None:
+    """``TS_<KEY>`` (enable_envvars_config=true) sets its key alone: a value that holds
+    ``key=value`` is refused by that key, never read as a second key."""
+    path = tmp_path / "ts.properties"
+    path.write_text("enable_envvars_config=true\n")
+    with pytest.raises(ConfigError, match="config key enable_model_api="):
+        load_config(path, {}, environ={"TS_ENABLE_MODEL_API": "trueallowed_urls=.*"})
+    config = load_config(path, {}, environ={"TS_DEFAULT_SERVICE_HANDLER": "h.pyallowed_urls=.*"})
+    assert config.default_service_handler == "h.pyallowed_urls=.*"
+    assert config.allowed_urls == ()
+
+
 def test_environment_references_in_values_are_resolved(tmp_path: Path) -> None:
     path = tmp_path / "ts.properties"
     path.write_text("default_service_handler=$$SAGEMAKER_HANDLER$$:handle\n")

@@ -16,7 +16,7 @@ import pytest
 
 from frontend import __version__
 from frontend.api.grpc import servers
-from frontend.api.grpc.common import Rpc, answer, body_of, rpc_status
+from frontend.api.grpc.common import Rpc, answer, body_of, rpc_status, torchserve_peer
 from frontend.api.grpc.inference import InferenceServicer
 from frontend.api.grpc.management import ManagementServicer, _params
 from frontend.api.grpc.open_inference import OpenInferenceServicer
@@ -62,8 +62,8 @@ class Context:
 def test_rpc_snapshot_reads_the_context_once() -> None:
     context = Context([("Authorization", "Bearer k"), ("trace-bin", b"\x00\x01"),
                        ("X-Request-Timeout", "3")], remaining=10.0)
-    rpc = Rpc.of(context)
-    assert rpc.peer == "ipv4:127.0.0.1:50000"
+    rpc = Rpc.of(context, "org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions")
+    assert rpc.peer == "/127.0.0.1:50000"  # as TorchServe's access log writes a client
     # Header names in lower case, as HTTP's; binary metadata is no header.
     assert rpc.headers == [(b"authorization", b"Bearer k"), (b"x-request-timeout", b"3")]
     context._peer, context.remaining = "gone", None  # the RPC ended: never read again
@@ -71,16 +71,25 @@ def test_rpc_snapshot_reads_the_context_once() -> None:
     assert remaining is not None and 9.0 < remaining <= 10.0
     origin = rpc.origin("/echo")
     assert (origin.peer, origin.method, origin.path, origin.protocol, origin.count_status) == \
-        ("ipv4:127.0.0.1:50000", "gRPC", "/echo", "HTTP/2.0", True)
+        ("/127.0.0.1:50000", "gRPC", "/echo", "HTTP/2.0", True)
+    # The access log names the RPC as TorchServe's does: its service and method.
+    assert origin.uri == "org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions"
+
+
+def test_a_grpc_peer_is_written_as_torchserve_writes_a_client() -> None:
+    assert torchserve_peer("ipv4:10.0.0.7:41696") == "/10.0.0.7:41696"
+    assert torchserve_peer("ipv6:%5B::1%5D:41696") == "/[::1]:41696"
+    assert torchserve_peer("ipv6:[::1]:41696") == "/[::1]:41696"
+    assert torchserve_peer("unix:/tmp/s.sock") == "unix:/tmp/s.sock"
 
 
 def test_rpc_without_a_deadline_has_no_time_limit() -> None:
-    rpc = Rpc.of(Context())
+    rpc = Rpc.of(Context(), "s/M")
     assert rpc.deadline is None and rpc.time_remaining() is None
 
 
 def test_rpc_time_remaining_never_goes_negative() -> None:
-    rpc = Rpc.of(Context(remaining=0.0))
+    rpc = Rpc.of(Context(remaining=0.0), "s/M")
     time.sleep(0.01)
     assert rpc.time_remaining() == 0.0
 

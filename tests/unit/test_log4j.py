@@ -19,7 +19,7 @@ from frontend import cli
 from frontend.errors import ConfigError
 from frontend.observe import log4j
 from frontend.observe.log4j_pattern import Untranslatable, translate
-from frontend.observe.logs import AccessLog, EscapingLogRecord
+from frontend.observe.logs import SERVER_PATTERN, AccessLog, EscapingLogRecord
 from frontend.observe.metric_log import MetricLog
 from tests.torchserve_sources import torchserve_file
 
@@ -73,7 +73,7 @@ def clean_logging() -> Iterator[None]:
 
 def _configure(path: Path, stdout: io.StringIO, stderr: io.StringIO | None = None) -> None:
     log4j.configure(log4j.read(path), stdout, stderr or io.StringIO(),
-                    logging.Formatter(cli.LOG_FORMAT))
+                    translate(SERVER_PATTERN).formatter)
 
 
 def _flush() -> None:
@@ -122,7 +122,7 @@ def test_torchserve_default_log4j2_maps_its_loggers_and_files(
     assert "rolling by time is not done" in notes and "filePattern" in notes
 
     stdout = io.StringIO()
-    log4j.configure(config, stdout, io.StringIO(), logging.Formatter(cli.LOG_FORMAT))
+    log4j.configure(config, stdout, io.StringIO(), translate(SERVER_PATTERN).formatter)
     # Every file is made at start, as log4j2 makes them.
     for path in ("logs/access_log.log", "logs/model_log.log", "logs/ts_log.log",
                  "metrics/ts_metrics.log", "metrics/model_metrics.log"):
@@ -221,7 +221,7 @@ def test_a_file_of_the_sagemaker_toolkits_shape(tmp_path: Path, clean_logging: N
     config = log4j.read(source, {"LOG_LOCATION": str(tmp_path / "logs")})
     _check_sagemaker_shape(config)
     stdout = io.StringIO()
-    log4j.configure(config, stdout, io.StringIO(), logging.Formatter(cli.LOG_FORMAT))
+    log4j.configure(config, stdout, io.StringIO(), translate(SERVER_PATTERN).formatter)
     logging.getLogger("TELEMETRY").info("goes nowhere")  # its appender is skipped
     logging.getLogger("MODEL_LOG").info("worker said %s", FORGED)
     _flush()
@@ -247,7 +247,7 @@ def test_the_sagemaker_toolkits_own_file(tmp_path: Path, clean_logging: None) ->
     assert loggers["MODEL_LOG"].level == logging.INFO
     assert [ref for ref, _ in loggers[""].refs] == ["STDOUT", "ts_log"]
     stdout = io.StringIO()
-    log4j.configure(config, stdout, io.StringIO(), logging.Formatter(cli.LOG_FORMAT))
+    log4j.configure(config, stdout, io.StringIO(), translate(SERVER_PATTERN).formatter)
     logging.getLogger("frontend.server").info("serving")
     _flush()
     assert TS_LINE.fullmatch(stdout.getvalue().splitlines()[-1])
@@ -346,6 +346,20 @@ def test_properties_lookups_and_strict_format(tmp_path: Path) -> None:
     assert layout.formatter.format(_record("m")) == "${literal} m"
 
 
+def test_a_variables_value_is_never_looked_up_again(tmp_path: Path) -> None:
+    """``${env:NAME}`` is the variable's text: a lookup in it stays as it is (no second
+    substitution), in a file name as in a property."""
+    source = tmp_path / "log4j2.xml"
+    source.write_text(
+        '<Configuration><Properties><Property name="p">${env:DIR}</Property></Properties>'
+        '<Appenders><File name="f" fileName="${env:DIR}/a.log"/>'
+        '<File name="g" fileName="${p}/b.log"/></Appenders>'
+        '<Loggers><Root level="INFO"><AppenderRef ref="f"/></Root></Loggers></Configuration>')
+    config = log4j.read(source, {"DIR": "${env:SECRET}", "SECRET": "/etc"})
+    assert config.appenders["f"].path == Path("${env:SECRET}/a.log")
+    assert config.appenders["g"].path == Path("${env:SECRET}/b.log")
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("<Configuration><Appenders>", "not well-formed XML"),
     ("<log4j:configuration xmlns:log4j='x'/>", "not a log4j2 configuration"),
@@ -428,9 +442,8 @@ def test_access_and_metric_logs_go_through_the_named_loggers(clean_logging: None
     assert len(lines) == 2
     stamp, name, message = lines[0].split(" ", 2)
     assert abs(int(stamp) - now) <= 2 and name == "ACCESS_LOG"
-    assert message == f'/127.0.0.1:1 "GET /p{ESCAPED} HTTP/1.1" 404 1.0ms model=- version=- ' \
-        "queue_ms=0.00 batch=0 form_ms=- worker_ms=- preprocess_ms=- inference_ms=- " \
-        "postprocess_ms=- frontend_ms=- reason=-"
+    # TorchServe's message (its Session): client, request line, status, milliseconds.
+    assert message == f'/127.0.0.1:1 "GET /p{ESCAPED} HTTP/1.1" 404 1'
     assert lines[1].endswith("TS_METRICS Requests4XX.Count:1.0|#Level:Host")
 
     logging.getLogger("ACCESS_LOG").setLevel(log4j.OFF)
@@ -512,6 +525,7 @@ def test_an_untranslated_layout_falls_back_with_one_note(tmp_path: Path,
         "format: a (%highlight)"]
     assert any(note.endswith("b (JsonLayout)") for note in config.notes)
     stdout = io.StringIO()
-    log4j.configure(config, stdout, io.StringIO(), logging.Formatter(cli.LOG_FORMAT))
+    log4j.configure(config, stdout, io.StringIO(), translate(SERVER_PATTERN).formatter)
     logging.getLogger("batchserve").warning("fallback")
-    assert stdout.getvalue().splitlines()[-1].endswith("[WARNING] batchserve - fallback")
+    # The server's own format: TorchServe's server-log layout.
+    assert stdout.getvalue().splitlines()[-1].endswith("[WARN ] MainThread batchserve - fallback")

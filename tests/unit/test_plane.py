@@ -186,7 +186,7 @@ class Rig:
 def rig(tmp_path: Path) -> Iterator[Rig]:
     registry = ModelRegistry()
     metrics = ServerMetrics(registry, system_metrics=False)
-    access = AccessLog(tmp_path / "access_log.log")
+    access = AccessLog(tmp_path / "access_log.log", extended=True)  # the plane's fields
     access.open()
     yield Rig(tmp_path, registry, metrics, access, InferencePlane(registry, metrics, access))
     access.close()
@@ -512,7 +512,8 @@ def test_predict_answers_504_at_the_client_deadline_when_no_worker_takes_it(rig:
     assert rig.samples("batchserve_refused_requests_total")[
         (("model_name", "m"), ("model_version", "1.0"), ("reason", "deadline"))] == 1
     [line] = rig.access_lines()
-    assert '"gRPC /org.pytorch.serve.grpc.inference/Predictions HTTP/2.0" 504 ' in line
+    # gRPC's status code, as TorchServe's access log writes an RPC's: DEADLINE_EXCEEDED.
+    assert '"gRPC /org.pytorch.serve.grpc.inference/Predictions HTTP/2.0" 4 ' in line
 
 
 def test_a_serve_error_in_a_call_records_its_status(rig: Rig) -> None:
@@ -528,7 +529,7 @@ def test_a_serve_error_in_a_call_records_its_status(rig: Rig) -> None:
     assert rig.responses() == {"Requests2XX": 0, "Requests4XX": 1, "Requests5XX": 0}
     assert rig.requests_total() is None  # no model: nothing per model
     [line] = rig.access_lines()
-    assert " 404 " in line and "model=- version=-" in line
+    assert " 5 " in line and "model=- version=-" in line  # NOT_FOUND
 
 
 def test_a_cancelled_call_records_status_0_and_counts_no_response(rig: Rig) -> None:
@@ -555,7 +556,7 @@ def test_a_cancelled_call_records_status_0_and_counts_no_response(rig: Rig) -> N
     run(scenario)
     assert rig.responses() == {"Requests2XX": 0, "Requests4XX": 0, "Requests5XX": 0}
     [line] = rig.access_lines()
-    assert '"gRPC /org.pytorch.serve.grpc.inference/Predictions HTTP/2.0" 0 ' in line
+    assert '"gRPC /org.pytorch.serve.grpc.inference/Predictions HTTP/2.0" 1 ' in line  # CANCELLED
 
 
 def test_outcome_cancels_an_abandoned_job_so_the_queue_forgets_it(rig: Rig) -> None:
@@ -665,3 +666,29 @@ def test_server_timing_is_given_as_the_server_key_and_the_request_say(
     # Not answered by a worker yet: only the total so far.
     assert (header is not None and re.fullmatch(r"total;dur=[0-9.]+", header)) if wanted \
         else header is None
+
+
+def test_a_workflow_node_call_has_an_access_line_only_in_the_extended_log(rig: Rig) -> None:
+    """TorchServe's access log has a line per request: a workflow's node calls (made with
+    the request's origin ``for_nodes``) have their own only with access_log_extended."""
+    _, worker = rig.add_model()
+    plain = AccessLog(rig.tmp_path / "plain.log")
+    plain.open()
+    planes = [rig.plane, InferencePlane(rig.registry, rig.metrics, plain)]
+    node = HTTP.for_nodes()
+    assert (node.peer, node.method, node.uri, node.node, HTTP.node) == (
+        HTTP.peer, HTTP.method, HTTP.uri, True, False)
+
+    async def scenario() -> None:
+        for plane in planes:
+            worker.serve_next()
+            async with plane.call(node) as call:
+                await within(plane.predict(call, "m", None, [], _body(b"x")))
+                call.status = 200
+
+    run(scenario)
+    [line] = rig.access_lines()
+    assert "model=m version=1.0" in line
+    plain.flush()
+    assert (rig.tmp_path / "plain.log").read_text() == ""
+    plain.close()

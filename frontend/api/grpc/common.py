@@ -1,13 +1,15 @@
-"""What every gRPC servicer shares: the RPC snapshot, the token check and the error mapping
-(one decorator, ``unary``), a worker's answer as a body."""
+"""What every gRPC servicer shares: the RPC snapshot, the token check, the error mapping and
+the access-log line (one decorator, ``unary``), a worker's answer as a body."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeAlias, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeAlias, TypeVar
 
 import grpc
 from google.rpc import status_pb2
@@ -24,10 +26,18 @@ Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
 class Servicer:
-    """A servicer with the server's token authority (None: tokens are off)."""
+    """A servicer with the server's token authority (None: tokens are off) and access log."""
 
-    def __init__(self, auth: TokenAuthority | None) -> None:
-        self.auth = auth
+    #: Its service's full name (``org.pytorch.serve.grpc.inference.InferenceAPIsService``).
+    service: ClassVar[str]
+
+    def __init__(self, services: Services) -> None:
+        self.auth: TokenAuthority | None = services.auth
+        self.access = services.plane.access
+
+    def rpc(self, context: Context, name: str) -> Rpc:
+        """The snapshot of this service's RPC ``name`` (``Predictions``), while it is live."""
+        return Rpc.of(context, f"{self.service}/{name}")
 
     def check(self, kind: KeyKind, headers: list[tuple[bytes, bytes]]) -> None:
         """Raise the token error unless ``headers`` carry a valid key of ``kind``."""
@@ -39,7 +49,7 @@ class PredictionServicer(Servicer):
     """What both inference services share: the registry, the plane, the request limits."""
 
     def __init__(self, services: Services) -> None:
-        super().__init__(services.auth)
+        super().__init__(services)
         self.registry = services.registry
         self.plane = services.plane
         self.max_inputs = services.config.max_request_inputs
@@ -50,12 +60,17 @@ S = TypeVar("S", bound=Servicer)
 Method: TypeAlias = Callable[[S, Any, Context], Coroutine[Any, Any, Any]]
 
 
-def unary(key: KeyKind | None = None) -> Callable[[Method[S]], Method[S]]:
-    """A unary RPC: the client's token checked first (``key``: which key it needs; None: the
-    method checks it itself, inside its plane call, so that a refusal is recorded), and our
-    errors answered as gRPC statuses with the REST message text (``answer``)."""
+def unary(key: KeyKind | None = None, *, prediction: bool = False
+          ) -> Callable[[Method[S]], Method[S]]:
+    """A unary RPC: the client's token checked first (``key``: which key it needs; None: none,
+    or the method checks it itself), our errors answered as gRPC statuses with the REST
+    message text (``answer``), and its access-log line written once it ends, as TorchServe
+    logs every RPC. A ``prediction`` writes its own, through its plane call (which records a
+    refusal too: it checks the token inside)."""
 
     def decorate(method: Method[S]) -> Method[S]:
+        name = method.__name__
+
         @functools.wraps(method)
         async def run(self: S, request: Any, context: Context) -> Any:
             async def checked() -> Any:
@@ -63,7 +78,22 @@ def unary(key: KeyKind | None = None) -> Callable[[Method[S]], Method[S]]:
                     self.check(key, metadata_headers(context))
                 return await method(self, request, context)
 
-            return await answer(context, checked())
+            if prediction:
+                return await answer(context, checked())
+            started, status, client = time.perf_counter(), 500, torchserve_peer(context.peer())
+            try:
+                result = await checked()
+                status = 200
+                return result
+            except ServeError as error:
+                status = error.http_status
+                await abort(context, error)
+            except asyncio.CancelledError:
+                status = 0  # the client left
+                raise
+            finally:
+                self.access.request(client, "gRPC", f"{self.service}/{name}", "HTTP/2.0",
+                                    status, time.perf_counter() - started)
 
         return run
 
@@ -100,22 +130,33 @@ class Rpc:
     outlive the RPC, reads this snapshot instead.
     """
 
+    #: The client's address as TorchServe's access log writes it (``torchserve_peer``).
     peer: str
     headers: list[tuple[bytes, bytes]]
     #: time.monotonic() of the client's deadline (None: it set none).
     deadline: float | None
+    #: The RPC's ``<service>/<method>``, as TorchServe's access log names it.
+    method: str
 
     @classmethod
-    def of(cls, context: Context) -> Rpc:
+    def of(cls, context: Context, method: str) -> Rpc:
         remaining = context.time_remaining()
-        return cls(context.peer(), metadata_headers(context),
-                   None if remaining is None else time.monotonic() + remaining)
+        return cls(torchserve_peer(context.peer()), metadata_headers(context),
+                   None if remaining is None else time.monotonic() + remaining, method)
 
     def time_remaining(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
     def origin(self, path: str) -> Origin:
-        return Origin(self.peer, "gRPC", path, "HTTP/2.0", count_status=True)
+        """A prediction's origin: ``path`` names it in a trace, the method in the access log."""
+        return Origin(self.peer, "gRPC", path, "HTTP/2.0", count_status=True, uri=self.method)
+
+
+def torchserve_peer(peer: str) -> str:
+    """gRPC's ``ipv4:127.0.0.1:41696`` as TorchServe's access log writes a client:
+    ``/127.0.0.1:41696`` (``/[::1]:41696`` for IPv6); another kind of address as it is."""
+    kind, _, address = peer.partition(":")
+    return f"/{urllib.parse.unquote(address)}" if kind in ("ipv4", "ipv6") else peer
 
 
 def send_timing(context: Context, call: Call) -> None:

@@ -32,6 +32,9 @@ class InferenceServicer(PredictionServicer, inference_pb2_grpc.InferenceAPIsServ
     (no such model, a full queue, a bad token) with its own status; StreamPredictions2 answers
     many requests on one stream."""
 
+    service = inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"].full_name
+
+    @unary()
     async def Ping(self, request: Any, context: Context) -> Any:
         healthy = all(model.is_healthy() for model in self.registry)
         status = json.dumps({"status": "Healthy" if healthy else "Unhealthy"}, indent=2)
@@ -61,6 +64,8 @@ class InferenceServicer(PredictionServicer, inference_pb2_grpc.InferenceAPIsServ
         stateful (the id the server made, when the request named none); with the unary RPC's
         ``context``, its Server-Timing goes in the trailing metadata (``send_timing``)."""
         async with self.plane.call(rpc.origin("/-")) as call:
+            if context is not None:  # the unary RPC's token (a stream's is checked once)
+                self.check(KeyKind.INFERENCE, rpc.headers)
             result = await self._start(request, rpc, call)
             if isinstance(result, ResponseStream):
                 body = b"".join([body_of(part) async for part in result])
@@ -71,10 +76,10 @@ class InferenceServicer(PredictionServicer, inference_pb2_grpc.InferenceAPIsServ
                 send_timing(context, call)
             return body, call.sequence_id
 
-    @unary(KeyKind.INFERENCE)
+    @unary(prediction=True)  # the token is checked inside the call, which records a refusal
     async def Predictions(self, raw: bytes, context: Context) -> Any:
-        body, sequence_id = await self._predict_whole(self._parsed(raw), Rpc.of(context),
-                                                      context)
+        body, sequence_id = await self._predict_whole(
+            self._parsed(raw), self.rpc(context, "Predictions"), context)
         response = inference_pb2.PredictionResponse(prediction=body)
         if sequence_id is not None:
             response.sequence_id = sequence_id
@@ -82,7 +87,7 @@ class InferenceServicer(PredictionServicer, inference_pb2_grpc.InferenceAPIsServ
 
     async def StreamPredictions(self, raw: bytes, context: Context
                                 ) -> AsyncIterator[Any]:
-        rpc = Rpc.of(context)
+        rpc = self.rpc(context, "StreamPredictions")
         async with self.plane.call(rpc.origin("/-")) as call:
             async def start() -> list[worker_pb2.Response] | ResponseStream:
                 try:
@@ -109,15 +114,18 @@ class InferenceServicer(PredictionServicer, inference_pb2_grpc.InferenceAPIsServ
                                  ) -> AsyncIterator[Any]:
         """One bidirectional stream for many requests: answered in order, each carrying its
         sequence_id; a failed request answers with its ``status`` and the stream goes on.
+        Each request is a prediction of its own (an access-log line each).
 
         When the RPC ends early (the client cancels or goes away) every request of the stream
         still waiting is cancelled: a queued one leaves the queue undispatched, one in a
         worker has its answer dropped.
         """
-        rpc = Rpc.of(context)
+        rpc = self.rpc(context, "StreamPredictions2")
         try:
             self.check(KeyKind.INFERENCE, rpc.headers)
         except ServeError as error:
+            async with self.plane.call(rpc.origin("/-")) as call:  # recorded, as a refusal
+                call.fail(error)
             await abort(context, error)
         pending: asyncio.Queue[tuple[Any, asyncio.Task[tuple[bytes, str | None]]] | None] = \
             asyncio.Queue()

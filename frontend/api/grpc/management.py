@@ -37,8 +37,10 @@ def _params(**values: object) -> dict[str, str]:
 class ManagementServicer(Servicer, management_pb2_grpc.ManagementAPIsServiceServicer):
     """Each RPC needs the management key and answers REST's JSON as ``msg``."""
 
+    service = management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"].full_name
+
     def __init__(self, services: Services) -> None:
-        super().__init__(services.auth)
+        super().__init__(services)
         self.ops = ManagementOps(services)
 
     @unary(KeyKind.MANAGEMENT)

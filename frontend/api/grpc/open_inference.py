@@ -10,7 +10,6 @@ from frontend.api.grpc import wire
 from frontend.api.grpc.common import (
     Context,
     PredictionServicer,
-    Rpc,
     body_of,
     send_timing,
     unary,
@@ -31,9 +30,13 @@ class OpenInferenceServicer(PredictionServicer,
     when the request came raw).
     """
 
+    service = open_inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+
+    @unary()
     async def ServerLive(self, request: Any, context: Context) -> Any:
         return open_inference_pb2.ServerLiveResponse(live=True)
 
+    @unary()
     async def ServerReady(self, request: Any, context: Context) -> Any:
         return open_inference_pb2.ServerReadyResponse(
             ready=kserve.is_server_ready(self.registry))
@@ -53,10 +56,10 @@ class OpenInferenceServicer(PredictionServicer,
         versions = [m.version for m in self.registry.versions(request.name)]
         return open_inference_pb2.ModelMetadataResponse(**kserve.model_metadata(model, versions))
 
-    @unary()  # the token is checked inside the call, which records a refusal
+    @unary(prediction=True)  # the token is checked inside the call, which records a refusal
     async def ModelInfer(self, raw: bytes, context: Context) -> Any:
         """Never decoded here: the worker gets the request's bytes as they came."""
-        rpc = Rpc.of(context)
+        rpc = self.rpc(context, "ModelInfer")
         async with self.plane.call(rpc.origin("/v2/models/-/infer")) as call:
             self.check(KeyKind.INFERENCE, rpc.headers)
             head = wire.infer_request_head(raw, self.max_inputs)

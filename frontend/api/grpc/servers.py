@@ -23,7 +23,7 @@ from frontend.api.grpc.open_inference import OpenInferenceServicer
 from frontend.config import ServerConfig
 from frontend.ops.services import Services
 from frontend.tls import ServerCertificate
-from protos import inference_pb2, management_pb2, management_pb2_grpc, open_inference_pb2
+from protos import inference_pb2, management_pb2_grpc, open_inference_pb2
 
 #: The generated registration function, typed (grpcio-tools writes it without annotations).
 _add_management: Callable[[management_pb2_grpc.ManagementAPIsServiceServicer, grpc.aio.Server],
@@ -60,10 +60,9 @@ def service_handler(service: ServiceDescriptor, servicer: object,
 
 _INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"]
 _OPEN_INFERENCE = open_inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-INFERENCE_SERVICE = _INFERENCE.full_name
-OPEN_INFERENCE_SERVICE = _OPEN_INFERENCE.full_name
-MANAGEMENT_SERVICE = (
-    management_pb2.DESCRIPTOR.services_by_name["ManagementAPIsService"].full_name)
+INFERENCE_SERVICE = InferenceServicer.service
+OPEN_INFERENCE_SERVICE = OpenInferenceServicer.service
+MANAGEMENT_SERVICE = ManagementServicer.service
 
 
 _FOREVER_MS = 2**31 - 1

@@ -18,11 +18,13 @@ import functools
 import logging
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable
 
 import uvicorn
 
 from frontend.api.http import common
+from frontend.api.http.calls import ORIGIN, peer, request_target
 from frontend.api.http.cors import CorsApp, CorsPolicy
 from frontend.api.http.fast import protocol_for
 from frontend.api.http.inference import InferenceApp
@@ -31,6 +33,7 @@ from frontend.api.http.metrics import MetricsApp
 from frontend.api.http.tls import TlsAcceptor
 from frontend.config import DEFAULT_DRAIN_TIMEOUT_S, Address
 from frontend.errors import RouteNotFound, ServeError
+from frontend.observe.logs import AccessLog
 from frontend.ops.services import Services
 
 logger = logging.getLogger(__name__)
@@ -69,21 +72,38 @@ class CombinedApp:
 
 
 class CountedResponses:
-    """An ASGI app whose responses are counted by status (Requests2XX/4XX/5XX); the fast
-    path and refused request heads count theirs in the connection protocol."""
+    """An ASGI app whose responses are counted by status (Requests2XX/4XX/5XX), each request
+    with its access-log line, as TorchServe logs every request (a prediction's line is the
+    plane's: ``calls.ORIGIN``); the fast path and refused request heads count theirs in the
+    connection protocol."""
 
-    def __init__(self, app: common.AsgiApp, count: Callable[[int], None]) -> None:
+    def __init__(self, app: common.AsgiApp, count: Callable[[int], None],
+                 access: AccessLog | None = None) -> None:
         self.app = app
         self.count = count
+        self.access = access
 
     async def __call__(self, scope: common.Scope, receive: common.Receive,
                        send: common.Send) -> None:
+        status = 0  # none sent: the client left first
+
         async def counted(message: common.Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                self.count(message["status"])
+                status = message["status"]
+                self.count(status)
             await send(message)
 
-        await self.app(scope, receive, counted)
+        started = time.perf_counter()
+        try:
+            await self.app(scope, receive, counted)
+        finally:
+            origin = scope.get(ORIGIN)
+            if self.access is not None and scope["type"] == "http" and (
+                    origin is None or not origin.recorded):
+                self.access.request(peer(scope), scope["method"], request_target(scope),
+                                    f"HTTP/{scope.get('http_version', '1.1')}", status,
+                                    time.perf_counter() - started)
 
 
 def uvicorn_config(app: common.AsgiApp, http: type[asyncio.Protocol],
@@ -172,6 +192,7 @@ class HttpListeners:
         self._keep_alive_s = config.keep_alive_timeout_s
         self._drain_timeout_s = config.drain_timeout_s
         self._metrics = services.metrics
+        self._access = services.plane.access
         #: CORS on every listener; None (no cors_allowed_* key set): none, at no cost.
         self._cors = CorsPolicy.from_config(config)
 
@@ -202,8 +223,9 @@ class HttpListeners:
                 served = CorsApp(served, self._cors)
             protocol = protocol_for(inference, self._header_timeout_s,
                                     self._metrics.count_response, self._cors)
-            config = uvicorn_config(CountedResponses(served, self._metrics.count_response),
-                                    protocol, self._keep_alive_s, self._drain_timeout_s)
+            config = uvicorn_config(
+                CountedResponses(served, self._metrics.count_response, self._access),
+                protocol, self._keep_alive_s, self._drain_timeout_s)
             server = uvicorn.Server(config)
             server.lifespan = config.lifespan_class(config)  # as Server._serve does
             if not is_tls:

@@ -14,10 +14,32 @@ from protos import worker_pb2
 _SERVER_TIMING = SERVER_TIMING.encode("latin-1")
 
 
+#: The scope key under which a prediction's route keeps its Origin: the plane writes its
+#: access-log line, once its Origin is ``recorded`` (``app.CountedResponses`` writes every
+#: other request's).
+ORIGIN = "batchserve.origin"
+
+
 def http_origin(scope: common.Scope) -> Origin:
+    origin = Origin(peer(scope), scope["method"], scope["path"],
+                    f"HTTP/{scope.get('http_version', '1.1')}", uri=request_target(scope))
+    scope[ORIGIN] = origin
+    return origin
+
+
+def peer(scope: common.Scope) -> str:
+    """The client's address as TorchServe's access log writes it: ``/127.0.0.1:41696``."""
     client = scope.get("client") or ("-", 0)
-    return Origin(f"/{client[0]}:{client[1]}", scope["method"], scope["path"],
-                  f"HTTP/{scope.get('http_version', '1.1')}")
+    return f"/{client[0]}:{client[1]}"
+
+
+def request_target(scope: common.Scope) -> str:
+    """The request line's target as the client sent it, its query included (TorchServe's
+    access log writes it so)."""
+    raw = scope.get("raw_path")
+    target = raw.decode("latin-1") if raw else scope["path"]
+    query = scope.get("query_string")
+    return f"{target}?{query.decode('latin-1')}" if query else target
 
 
 def response_headers(request_id: str, response: worker_pb2.Response) -> common.Headers:

@@ -125,7 +125,8 @@ class PredictionsProtocol(ServerProtocol):
         scope["raw_path"] = url.path
         scope["query_string"] = url.query or b""
         keep_alive = http_version != "1.0" and parser.should_keep_alive()
-        origin = Origin(self._peer, scope["method"], scope["path"], f"HTTP/{http_version}")
+        origin = Origin(self._peer, scope["method"], scope["path"], f"HTTP/{http_version}",
+                        uri=self.url.decode("latin-1"))
         prediction = _Prediction(scope, keep_alive, self.plane.begin(origin, self.loop))
         self.cycle = prediction
         try:

@@ -278,6 +278,8 @@ class InferenceApp(common.Routes):
             disconnected.cancel()
             if not run.done():
                 run.cancel()  # the client went away: its node calls leave their queues
+                # Until it has (and recorded itself: one access-log line, not two).
+                await asyncio.wait({run})
         if run.cancelled():
             return
         answer = run.result()  # a ServeError is answered by the app
