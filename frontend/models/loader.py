@@ -209,8 +209,12 @@ class ModelLoader:
             from_yaml = read_layer(model_config, Source.YAML)
         except ValueError as exc:
             raise BadRequest(f"model-config.yaml: {exc}") from None
-        settings = resolve(self.server_defaults(request.loaded_at_startup), request.underlay,
-                           configured.settings, from_yaml, request.settings)
+        try:  # every value is in its range (a layer no parser read: a workflow's spec)
+            settings = resolve(self.server_defaults(request.loaded_at_startup),
+                               request.underlay, configured.settings, from_yaml,
+                               request.settings)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
         if settings.sequence_batching and not settings.sequence_max_idle_ms:
             # TorchServe registers such a model and then refuses every request (503).
             raise BadRequest("model-config.yaml: sequenceBatching needs sequenceMaxIdleMSec > 0 "
@@ -292,14 +296,18 @@ class ModelLoader:
         handler = request.handler or manifest.handler or self.config.default_service_handler
         if not handler:
             raise BadRequest(f"model {name!r} names no handler: pass handler=")
-        return _Plan(name, version, handler, self.settings(name, version, request,
-                                                           unpacked.model_config),
+        settings = self.settings(name, version, request, unpacked.model_config)
+        # Early, before its packages are installed; _add asks again as its workers start.
+        self._placement.admit(name, settings.min_workers, settings.max_workers, 0)
+        return _Plan(name, version, handler, settings,
                      TensorMetadata(tensor_metadata(unpacked.model_config, "inputs"),
                                     tensor_metadata(unpacked.model_config, "outputs")))
 
     def _add(self, request: RegisterRequest, unpacked: archives.UnpackedArchive, plan: _Plan,
              environment: ModelEnvironment) -> Model:
         name, version, settings = plan.name, plan.version, plan.settings
+        # The worker caps, counted with no await before its workers start (_register).
+        self._placement.admit(name, settings.min_workers, settings.max_workers, 0)
         model = Model(name, version, unpacked, plan.handler, settings,
                       self._launch(name, version, unpacked, plan.handler, settings,
                                    environment, request.workflow_function),

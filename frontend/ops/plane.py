@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
@@ -121,14 +122,15 @@ class Call:
 
 
 def parse_timeout(value: str) -> float:
-    """A client's deadline in seconds (> 0), else BadRequest."""
+    """A client's deadline in seconds (finite, > 0), else BadRequest."""
     try:
         seconds = float(value)
     except ValueError:
         raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a number of seconds, got {value!r}")\
             from None
-    if not seconds > 0:
-        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be > 0, got {value!r}")
+    if not 0 < seconds < math.inf:  # NaN and inf are refused too
+        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a finite number of seconds > 0, "
+                         f"got {value!r}")
     return seconds
 
 

@@ -290,7 +290,8 @@ def test_server_defaults_workers_rule(tmp_path: Path, workers: int, gpus: int,
 
 @pytest.mark.parametrize(("model_config", "message"), [
     ({"batchSize": "many"}, "model-config.yaml: batchSize must be an integer"),
-    ({"responseTimeout": 0}, "model-config.yaml: responseTimeout must be an integer >= 1"),
+    ({"responseTimeout": 0},
+     "model-config.yaml: responseTimeout must be an integer in [1, 4294967], got 0"),
     ({"max_batch_size": 4, "maxBatchSize": 8}, "model-config.yaml: conflicting batch settings"),
 ])
 def test_a_bad_model_config_value_is_a_bad_request(tmp_path: Path, model_config: dict[str, Any],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_stateful_fields_are_model_config_yaml_keys() -> None:
     assert read_layer({"sequenceBatching": "false"}, Source.YAML) == {"sequence_batching": False}
     with pytest.raises(ValueError, match="sequenceBatching must be true or false"):
         read_layer({"sequenceBatching": "yes"}, Source.YAML)
-    with pytest.raises(ValueError, match="maxNumSequence must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"maxNumSequence must be an integer in \[1, 2147483647\]"):
         read_layer({"maxNumSequence": 0}, Source.YAML)
 
 
@@ -100,10 +101,10 @@ def test_torchserve_name_wins_over_an_alias() -> None:
 
 
 @pytest.mark.parametrize(("mapping", "message"), [
-    ({"max_batch_size": -1}, "max_batch_size must be an integer >= 0"),
+    ({"max_batch_size": -1}, "max_batch_size must be an integer in [0, 2147483647], got -1"),
     ({"max_batch_size": 2.5}, "max_batch_size must be an integer"),
     ({"max_batch_size": True}, "max_batch_size must be an integer"),
-    ({"maxBatchSize": 0}, "maxBatchSize must be an integer >= 1"),
+    ({"maxBatchSize": 0}, "maxBatchSize must be an integer in [1, 2147483647], got 0"),
     ({"maxBatchSize": "many"}, "maxBatchSize must be an integer"),
     ({"max_batch_time": -0.1}, "max_batch_time must be a number of seconds"),
     ({"max_batch_time": "soon"}, "max_batch_time must be a number of seconds"),
@@ -111,11 +112,11 @@ def test_torchserve_name_wins_over_an_alias() -> None:
     ({"maxLatency": None}, "maxLatency must be a number of milliseconds"),
     ({"max_batch_size": 8, "maxBatchSize": 16}, "conflicting batch settings"),
     ({"max_batch_time": 0.05, "maxLatency": 100}, "conflicting batch settings"),
-    ({"batchSize": 0}, "batchSize must be an integer >= 1"),
+    ({"batchSize": 0}, "batchSize must be an integer in [1, 2147483647], got 0"),
     ({"batchSize": "x"}, "batchSize must be an integer"),
     ({"batchSize": True}, "batchSize must be an integer"),
-    ({"maxBatchDelay": -1}, "maxBatchDelay must be an integer >= 0"),
-    ({"responseTimeout": 0}, "responseTimeout must be an integer >= 1"),
+    ({"maxBatchDelay": -1}, "maxBatchDelay must be an integer in [0, 2147483647], got -1"),
+    ({"responseTimeout": 0}, "responseTimeout must be an integer in [1, 4294967], got 0"),
     ({"deviceIds": "0,1"}, "deviceIds must be a list of GPU ids"),
     ({"deviceIds": [0, -1]}, "deviceIds must be a list of GPU ids"),
     ({"batchPolicy": "greedy"}, "batchPolicy must be one of fixed, adaptive"),
@@ -124,7 +125,7 @@ def test_torchserve_name_wins_over_an_alias() -> None:
 ])
 def test_bad_values_name_the_key_the_user_wrote(mapping: dict[str, object],
                                                 message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         read_layer(mapping, Source.YAML)
 
 

@@ -16,8 +16,6 @@ gRPC for workflows).
 
 from __future__ import annotations
 
-import json
-
 from frontend.api.http import common
 from frontend.api.http.dashboard import DashboardRoutes
 from frontend.api.http.openapi import management_description
@@ -27,6 +25,7 @@ from frontend.ops.management import Body, ManagementOps
 from frontend.ops.params import bool_param
 from frontend.ops.services import Services
 from frontend.ops.workflow_management import WorkflowOps
+from protos import json_limits
 
 
 class ManagementApp(common.Routes):
@@ -137,9 +136,12 @@ def _is_json(scope: common.Scope) -> bool:
 def json_params(body: bytes) -> dict[str, str]:
     """A JSON object body as registration parameters (TorchServe's RegisterModelRequest
     fields: model_name, url, handler, batch_size, initial_workers, synchronous, ...), each
-    value as the query would carry it; null is absent."""
+    value as the query would carry it; null is absent. Its nesting is bounded before it is
+    parsed (protos/json_limits.py)."""
     try:
-        value = json.loads(body)
+        value = json_limits.loads(body)
+    except json_limits.JsonTooDeep as exc:
+        raise BadRequest(f"the request body's JSON is {exc}") from None
     except ValueError:
         raise BadRequest("the request body is not valid JSON") from None
     if not isinstance(value, dict):
