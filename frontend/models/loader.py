@@ -186,12 +186,17 @@ class ModelLoader:
         Workers, as TorchServe: a model loaded at start-up gets ``default_workers_per_model``,
         else one worker per GPU, else one per CPU core (the cores this process may use: in a
         container or under taskset, not the host's); one registered through the management
-        API gets ``default_workers_per_model`` when it is set, else none until scaled.
+        API gets ``default_workers_per_model`` when it is set, else none until scaled. The
+        count this server works out itself (not one asked for) is kept within the worker caps:
+        a pod on a big node has many cores and little memory.
         """
         config = self.config
         workers = config.default_workers_per_model
         if at_startup and not workers:
             workers = self._placement.gpus.count or self._placement.cores
+            room = self._placement.room()
+            if room is not None:
+                workers = min(workers, room)
         # Each setting names the ServerConfig field of its default (frontend/settings.py).
         layer = {declared.name: getattr(config, declared.server_default)
                  for declared in FIELDS if declared.server_default is not None}

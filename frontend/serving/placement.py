@@ -104,6 +104,12 @@ class Placement:
         self.caps = caps
         self._ids = itertools.count(FIRST_WORKER_ID)
 
+    def room(self) -> int | None:
+        """The most workers one more model may start now (None: no caps)."""
+        if self.caps is None:
+            return None
+        return max(0, min(self.caps.per_model, self.caps.per_server - self._running()))
+
     def admit(self, model: str, min_workers: int, max_workers: int, running: int) -> None:
         """Raise TooManyWorkers unless the model ``model``, which runs ``running`` workers,
         may have ``min_workers`` (to start now) to ``max_workers``. Called with no await
