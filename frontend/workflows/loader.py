@@ -123,8 +123,11 @@ class WorkflowLoader:
         # archive's model-config.yaml does not set.
         layer: SettingsLayer = {"batch_size": settings.batch_size,
                                 "max_batch_delay_ms": settings.max_batch_delay_ms}
+        # min-workers starts nothing (TorchServe ignores it), but is held to the worker caps
+        # as max-workers is: as the node's maxWorkers when it is the larger.
         underlay: SettingsLayer = {"min_workers": settings.max_workers,
-                                   "max_workers": settings.max_workers}
+                                   "max_workers": max(settings.max_workers,
+                                                      settings.min_workers)}
         if response_timeout_s is not None:
             underlay["response_timeout_s"] = response_timeout_s
         if startup_timeout_s is not None:

@@ -11,6 +11,7 @@ registration body nested 50,000 deep failed in the JSON reader (500), and
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 
 import grpc
@@ -119,6 +120,27 @@ def test_the_issue_s_probes_are_400(server: RunningServer) -> None:
             message = _refused(requests.post(f"{server.management}{path}", data=deep,
                                              headers=JSON, timeout=30))
             assert "nested deeper than 100 levels" in message
+    _healthy(server)
+
+
+def test_a_registration_body_too_large_is_refused_before_it_is_read(
+        server: RunningServer) -> None:
+    """Its size is bounded by max_request_size from the Content-Length header: the body is
+    never sent, the answer comes at once."""
+    host, port = server.management.rsplit("/", 1)[-1].split(":")
+    for path in ("/models", "/workflows"):
+        with socket.create_connection((host, int(port)), timeout=10) as connection:
+            connection.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                               "application/json\r\nContent-Length: 1000000000\r\n\r\n"
+                               .encode())
+            answer = b""
+            while b"}\n" not in answer:  # the error body's end (it may come in parts)
+                chunk = connection.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+        assert b"exceeds max_request_size" in answer
     _healthy(server)
 
 

@@ -146,6 +146,17 @@ dag:
   pre: [m1]
 """
 
+#: min-workers starts nothing, as in TorchServe, but is held to the cap as max-workers is.
+MANY_MIN_WORKERS = """
+models:
+  m1:
+    url: echo.mar
+    min-workers: 100000
+    max-workers: 1
+dag:
+  pre: [m1]
+"""
+
 #: Each node within the per-model cap (2), together past the server's (4): pre takes 1.
 TOO_MANY_TOGETHER = """
 models:
@@ -163,11 +174,13 @@ def test_a_workflow_asking_for_too_many_workers_is_refused_whole(
         build_mar, start_server, model_store: Path) -> None:
     build_mar("echo", "echo")
     zipped(model_store, "many", MANY_WORKERS, SEQUENTIAL[1])
+    zipped(model_store, "many_min", MANY_MIN_WORKERS, SEQUENTIAL[1])
     zipped(model_store, "together", TOO_MANY_TOGETHER, SEQUENTIAL[1])
     server = start_server("echo.mar", workflow_store=model_store, max_workers_per_model=2,
                           max_workers_per_server=4)
     workflows = f"{server.management}/workflows"
     for url, cap in (("many.war", "max_workers_per_model"),
+                     ("many_min.war", "max_workers_per_model"),
                      ("together.war", "max_workers_per_server")):
         answer = requests.post(workflows, params={"url": url}, timeout=120)
         message = _refused(answer, cap)

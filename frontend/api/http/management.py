@@ -63,7 +63,7 @@ class ManagementApp(common.Routes):
             self.auth.check(KeyKind.MANAGEMENT, scope["headers"])
         params = common.query_params(scope)
         if scope["method"] == "POST" and len(parts) == 1 and _is_json(scope):
-            params = json_params(await common.read_body(receive, self.max_body_bytes))
+            params = await self._json_params(scope, receive)
         status, body = await self._dispatch(scope["method"], parts, params)
         await common.send_json(send, status, body)
         return True
@@ -106,7 +106,7 @@ class ManagementApp(common.Routes):
             if method == "POST":
                 params = common.query_params(scope)
                 if _is_json(scope):  # TorchServe's RegisterWorkflowRequest as JSON
-                    params = json_params(await common.read_body(receive, self.max_body_bytes))
+                    params = await self._json_params(scope, receive)
                 return 200, await ops.register(params)
             raise MethodNotAllowed()
         if method == "GET":
@@ -114,6 +114,13 @@ class ManagementApp(common.Routes):
         if method == "DELETE":
             return 200, await ops.unregister(parts[1])
         raise MethodNotAllowed()
+
+    async def _json_params(self, scope: common.Scope, receive: common.Receive
+                           ) -> dict[str, str]:
+        """A JSON registration body's parameters: its size bounded before it is read (413),
+        its nesting before it is parsed (``json_params``)."""
+        common.check_content_length(scope, self.max_body_bytes)
+        return json_params(await common.read_body(receive, self.max_body_bytes))
 
     async def token(self, scope: common.Scope, send: common.Send) -> None:
         """Rotate the inference or management key (authorised by the API key)."""
