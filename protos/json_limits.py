@@ -36,7 +36,16 @@ class JsonTooDeep(ValueError):
 def check_depth(data: bytes | bytearray | str, limit: int = MAX_JSON_DEPTH) -> None:
     """Raise JsonTooDeep when ``data`` nests arrays and objects deeper than ``limit`` levels
     (counting opening brackets that never close, which the parser would recurse into too)."""
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if isinstance(data, str):
+        raw: bytes | bytearray = data.encode("utf-8", "surrogatepass")
+    else:
+        raw = data
+        encoding = json.detect_encoding(raw)  # as json.loads reads it: UTF-16 and -32 too
+        if encoding not in ("utf-8", "utf-8-sig"):
+            try:
+                raw = raw.decode(encoding).encode("utf-8", "surrogatepass")
+            except UnicodeDecodeError:
+                return  # the parser refuses it as it is, reading nothing deep
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return
     # Each bracket as its step: an opening one +1, a closing one -1 (as 2 and 0, less the

@@ -47,6 +47,17 @@ def test_documents_deeper_than_the_limit_are_refused(document: str) -> None:
         loads(document)
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32-be"])
+def test_documents_in_the_other_encodings_json_reads_are_checked_too(encoding: str) -> None:
+    # A string whose escaped quote would end it early, read byte by byte.
+    hiding = '["\\"' + "]" * 5 + '", ' + _nested(LIMIT + 1) + "]"
+    for document in (_nested(LIMIT + 1), hiding):
+        with pytest.raises(JsonTooDeep):
+            check_depth(document.encode(encoding))
+    check_depth(_nested(LIMIT).encode(encoding))
+    assert loads('{"a": [1]}'.encode(encoding)) == {"a": [1]}
+
+
 def test_loads_parses_what_it_admits() -> None:
     assert loads(b'{"instances": [[1, 2], [3]]}') == {"instances": [[1, 2], [3]]}
     with pytest.raises(ValueError):
