@@ -34,7 +34,7 @@ from backend.errors import (
     request_message,
     request_status,
 )
-from protos import worker_pb2
+from protos import json_limits, worker_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -257,11 +257,9 @@ def instance_rows(request: worker_pb2.Request) -> list[Any]:
     """KServe v1: one row per instance, the instance itself when it is an object, else
     ``{"data": instance}``."""
     try:
-        instances = json.loads(request.inputs.get(BODY, b""))
+        instances = json_limits.loads(request.inputs.get(BODY, b""))
     except ValueError as exc:
         raise InvalidInput(f"instances are not valid JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidInput("instances are nested too deeply") from None
     if not isinstance(instances, list):
         raise InvalidInput("instances must be a JSON array")
     return [item if isinstance(item, dict) else {"data": item} for item in instances]
@@ -284,13 +282,17 @@ def decode_request(request: worker_pb2.Request, *, decode: bool) -> dict[str, An
 def decode_value(value: bytes, content_type: str) -> Any:
     """JSON to objects and text/* to str (TorchServe's decode_input_request); else bytes.
 
-    A value that fails to decode is passed on as bytes for the handler to judge.
+    A value that fails to decode is passed on as bytes for the handler to judge; JSON nested
+    deeper than protos/json_limits.py allows is refused (InvalidInput: 400), as the frontend
+    refuses it on the routes where it reads JSON itself.
     """
     media_type = content_type.split(";", 1)[0].strip().lower()
     if media_type == APPLICATION_JSON:
         try:
-            return json.loads(value)
-        except (ValueError, RecursionError):
+            return json_limits.loads(value)
+        except json_limits.JsonTooDeep as exc:
+            raise InvalidInput(f"the JSON input is {exc}") from None
+        except ValueError:
             logger.warning("input declared %s is not valid JSON; passing bytes", content_type)
             return value
     if media_type.startswith("text/"):

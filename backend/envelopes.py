@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 from backend import open_inference, v2_outputs
 from backend.context import Context
 from backend.errors import HandlerLoadError, InvalidHandlerOutput, InvalidInput
+from protos import json_limits
 
 #: numpy dtype (its name, else its kind) -> v2 datatype, TorchServe's kservev2 table.
 _DATATYPES = {
@@ -82,8 +83,8 @@ def _document(value: Any, envelope: str) -> Any:
     """A JSON body: decoded already (application/json), or bytes/text to decode."""
     if isinstance(value, (bytes, bytearray, str)):
         try:
-            return json.loads(value)
-        except (ValueError, RecursionError) as exc:
+            return json_limits.loads(value)
+        except ValueError as exc:
             raise InvalidInput(f"the {envelope} envelope expects a JSON body: {exc}") from None
     return value
 

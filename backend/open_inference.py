@@ -13,7 +13,6 @@ Pure Python (struct) on purpose: the worker needs no numpy or torch for this.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from collections.abc import Mapping, Sequence
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.errors import InvalidInput
-from protos import open_inference_pb2, worker_pb2
+from protos import json_limits, open_inference_pb2, worker_pb2
 
 #: Datatype -> struct format of one element (little-endian); BYTES is length-prefixed.
 FORMATS: dict[str, str] = {
@@ -119,11 +118,9 @@ def decode_rest(body: bytes, header_length: str | None) -> InferRequest:
             raise InvalidInput(f"{HEADER_LENGTH} is {length}, but the body has {len(body)} bytes")
         json_part, binary = body[:length], body[length:]
     try:
-        payload = json.loads(json_part)
+        payload = json_limits.loads(json_part)
     except ValueError as exc:
         raise InvalidInput(f"malformed JSON request: {exc}") from None
-    except RecursionError:
-        raise InvalidInput("malformed JSON request: nested too deeply") from None
     if not isinstance(payload, dict):
         raise InvalidInput("the request must be a JSON object with 'inputs'")
     raw_inputs = payload.get("inputs")

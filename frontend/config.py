@@ -21,7 +21,17 @@ from urllib.parse import urlsplit
 import javaproperties
 
 from frontend.errors import ConfigError
-from frontend.settings import FIELDS, PolicyName, SettingsLayer, Source, policy, read_layer
+from frontend.settings import (
+    FIELDS,
+    INT32_MAX,
+    MAX_TIMEOUT_S,
+    PolicyName,
+    SettingsLayer,
+    Source,
+    integer,
+    policy,
+    read_layer,
+)
 from frontend.torchserve_keys import NO_EFFECT
 
 logger = logging.getLogger(__name__)
@@ -144,6 +154,13 @@ def _parse_positive_int(text: str) -> int:
     if value < 1:
         raise ValueError(f"must be >= 1, got {value}")
     return value
+
+
+def _whole(minimum: int, maximum: int = INT32_MAX) -> Callable[[str], int]:
+    """A whole number in [``minimum``, ``maximum``]: a server default of a model setting
+    within that setting's range (frontend/settings.py), a worker cap."""
+    check = integer(minimum, maximum)
+    return functools.partial(check, "the value")
 
 
 def _parse_positive_float(text: str) -> float:
@@ -377,12 +394,18 @@ class ServerConfig:
         "models", parse=parse_models_json, default_factory=dict)
     #: 0 means one per GPU, or per CPU core when there is no GPU (TorchServe's rule).
     default_workers_per_model: int = option(
-        "default_workers_per_model", parse=_parse_non_negative_int, default=0)
-    job_queue_size: int = option("job_queue_size", parse=_parse_positive_int, default=100)
+        "default_workers_per_model", parse=_whole(0), default=0)
+    #: The most workers one model version may have, and all models together (None: what
+    #: the host allows, frontend/serving/capacity.py); a request beyond is refused (400).
+    max_workers_per_model: int | None = option("max_workers_per_model", parse=_whole(1),
+                                               default=None)
+    max_workers_per_server: int | None = option("max_workers_per_server", parse=_whole(1),
+                                                default=None)
+    job_queue_size: int = option("job_queue_size", parse=_whole(1), default=100)
     default_response_timeout_s: int = option(
-        "default_response_timeout", parse=_parse_positive_int, default=120)
+        "default_response_timeout", parse=_whole(1, MAX_TIMEOUT_S), default=120)
     default_startup_timeout_s: int = option(
-        "default_startup_timeout", parse=_parse_positive_int, default=120)
+        "default_startup_timeout", parse=_whole(1, MAX_TIMEOUT_S), default=120)
     unregister_model_timeout_s: int = option(
         "unregister_model_timeout", parse=_parse_non_negative_int, default=120)
     max_request_size_bytes: int = option(
@@ -430,9 +453,8 @@ class ServerConfig:
     #: no GPU when imported.
     fork_preload: tuple[str, ...] = option("fork_preload", parse=_parse_module_names,
                                            default=())
-    default_batch_size: int = option("batch_size", parse=_parse_positive_int, default=1)
-    default_max_batch_delay_ms: int = option(
-        "max_batch_delay", parse=_parse_non_negative_int, default=100)
+    default_batch_size: int = option("batch_size", parse=_whole(1), default=1)
+    default_max_batch_delay_ms: int = option("max_batch_delay", parse=_whole(0), default=100)
     #: Server-wide default for models that name none.
     default_batch_policy: PolicyName = option(
         "batch_policy", parse=_parse_policy, default=PolicyName.ADAPTIVE)

@@ -198,6 +198,11 @@ class ConfigError(Exception):
     """A configuration value is invalid; raised at startup, names the key."""
 
 
+class TooManyWorkers(BadRequest):
+    """A registration or scale asks for more workers than ``max_workers_per_model`` or
+    ``max_workers_per_server`` allow (frontend/serving/capacity.py)."""
+
+
 class ArchiveError(BadRequest):
     """A model archive is missing, malformed, unsafe or not allowed."""
 

@@ -39,6 +39,7 @@ from frontend.ops.dashboard import Dashboard
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
 from frontend.serving.batching import Job
+from frontend.serving.capacity import HostLimits, worker_caps
 from frontend.serving.forkserver import Launch
 from frontend.serving.placement import CpuAssigner, GpuAssigner, Placement
 from frontend.serving.workers import start_failures
@@ -185,8 +186,10 @@ class Server:
         cpus = CpuAssigner.detect(config.cpu_cores_per_worker) if config.cpu_affinity else None
         logs = ServerLogs(config.log_location, config.enable_access_log, self.named_loggers,
                           phases=config.request_phases, extended=config.access_log_extended)
-        loader = ModelLoader(config, run_dir, registry,
-                             Placement(gpus, cpus, registry.worker_count),
+        placement = Placement(gpus, cpus, registry.worker_count)
+        caps = placement.caps = worker_caps(config, HostLimits.detect(placement.cores,
+                                                                      gpus.count))
+        loader = ModelLoader(config, run_dir, registry, placement,
                              traced_batches(metrics.record_batch, tracing), logs.model,
                              events=metrics, forkserver=self._forkserver)
         auth = None
@@ -202,6 +205,7 @@ class Server:
             self.services, certificate if config.enable_grpc_ssl else None
         ) if config.enable_grpc else None
         with logs:
+            logger.info("workers: %s", caps.basis)
             await metrics.start()
             dashboard.start()
             try:

@@ -47,6 +47,13 @@ class Source(enum.Enum):
 
 # ---- parsing one value ----------------------------------------------------------------------
 
+#: The largest count or duration (in its unit) a setting may take: protobuf's int32, what the
+#: gRPC API's fields and the LOAD message's batch_size hold (and Java's int, TorchServe's).
+INT32_MAX = 2**31 - 1
+#: The longest ``response_timeout`` and ``startup_timeout`` in seconds: the LOAD message
+#: carries the response timeout in milliseconds as a uint32 (about 49.7 days).
+MAX_TIMEOUT_S = (2**32 - 1) // 1000
+
 Parse = Callable[[str, object], Any]
 
 
@@ -59,20 +66,33 @@ def _number(value: object) -> object:
     return value
 
 
-def integer(minimum: int) -> Parse:
-    """Whole numbers >= ``minimum``; TorchServe's names take ints or their decimal text."""
-    def parse(key: str, value: object) -> int:
+@dataclass(frozen=True, slots=True)
+class Integer:
+    """Whole numbers in [``minimum``, ``maximum``]; TorchServe's names take ints or their
+    decimal text. Also the range ``ModelSettings`` holds the field to, whatever set it."""
+
+    minimum: int
+    maximum: int = INT32_MAX
+
+    def __call__(self, key: str, value: object) -> int:
         if isinstance(value, str):
             try:
                 value = int(value.strip())
             except ValueError:
-                raise ValueError(f"{key} must be an integer, got {quoted(value)}") from None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{key} must be an integer, got {quoted(value)}")
-        if value < minimum:
-            raise ValueError(f"{key} must be an integer >= {minimum}, got {quoted(value)}")
+                raise self._refusal(key, value) from None
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or not self.minimum <= value <= self.maximum:
+            raise self._refusal(key, value)
         return value
-    return parse
+
+    def _refusal(self, key: str, value: object) -> ValueError:
+        return ValueError(f"{key} must be an integer in [{self.minimum}, {self.maximum}], "
+                          f"got {quoted(value)}")
+
+
+def integer(minimum: int, maximum: int = INT32_MAX) -> Integer:
+    """The parser of whole numbers in [``minimum``, ``maximum``]."""
+    return Integer(minimum, maximum)
 
 
 def _alias_integer(minimum: int) -> Parse:
@@ -80,8 +100,10 @@ def _alias_integer(minimum: int) -> Parse:
     def parse(key: str, value: object) -> int:
         number = _number(value)
         if isinstance(number, bool) or not isinstance(number, int | float) \
-                or not math.isfinite(number) or number != int(number) or number < minimum:
-            raise ValueError(f"{key} must be an integer >= {minimum}, got {quoted(value)}")
+                or not math.isfinite(number) or number != int(number) \
+                or not minimum <= number <= INT32_MAX:
+            raise ValueError(f"{key} must be an integer in [{minimum}, {INT32_MAX}], got "
+                             f"{quoted(value)}")
         return int(number)
     return parse
 
@@ -92,12 +114,17 @@ def _mlserver_batch_size(key: str, value: object) -> int:
 
 
 def _duration_ms(unit_ms: float) -> Parse:
+    """MLServer's and KServe's delays (seconds, milliseconds: any JSON number) as whole
+    milliseconds, at most INT32_MAX of them (the unit's own maximum is named)."""
+    unit = "seconds" if unit_ms == 1000 else "milliseconds"
+    most = INT32_MAX // 1000 if unit_ms == 1000 else INT32_MAX
+
     def parse(key: str, value: object) -> int:
         number = _number(value)
         if isinstance(number, bool) or not isinstance(number, int | float) \
-                or not math.isfinite(number) or number < 0:
-            unit = "seconds" if unit_ms == 1000 else "milliseconds"
-            raise ValueError(f"{key} must be a number of {unit} >= 0, got {quoted(value)}")
+                or not math.isfinite(number) or not 0 <= number <= most:
+            raise ValueError(f"{key} must be a number of {unit} in [0, {most}], got "
+                             f"{quoted(value)}")
         ms = round(number * unit_ms)
         # NOTE: a positive delay never rounds down to 0, which would mean "never wait".
         return max(ms, 1) if number > 0 else 0
@@ -123,9 +150,11 @@ def _boolean(key: str, value: object) -> bool:
 
 
 def _device_ids(key: str, value: object) -> tuple[int, ...]:
-    if not isinstance(value, list | tuple) \
-            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
-        raise ValueError(f"{key} must be a list of GPU ids, got {quoted(value)}")
+    if not isinstance(value, list | tuple) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= INT32_MAX
+            for i in value):
+        raise ValueError(f"{key} must be a list of GPU ids (integers in [0, {INT32_MAX}]), "
+                         f"got {quoted(value)}")
     return tuple(value)
 
 
@@ -144,9 +173,7 @@ def _torchrun_processes(key: str, value: object) -> int:
     1), which TorchServe takes for the model's ``parallelLevel``."""
     if not isinstance(value, Mapping):
         raise ValueError(f"{key} must be a mapping of torchrun's options, got {quoted(value)}")
-    processes = value.get("nproc-per-node", 1)
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise ValueError(f"{key}.nproc-per-node must be an integer >= 1, got {quoted(processes)}")
+    processes: int = integer(1)(f"{key}.nproc-per-node", value.get("nproc-per-node", 1))
     return processes
 
 
@@ -194,9 +221,11 @@ class ModelSettings:
         "maxBatchDelay", integer(0), param="max_batch_delay",
         server_default="default_max_batch_delay_ms",
         aliases=(("max_batch_time", _duration_ms(1000.0)), ("maxLatency", _duration_ms(1.0))))
-    response_timeout_s: int = setting("responseTimeout", integer(1), param="response_timeout",
+    response_timeout_s: int = setting("responseTimeout", integer(1, MAX_TIMEOUT_S),
+                                      param="response_timeout",
                                       server_default="default_response_timeout_s")
-    startup_timeout_s: int = setting("startupTimeout", integer(1), param="startup_timeout",
+    startup_timeout_s: int = setting("startupTimeout", integer(1, MAX_TIMEOUT_S),
+                                     param="startup_timeout",
                                      server_default="default_startup_timeout_s")
     job_queue_size: int = setting("jobQueueSize", integer(1), shown=False,
                                   server_default="job_queue_size")
@@ -256,6 +285,13 @@ class ModelSettings:
     async_communication: bool = setting("asyncCommunication", _boolean, shown=False,
                                         default=False)
     use_job_ticket: bool = setting("useJobTicket", _boolean, shown=False, default=False)
+
+    def __post_init__(self) -> None:
+        """Every count and duration is in its range, whichever source or code set it: what
+        the LOAD message, the gRPC API and the timers hold (ValueError naming the field)."""
+        for declared in FIELDS:
+            if isinstance(declared.parse, Integer):
+                declared.parse(declared.json, getattr(self, declared.name))
 
     def torchserve_fields(self) -> dict[str, int]:
         """The settings TorchServe shows under its JSON names (describe bodies, snapshots)."""

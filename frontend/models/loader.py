@@ -186,12 +186,17 @@ class ModelLoader:
         Workers, as TorchServe: a model loaded at start-up gets ``default_workers_per_model``,
         else one worker per GPU, else one per CPU core (the cores this process may use: in a
         container or under taskset, not the host's); one registered through the management
-        API gets ``default_workers_per_model`` when it is set, else none until scaled.
+        API gets ``default_workers_per_model`` when it is set, else none until scaled. The
+        count this server works out itself (not one asked for) is kept within the worker caps:
+        a pod on a big node has many cores and little memory.
         """
         config = self.config
         workers = config.default_workers_per_model
         if at_startup and not workers:
             workers = self._placement.gpus.count or self._placement.cores
+            room = self._placement.room()
+            if room is not None:
+                workers = min(workers, room)
         # Each setting names the ServerConfig field of its default (frontend/settings.py).
         layer = {declared.name: getattr(config, declared.server_default)
                  for declared in FIELDS if declared.server_default is not None}
@@ -209,8 +214,12 @@ class ModelLoader:
             from_yaml = read_layer(model_config, Source.YAML)
         except ValueError as exc:
             raise BadRequest(f"model-config.yaml: {exc}") from None
-        settings = resolve(self.server_defaults(request.loaded_at_startup), request.underlay,
-                           configured.settings, from_yaml, request.settings)
+        try:  # every value is in its range (a layer no parser read: a workflow's spec)
+            settings = resolve(self.server_defaults(request.loaded_at_startup),
+                               request.underlay, configured.settings, from_yaml,
+                               request.settings)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
         if settings.sequence_batching and not settings.sequence_max_idle_ms:
             # TorchServe registers such a model and then refuses every request (503).
             raise BadRequest("model-config.yaml: sequenceBatching needs sequenceMaxIdleMSec > 0 "
@@ -291,14 +300,18 @@ class ModelLoader:
         handler = request.handler or manifest.handler or self.config.default_service_handler
         if not handler:
             raise BadRequest(f"model {quoted(name)} names no handler: pass handler=")
-        return _Plan(name, version, handler, self.settings(name, version, request,
-                                                           unpacked.model_config),
+        settings = self.settings(name, version, request, unpacked.model_config)
+        # Early, before its packages are installed; _add asks again as its workers start.
+        self._placement.admit(name, settings.min_workers, settings.max_workers, 0)
+        return _Plan(name, version, handler, settings,
                      TensorMetadata(tensor_metadata(unpacked.model_config, "inputs"),
                                     tensor_metadata(unpacked.model_config, "outputs")))
 
     def _add(self, request: RegisterRequest, unpacked: archives.UnpackedArchive, plan: _Plan,
              environment: ModelEnvironment) -> Model:
         name, version, settings = plan.name, plan.version, plan.settings
+        # The worker caps, counted with no await before its workers start (_register).
+        self._placement.admit(name, settings.min_workers, settings.max_workers, 0)
         model = Model(name, version, unpacked, plan.handler, settings,
                       self._launch(name, version, unpacked, plan.handler, settings,
                                    environment, request.workflow_function),

@@ -162,7 +162,9 @@ class Model:
     async def scale(self, min_workers: int, max_workers: int,
                     drain_timeout_s: float | None) -> list[Worker]:
         """Run ``min_workers`` workers (starting or stopping some) and keep both bounds in the
-        settings; return the workers started."""
+        settings; return the workers started. TooManyWorkers (nothing changed) beyond the
+        worker caps."""
+        self._placement.admit(self.name, min_workers, max_workers, len(self.workers))
         self.settings = self.settings.with_workers(min_workers, max_workers)
         if min_workers > len(self.workers):
             return self.start_workers(min_workers - len(self.workers))

@@ -9,12 +9,12 @@ and encoded in the worker (backend/open_inference.py), so no tensor code runs he
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from frontend.errors import BadRequest, quoted
 from frontend.models.model import Model
 from frontend.models.registry import ModelRegistry
+from protos import json_limits
 
 SERVER_NAME = "batchserve"
 #: Open Inference Protocol extensions we implement.
@@ -43,12 +43,11 @@ def model_metadata(model: Model, versions: list[str]) -> dict[str, Any]:
 
 
 def parse_json(data: bytes) -> Any:
+    """A request's JSON, its nesting bounded before it is parsed (protos/json_limits.py)."""
     try:
-        return json.loads(data)
+        return json_limits.loads(data)
     except ValueError as exc:
         raise BadRequest(f"malformed JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest("malformed JSON: nested too deeply") from None
 
 
 def v1_instances(body: bytes, max_instances: int) -> list[Any]:

@@ -51,11 +51,8 @@ class ManagementOps:
                 "enable_model_api=true) to register or unregister models at runtime.")
 
     def list_models(self, params: dict[str, str]) -> dict[str, object]:
-        limit = int_param(params, "limit", MAX_LIST_LIMIT)
-        limit = MAX_LIST_LIMIT if limit <= 0 or limit > MAX_LIST_LIMIT else limit
-        start = int_param(params, "next_page_token", 0)
-        if start < 0:
-            raise BadRequest("next_page_token must be >= 0")
+        limit = page_limit(params)
+        start = int_param(params, "next_page_token", 0, minimum=0)
         # A workflow's function nodes are not listed, as TorchServe lists only its model
         # nodes (their url would be the server's own unpacked copy of the archive).
         names = [name for name in self.registry.names()
@@ -124,16 +121,14 @@ class ManagementOps:
     async def scale(self, name: str, version: str | None,
                     params: dict[str, str]) -> tuple[int, Body]:
         model = self._own_model(name, version, "scaled")
-        if int_param(params, "number_gpu", 0) < 0:
-            raise BadRequest("number_gpu must be >= 0")
-        min_worker = int_param(params, "min_worker", 1)
-        max_worker = int_param(params, "max_worker", min_worker)
-        if min_worker < 0:
-            raise BadRequest("min_worker must be >= 0")
+        int_param(params, "number_gpu", 0, minimum=0)
+        min_worker = int_param(params, "min_worker", 1, minimum=0)
+        max_worker = int_param(params, "max_worker", min_worker, minimum=0)
         if max_worker < min_worker:
             raise BadRequest("max_worker cannot be less than min_worker.")
         synchronous = bool_param(params, "synchronous", False)
-        timeout = int_param(params, "timeout", -1)
+        # -1: wait for the batches in flight (TorchServe's default), else seconds.
+        timeout = int_param(params, "timeout", -1, minimum=-1)
         started = await model.scale(min_worker, max_worker,
                                     None if timeout < 0 else float(timeout))
         self.snapshots.save(self.registry)
@@ -160,6 +155,13 @@ class ManagementOps:
         self.snapshots.save(self.registry)
         suffix = f' version "{version}"' if version else ""
         return {"status": f'Model "{model.name}"{suffix} unregistered'}
+
+
+def page_limit(params: dict[str, str]) -> int:
+    """A list's ``limit``: TorchServe's page size, 100 when it is not in 1..100 (an int32
+    all the same, as its gRPC field)."""
+    limit = int_param(params, "limit", MAX_LIST_LIMIT)
+    return MAX_LIST_LIMIT if limit <= 0 or limit > MAX_LIST_LIMIT else limit
 
 
 async def _customized_metadata(plane: InferencePlane, model: Model) -> object:

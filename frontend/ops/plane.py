@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
@@ -139,14 +140,15 @@ class Call:
 
 
 def parse_timeout(value: str) -> float:
-    """A client's deadline in seconds (> 0), else BadRequest."""
+    """A client's deadline in seconds (finite, > 0), else BadRequest."""
     try:
         seconds = float(value)
     except ValueError:
         raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a number of seconds, got "
                          f"{quoted(value)}") from None
-    if not seconds > 0:
-        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be > 0, got {quoted(value)}")
+    if not 0 < seconds < math.inf:  # NaN and inf are refused too
+        raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a finite number of seconds > 0, "
+                         f"got {quoted(value)}")
     return seconds
 
 

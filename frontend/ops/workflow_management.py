@@ -20,13 +20,13 @@ snapshots (as TorchServe).
 from __future__ import annotations
 
 from frontend.errors import MethodNotAllowed
-from frontend.ops.management import describe_model
+from frontend.ops.management import describe_model, page_limit
 from frontend.ops.params import int_param
 from frontend.ops.services import Services
+from frontend.settings import MAX_TIMEOUT_S
 from frontend.workflows.registry import Workflow
 from frontend.workflows.spec import dag_text
 
-MAX_LIST_LIMIT = 100
 _MODEL_FIELDS = ("modelVersion", "minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
                  "responseTimeout", "status", "handler", "workers", "jobQueueStatus",
                  "batching")
@@ -48,8 +48,9 @@ class WorkflowOps:
 
     async def register(self, params: dict[str, str]) -> dict[str, object]:
         self._require_model_api()
-        timeouts = {key: int_param(params, key, 0) for key in ("response_timeout",
-                                                               "startup_timeout")}
+        # 0: the node models' own (or the server's default).
+        timeouts = {key: int_param(params, key, 0, minimum=0, maximum=MAX_TIMEOUT_S)
+                    for key in ("response_timeout", "startup_timeout")}
         workflow = await self.loader.register(
             params.get("url", ""), params.get("workflow_name") or None,
             response_timeout_s=timeouts["response_timeout"] or None,
@@ -58,8 +59,7 @@ class WorkflowOps:
                           "successfully."}
 
     def list_workflows(self, params: dict[str, str]) -> dict[str, object]:
-        limit = int_param(params, "limit", MAX_LIST_LIMIT)
-        limit = MAX_LIST_LIMIT if limit <= 0 or limit > MAX_LIST_LIMIT else limit
+        limit = page_limit(params)
         start = max(0, int_param(params, "next_page_token", 0))  # TorchServe: below 0 is 0
         names = self.registry.names()
         body: dict[str, object] = {}

@@ -9,6 +9,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from frontend.serving.capacity import WorkerCaps
+
 _DEVICE = re.compile(r"nvidia\d+")
 
 
@@ -87,16 +89,34 @@ class CpuAssigner:
 
 
 class Placement:
-    """Where one server's new workers run: their ids, GPUs, CPU cores and thread counts."""
+    """Where one server's new workers run: their ids, GPUs, CPU cores and thread counts, and
+    whether they may run at all (the worker caps)."""
 
     def __init__(self, gpus: GpuAssigner, cpus: CpuAssigner | None,
-                 running_workers: Callable[[], int], cores: int | None = None) -> None:
+                 running_workers: Callable[[], int], cores: int | None = None,
+                 caps: WorkerCaps | None = None) -> None:
         self.gpus = gpus
         self._cpus = cpus
         self._running = running_workers
         #: The CPU cores this process may use (its affinity, not every core of the host).
         self.cores = len(os.sched_getaffinity(0)) if cores is None else cores
+        #: The worker caps (None: none, for tests that start no worker).
+        self.caps = caps
         self._ids = itertools.count(FIRST_WORKER_ID)
+
+    def room(self) -> int | None:
+        """The most workers one more model may start now (None: no caps)."""
+        if self.caps is None:
+            return None
+        return max(0, min(self.caps.per_model, self.caps.per_server - self._running()))
+
+    def admit(self, model: str, min_workers: int, max_workers: int, running: int) -> None:
+        """Raise TooManyWorkers unless the model ``model``, which runs ``running`` workers,
+        may have ``min_workers`` (to start now) to ``max_workers``. Called with no await
+        before the workers start, so that what it counted is still true then."""
+        if self.caps is not None:
+            self.caps.admit(model, min_workers, max_workers, min_workers - running,
+                            self._running())
 
     def worker_id(self) -> int:
         return next(self._ids)

@@ -29,7 +29,7 @@ import logging
 from pathlib import Path
 
 from frontend.config import ServerConfig
-from frontend.errors import ServeError, WorkflowFailed
+from frontend.errors import ServeError, TooManyWorkers, WorkflowFailed
 from frontend.models.loader import ModelLoader, RegisterRequest
 from frontend.models.model import Model
 from frontend.settings import SettingsLayer
@@ -118,8 +118,11 @@ class WorkflowLoader:
                 raise outcome  # a cancellation: not a failure to report
         messages = [f"Workflow Node {request.model_name} failed to register. Details: "
                     f"{_describe(outcome)}" for request, outcome in failures]
-        raise WorkflowFailed(f"Workflow {archive.name} has failed to register. Failures: "
-                             f"[{', '.join(messages)}]")
+        # More workers than the caps allow is the spec's fault: 400, not TorchServe's 500.
+        error = TooManyWorkers if any(isinstance(outcome, TooManyWorkers)
+                                      for _, outcome in failures) else WorkflowFailed
+        raise error(f"Workflow {archive.name} has failed to register. Failures: "
+                    f"[{', '.join(messages)}]")
 
     def _request(self, archive: archives.WorkflowArchive, spec: NodeSpec,
                  response_timeout_s: int | None, startup_timeout_s: int | None,
@@ -130,8 +133,11 @@ class WorkflowLoader:
         # archive's model-config.yaml does not set.
         layer: SettingsLayer = {"batch_size": settings.batch_size,
                                 "max_batch_delay_ms": settings.max_batch_delay_ms}
+        # min-workers starts nothing (TorchServe ignores it), but is held to the worker caps
+        # as max-workers is: as the node's maxWorkers when it is the larger.
         underlay: SettingsLayer = {"min_workers": settings.max_workers,
-                                   "max_workers": settings.max_workers}
+                                   "max_workers": max(settings.max_workers,
+                                                      settings.min_workers)}
         if response_timeout_s is not None:
             underlay["response_timeout_s"] = response_timeout_s
         if startup_timeout_s is not None:

@@ -473,7 +473,8 @@ def test_a_shape_that_promises_more_than_its_bytes_is_refused_at_once(
     assert "dimensions" in _error(requests.post(url, json=deep, timeout=30), 400)
     nested = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":' + b"[" * 5000 \
         + b"1" + b"]" * 5000 + b"}]}"
-    assert "nested too deeply" in _error(requests.post(url, data=nested, timeout=30), 400)
+    assert "nested deeper than 100 levels" in _error(requests.post(url, data=nested,
+                                                                    timeout=30), 400)
     request = pb.ModelInferRequest(model_name="tensors", raw_input_contents=[b""])
     request.inputs.add(name="x", datatype="FP32", shape=[1, 3_000_000, 0])
     with pytest.raises(grpc.RpcError) as refused:

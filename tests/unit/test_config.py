@@ -96,6 +96,15 @@ def test_later_sources_win_and_env_needs_enable_envvars_config(tmp_path: Path) -
     ("drain_timeout", "-1"),
     ("worker_start", "thread"),
     ("fork_preload", "torch, not a module"),
+    # The server's defaults of model settings, within the settings' ranges (issue 31).
+    ("batch_size", "2147483648"),
+    ("max_batch_delay", "1e300"),
+    ("default_response_timeout", "4294968"),
+    ("default_startup_timeout", "nan"),
+    ("default_workers_per_model", "99999999999"),
+    ("models", '{"m": {"1.0": {"batchSize": 2147483648}}}'),
+    ("max_workers_per_model", "0"),
+    ("max_workers_per_server", "-1"),
 ])
 def test_bad_values_name_the_key(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=key):

@@ -35,6 +35,7 @@ from frontend.errors import (
     SequenceRefused,
     ServeError,
     ServiceUnavailable,
+    TooManyWorkers,
     Unauthorized,
     UriTooLong,
     WorkerDied,
@@ -57,6 +58,9 @@ from protos import worker_pb2
 STATUS_AND_TYPE: dict[type[ServeError], tuple[int, str]] = {
     ServeError: (500, "InternalServerException"),
     BadRequest: (400, "BadRequestException"),
+    # More workers than max_workers_per_model/_per_server allow: a bad request (TorchServe
+    # has no such cap).
+    TooManyWorkers: (400, "BadRequestException"),
     ArchiveError: (400, "ModelArchiveException"),
     DependencyInstallError: (400, "ModelException"),
     Unauthorized: (401, "InvalidKeyException"),

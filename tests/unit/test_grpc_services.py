@@ -290,7 +290,8 @@ def test_management_rpcs_answer_the_rest_json(build_mar, model_store: Path,
     ("SetDefault", management_pb2.SetDefaultRequest(model_name="ghost", model_version="1"),
      grpc.StatusCode.NOT_FOUND, "Model not found: ghost"),
     ("ListModels", management_pb2.ListModelsRequest(next_page_token=-1),
-     grpc.StatusCode.INVALID_ARGUMENT, "next_page_token must be >= 0"),
+     grpc.StatusCode.INVALID_ARGUMENT,
+     "parameter next_page_token must be an integer in [0, 2147483647], got -1"),
 ])
 def test_management_rpc_errors_are_grpc_statuses(tmp_path: Path, rpc: str, message_in: Any,
                                                  code: grpc.StatusCode, message: str) -> None:
@@ -316,7 +317,7 @@ def test_scale_worker_refusals_are_invalid_argument(build_mar, model_store: Path
                  "max_worker cannot be less than min_worker."),
                 (management_pb2.ScaleWorkerRequest(model_name="echo", min_worker=1,
                                                    number_gpu=-2),
-                 "number_gpu must be >= 0")):
+                 "parameter number_gpu must be an integer in [0, 2147483647], got -2")):
             context = Context()
             with pytest.raises(Aborted):
                 await ManagementServicer(services).ScaleWorker(request, context)

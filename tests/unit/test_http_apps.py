@@ -206,7 +206,8 @@ def test_management_app_lists_and_describes_in_torchserve_json(build_mar, model_
       "message": "Model version 9.9 does not exist for model echo"}),
     ("GET", "/models", b"limit=x", 400,
      {"code": 400, "type": "BadRequestException",
-      "message": "parameter limit must be an integer, got 'x'"}),
+      "message": "parameter limit must be an integer in [-2147483648, 2147483647], "
+                 "got 'x'"}),
     ("POST", "/models", b"", 400,
      {"code": 400, "type": "BadRequestException", "message": "Parameter url is required."}),
     ("PUT", "/models/echo", b"min_worker=2&max_worker=1", 400,
@@ -357,7 +358,7 @@ def test_a_prediction_for_a_model_without_workers_is_503(build_mar, model_store:
       "message": "request body of 99999999 bytes exceeds max_request_size (6553500 bytes)"}),
     ("POST", "/predictions/echo", [(b"x-request-timeout", b"0")], 400,
      {"code": 400, "type": "BadRequestException",
-      "message": "x-request-timeout must be > 0, got '0'"}),
+      "message": "x-request-timeout must be a finite number of seconds > 0, got '0'"}),
     ("GET", "/models", [], 404, NOT_FOUND),
 ])
 def test_inference_app_refusals(build_mar, model_store: Path, tmp_path: Path, method: str,

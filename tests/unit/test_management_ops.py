@@ -85,9 +85,12 @@ def test_register_is_405_while_the_model_api_is_disabled(build_mar, model_store:
     ({}, "Parameter url is required"),
     ({"url": ""}, "Parameter url is required"),
     ({"url": "echo.mar", "runtime": "java"}, "unsupported runtime 'java'"),
-    ({"url": "echo.mar", "batch_size": "zero"}, "batch_size must be an integer, got 'zero'"),
-    ({"url": "echo.mar", "batch_size": "0"}, "batch_size must be an integer >= 1, got 0"),
-    ({"url": "echo.mar", "max_batch_delay": "-1"}, "max_batch_delay must be an integer >= 0"),
+    ({"url": "echo.mar", "batch_size": "zero"},
+     "batch_size must be an integer in [1, 2147483647], got 'zero'"),
+    ({"url": "echo.mar", "batch_size": "0"},
+     "batch_size must be an integer in [1, 2147483647], got 0"),
+    ({"url": "echo.mar", "max_batch_delay": "-1"},
+     "max_batch_delay must be an integer in [0, 2147483647], got -1"),
     ({"url": "echo.mar", "initial_workers": "many"}, "initial_workers must be an integer"),
     ({"url": "echo.mar", "batch_policy": "greedy"}, "batch_policy must be one of"),
     ({"url": "echo.mar", "max_batch_size": "4", "maxBatchSize": "8"},
@@ -232,7 +235,8 @@ def test_list_models_pages(build_mar, model_store: Path, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(("params", "match"), [
-    ({"next_page_token": "-1"}, "next_page_token must be >= 0"),
+    ({"next_page_token": "-1"},
+     "parameter next_page_token must be an integer in [0, 2147483647], got -1"),
     ({"next_page_token": "next"}, "parameter next_page_token must be an integer"),
     ({"limit": "ten"}, "parameter limit must be an integer"),
 ])
@@ -247,8 +251,9 @@ def test_list_models_refuses_bad_paging(tmp_path: Path, params: dict[str, str],
 
 @pytest.mark.parametrize(("params", "match"), [
     ({"min_worker": "2", "max_worker": "1"}, "max_worker cannot be less than min_worker."),
-    ({"min_worker": "0", "number_gpu": "-1"}, "number_gpu must be >= 0"),
-    ({"min_worker": "-1"}, "min_worker must be >= 0"),
+    ({"min_worker": "0", "number_gpu": "-1"},
+     "parameter number_gpu must be an integer in [0, 2147483647], got -1"),
+    ({"min_worker": "-1"}, "parameter min_worker must be an integer in [0, 2147483647], got -1"),
     ({"min_worker": "0", "timeout": "soon"}, "parameter timeout must be an integer"),
     ({"min_worker": "one"}, "parameter min_worker must be an integer"),
     ({"min_worker": "0", "synchronous": "perhaps"}, "parameter synchronous must be true"),

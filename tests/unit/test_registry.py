@@ -25,6 +25,7 @@ from frontend.models.archive import UnpackedArchive
 from frontend.models.loader import ModelLoader, RegisterRequest, tensor_metadata
 from frontend.models.model import Model
 from frontend.models.registry import ModelRegistry
+from frontend.serving.capacity import WorkerCaps
 from frontend.serving.placement import GpuAssigner, Placement
 from frontend.serving.workers import Worker, WorkerLaunch
 from frontend.settings import ModelSettings, PolicyName, SettingsLayer
@@ -330,9 +331,29 @@ def test_server_defaults_workers_rule(tmp_path: Path, workers: int, gpus: int,
     assert loader.server_defaults()["min_workers"] == expected
 
 
+@pytest.mark.parametrize(("running", "expected"), [(0, 2), (4, 1), (5, 0)])
+def test_server_defaults_workers_stay_within_the_caps(tmp_path: Path, running: int,
+                                                      expected: int) -> None:
+    """One worker per core is the server's own count, not one asked for: a pod on a big node
+    with little memory gets what the caps leave (per model 2, per server 5) instead of a
+    refusal."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    placement = NoWorkers(GpuAssigner(0), None, lambda: running, cores=CORES,
+                          caps=WorkerCaps(per_model=2, per_server=5))
+    loader = ModelLoader(ServerConfig(), run_dir, ModelRegistry(), placement,
+                         lambda *_: None, logging.getLogger(__name__))
+    assert loader.server_defaults()["min_workers"] == expected
+    # Asked for by the operator, it is not cut: a registration beyond the cap is refused.
+    asked = ModelLoader(ServerConfig(default_workers_per_model=CORES), run_dir,
+                        ModelRegistry(), placement, lambda *_: None, logging.getLogger(__name__))
+    assert asked.server_defaults()["min_workers"] == CORES
+
+
 @pytest.mark.parametrize(("model_config", "message"), [
     ({"batchSize": "many"}, "model-config.yaml: batchSize must be an integer"),
-    ({"responseTimeout": 0}, "model-config.yaml: responseTimeout must be an integer >= 1"),
+    ({"responseTimeout": 0},
+     "model-config.yaml: responseTimeout must be an integer in [1, 4294967], got 0"),
     ({"max_batch_size": 4, "maxBatchSize": 8}, "model-config.yaml: conflicting batch settings"),
 ])
 def test_a_bad_model_config_value_is_a_bad_request(tmp_path: Path, model_config: dict[str, Any],

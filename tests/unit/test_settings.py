@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_stateful_fields_are_model_config_yaml_keys() -> None:
     assert read_layer({"sequenceBatching": "false"}, Source.YAML) == {"sequence_batching": False}
     with pytest.raises(ValueError, match="sequenceBatching must be true or false"):
         read_layer({"sequenceBatching": "yes"}, Source.YAML)
-    with pytest.raises(ValueError, match="maxNumSequence must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"maxNumSequence must be an integer in \[1, 2147483647\]"):
         read_layer({"maxNumSequence": 0}, Source.YAML)
 
 
@@ -100,10 +101,10 @@ def test_torchserve_name_wins_over_an_alias() -> None:
 
 
 @pytest.mark.parametrize(("mapping", "message"), [
-    ({"max_batch_size": -1}, "max_batch_size must be an integer >= 0"),
+    ({"max_batch_size": -1}, "max_batch_size must be an integer in [0, 2147483647], got -1"),
     ({"max_batch_size": 2.5}, "max_batch_size must be an integer"),
     ({"max_batch_size": True}, "max_batch_size must be an integer"),
-    ({"maxBatchSize": 0}, "maxBatchSize must be an integer >= 1"),
+    ({"maxBatchSize": 0}, "maxBatchSize must be an integer in [1, 2147483647], got 0"),
     ({"maxBatchSize": "many"}, "maxBatchSize must be an integer"),
     ({"max_batch_time": -0.1}, "max_batch_time must be a number of seconds"),
     ({"max_batch_time": "soon"}, "max_batch_time must be a number of seconds"),
@@ -111,11 +112,11 @@ def test_torchserve_name_wins_over_an_alias() -> None:
     ({"maxLatency": None}, "maxLatency must be a number of milliseconds"),
     ({"max_batch_size": 8, "maxBatchSize": 16}, "conflicting batch settings"),
     ({"max_batch_time": 0.05, "maxLatency": 100}, "conflicting batch settings"),
-    ({"batchSize": 0}, "batchSize must be an integer >= 1"),
+    ({"batchSize": 0}, "batchSize must be an integer in [1, 2147483647], got 0"),
     ({"batchSize": "x"}, "batchSize must be an integer"),
     ({"batchSize": True}, "batchSize must be an integer"),
-    ({"maxBatchDelay": -1}, "maxBatchDelay must be an integer >= 0"),
-    ({"responseTimeout": 0}, "responseTimeout must be an integer >= 1"),
+    ({"maxBatchDelay": -1}, "maxBatchDelay must be an integer in [0, 2147483647], got -1"),
+    ({"responseTimeout": 0}, "responseTimeout must be an integer in [1, 4294967], got 0"),
     ({"deviceIds": "0,1"}, "deviceIds must be a list of GPU ids"),
     ({"deviceIds": [0, -1]}, "deviceIds must be a list of GPU ids"),
     ({"batchPolicy": "greedy"}, "batchPolicy must be one of fixed, adaptive"),
@@ -124,7 +125,7 @@ def test_torchserve_name_wins_over_an_alias() -> None:
 ])
 def test_bad_values_name_the_key_the_user_wrote(mapping: dict[str, object],
                                                 message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         read_layer(mapping, Source.YAML)
 
 
@@ -198,3 +199,67 @@ def test_every_field_has_a_json_name_and_the_names_are_unique() -> None:
     for attribute in ("json", "param"):
         given = [getattr(field, attribute) for field in FIELDS if getattr(field, attribute)]
         assert len(given) == len(set(given)), attribute
+
+
+# ---- ranges: every value fits what it is stored in --------------------------------------------
+
+INT32_OVER = 2**31
+#: One too many seconds for the LOAD message's response_timeout_ms (a uint32).
+TIMEOUT_OVER = (2**32 - 1) // 1000 + 1
+
+
+@pytest.mark.parametrize(("mapping", "source", "message"), [
+    ({"batch_size": str(INT32_OVER)}, Source.API, "batch_size must be an integer in [1, "),
+    ({"batchSize": INT32_OVER}, Source.JSON, "batchSize must be an integer in [1, 2147483647]"),
+    ({"initial_workers": "99999999999"}, Source.API, "initial_workers must be an integer in"),
+    ({"response_timeout": str(2**62)}, Source.API,
+     "response_timeout must be an integer in [1, 4294967]"),
+    ({"responseTimeout": TIMEOUT_OVER}, Source.YAML,
+     "responseTimeout must be an integer in [1, 4294967]"),
+    ({"startup_timeout": "1e300"}, Source.API, "startup_timeout must be an integer in [1, "),
+    ({"maxBatchDelay": INT32_OVER}, Source.YAML, "maxBatchDelay must be an integer in [0, "),
+    ({"maxBatchSize": "1e20"}, Source.API, "maxBatchSize must be an integer in [1, 2147483647]"),
+    ({"maxBatchSize": 1e20}, Source.YAML, "maxBatchSize must be an integer in [1, 2147483647]"),
+    ({"max_batch_size": "1e300"}, Source.API, "max_batch_size must be an integer in [0, "),
+    ({"max_batch_size": "nan"}, Source.API, "max_batch_size must be an integer in [0, "),
+    ({"max_batch_size": "-inf"}, Source.API, "max_batch_size must be an integer in [0, "),
+    ({"max_batch_time": 1e300}, Source.YAML,
+     "max_batch_time must be a number of seconds in [0, 2147483]"),
+    ({"maxLatency": "inf"}, Source.API,
+     "maxLatency must be a number of milliseconds in [0, 2147483647]"),
+    ({"jobQueueSize": INT32_OVER}, Source.YAML, "jobQueueSize must be an integer in [1, "),
+    ({"clientTimeoutInMills": 10**30}, Source.YAML, "clientTimeoutInMills must be an integer"),
+    ({"maxNumSequence": -1}, Source.YAML, "maxNumSequence must be an integer in [1, "),
+    ({"deviceIds": [0, INT32_OVER]}, Source.YAML, "deviceIds must be a list of GPU ids"),
+    ({"torchrun": {"nproc-per-node": INT32_OVER}}, Source.YAML,
+     "torchrun.nproc-per-node must be an integer in [1, "),
+    ({"minWorkers": "9" * 5000}, Source.JSON, "minWorkers must be an integer in [0, "),
+])
+def test_out_of_range_values_are_refused_naming_the_key_and_range(
+        mapping: dict[str, object], source: Source, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)) as refused:
+        read_layer(mapping, source)
+    assert len(str(refused.value)) < 200, "the message quotes the value cut short"
+
+
+def test_the_largest_values_in_range_are_taken() -> None:
+    largest = {"batchSize": 2**31 - 1, "maxBatchDelay": 2**31 - 1,
+               "responseTimeout": TIMEOUT_OVER - 1, "startupTimeout": TIMEOUT_OVER - 1}
+    assert read_layer(largest, Source.YAML) == {
+        "batch_size": 2**31 - 1, "max_batch_delay_ms": 2**31 - 1,
+        "response_timeout_s": TIMEOUT_OVER - 1, "startup_timeout_s": TIMEOUT_OVER - 1}
+    settings = resolve(DEFAULTS, read_layer(largest, Source.YAML))
+    assert settings.response_timeout_s * 1000 <= 2**32 - 1
+
+
+@pytest.mark.parametrize("layer", [
+    {"batch_size": INT32_OVER}, {"max_batch_delay_ms": -1}, {"min_workers": INT32_OVER},
+    {"response_timeout_s": TIMEOUT_OVER}, {"job_queue_size": 0},
+])
+def test_settings_hold_their_ranges_whatever_set_them(layer: SettingsLayer) -> None:
+    """A layer no parser read (a workflow spec's, code's own) cannot make settings that the
+    LOAD message or the timers cannot hold."""
+    with pytest.raises(ValueError, match="must be an integer in"):
+        resolve(DEFAULTS, layer)
+    with pytest.raises(ValueError, match="must be an integer in"):
+        resolve(DEFAULTS).with_workers(0, INT32_OVER)

@@ -16,8 +16,6 @@ gRPC for workflows).
 
 from __future__ import annotations
 
-import json
-
 from frontend.api.http import common
 from frontend.api.http.dashboard import DashboardRoutes
 from frontend.api.http.openapi import management_description
@@ -27,6 +25,7 @@ from frontend.ops.management import Body, ManagementOps
 from frontend.ops.params import bool_param
 from frontend.ops.services import Services
 from frontend.ops.workflow_management import WorkflowOps
+from protos import json_limits
 
 
 class ManagementApp(common.Routes):
@@ -64,7 +63,7 @@ class ManagementApp(common.Routes):
             self.auth.check(KeyKind.MANAGEMENT, scope["headers"])
         params = common.query_params(scope)
         if scope["method"] == "POST" and len(parts) == 1 and _is_json(scope):
-            params = json_params(await common.read_body(receive, self.max_body_bytes))
+            params = await self._json_params(scope, receive)
         status, body = await self._dispatch(scope["method"], parts, params)
         await common.send_json(send, status, body)
         return True
@@ -107,7 +106,7 @@ class ManagementApp(common.Routes):
             if method == "POST":
                 params = common.query_params(scope)
                 if _is_json(scope):  # TorchServe's RegisterWorkflowRequest as JSON
-                    params = json_params(await common.read_body(receive, self.max_body_bytes))
+                    params = await self._json_params(scope, receive)
                 return 200, await ops.register(params)
             raise MethodNotAllowed()
         if method == "GET":
@@ -115,6 +114,13 @@ class ManagementApp(common.Routes):
         if method == "DELETE":
             return 200, await ops.unregister(parts[1])
         raise MethodNotAllowed()
+
+    async def _json_params(self, scope: common.Scope, receive: common.Receive
+                           ) -> dict[str, str]:
+        """A JSON registration body's parameters: its size bounded before it is read (413),
+        its nesting before it is parsed (``json_params``)."""
+        common.check_content_length(scope, self.max_body_bytes)
+        return json_params(await common.read_body(receive, self.max_body_bytes))
 
     async def token(self, scope: common.Scope, send: common.Send) -> None:
         """Rotate the inference or management key (authorised by the API key)."""
@@ -137,9 +143,12 @@ def _is_json(scope: common.Scope) -> bool:
 def json_params(body: bytes) -> dict[str, str]:
     """A JSON object body as registration parameters (TorchServe's RegisterModelRequest
     fields: model_name, url, handler, batch_size, initial_workers, synchronous, ...), each
-    value as the query would carry it; null is absent."""
+    value as the query would carry it; null is absent. Its nesting is bounded before it is
+    parsed (protos/json_limits.py)."""
     try:
-        value = json.loads(body)
+        value = json_limits.loads(body)
+    except json_limits.JsonTooDeep as exc:
+        raise BadRequest(f"the request body's JSON is {exc}") from None
     except ValueError:
         raise BadRequest("the request body is not valid JSON") from None
     if not isinstance(value, dict):

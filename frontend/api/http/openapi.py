@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from frontend.settings import INT32_MAX, MAX_TIMEOUT_S
+
 Json = dict[str, Any]
 
 OPENAPI_VERSION = "3.0.1"
@@ -76,14 +78,14 @@ def _path(name: str, description: str) -> Json:
 
 
 def _integer(default: int | None = None, minimum: int | None = None,
-             maximum: int | None = None) -> Json:
+             maximum: int = INT32_MAX) -> Json:
+    """A whole number parameter, in its range (what the server checks: 400 outside)."""
     schema: Json = {"type": "integer"}
     if default is not None:
         schema["default"] = default
     if minimum is not None:
         schema["minimum"] = minimum
-    if maximum is not None:
-        schema["maximum"] = maximum
+    schema["maximum"] = maximum
     return schema
 
 
@@ -537,9 +539,9 @@ def _register_operation() -> Json:
         _query("synchronous", "Answer once the initial workers have started (200) rather "
                "than at once (202).", _boolean(True)),
         _query("response_timeout", "Seconds a request may take, queue included.",
-               _integer(minimum=1)),
+               _integer(minimum=1, maximum=MAX_TIMEOUT_S)),
         _query("startup_timeout", "Seconds a worker may take to load the model.",
-               _integer(minimum=1)),
+               _integer(minimum=1, maximum=MAX_TIMEOUT_S)),
     ]
     return {
         "summary": "Register a model archive.",
@@ -597,7 +599,7 @@ def _scale_operation(operation_id: str) -> Json:
             _query("synchronous", "Answer once the new workers have started (200) rather "
                    "than at once (202).", _boolean(False)),
             _query("timeout", "Seconds to let a removed worker finish its work: -1 waits "
-                   "as long as it takes, 0 kills it at once.", _integer(default=-1)),
+                   "as long as it takes, 0 kills it at once.", _integer(default=-1, minimum=-1)),
         ],
         "responses": {
             "200": _status("The workers were scaled and have started."),
