@@ -17,8 +17,9 @@ The warm-up runs the model once per batch size it will see, before the worker sa
 loaded: compilation and autotuning never hit a client, and a registration answers once they
 are done. On CUDA, where cuDNN autotunes every input shape, a batch of more than
 ``SHAPE_STEP`` images is padded up to the next multiple of ``SHAPE_STEP`` (or batch_size),
-so the sizes the model sees, and the warm-up runs, are 1..8, 16, 24, ... batch_size: 23
-shapes for batch_size 128 instead of 128, at the cost of at most 7 padded rows. On the CPU the
+so the sizes the model sees, and the warm-up runs (the first ``MAX_WARMUP_SHAPES``), are 1..8,
+16, 24, ... batch_size: 23 shapes for batch_size 128 instead of 128, at the cost of at most 7
+padded rows. On the CPU the
 model sees every size and is warmed only when compiled (1 and batch_size).
 """
 
@@ -38,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 #: On CUDA, batches above this size are padded to a multiple of it (see the docstring).
 SHAPE_STEP = 8
+#: At most this many batch shapes are warmed up at load (batch sizes up to 2,000 on CUDA: every
+#: shape); a larger batch_size's bigger shapes are tuned when a batch first takes them.
+MAX_WARMUP_SHAPES = 256
 AMP_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
               "float16": torch.float16}
 
@@ -162,6 +166,16 @@ def padded_size(size: int, batch_size: int, device: torch.device) -> int:
     return min(-(-size // SHAPE_STEP) * SHAPE_STEP, max(size, batch_size))
 
 
+def cuda_shapes(batch_size: int) -> list[int]:
+    """Every batch size ``padded_size`` gives on CUDA for batches of 1..``batch_size``:
+    1..SHAPE_STEP, then the multiples of SHAPE_STEP below ``batch_size``, then ``batch_size``
+    (worked out, not found by trying each size: a batch_size may be as large as int32)."""
+    small = list(range(1, min(batch_size, SHAPE_STEP) + 1))
+    if batch_size <= SHAPE_STEP:
+        return small
+    return [*small, *range(2 * SHAPE_STEP, batch_size, SHAPE_STEP), batch_size]
+
+
 def warmup_sizes(tuning: Tuning, device: torch.device, batch_size: int) -> list[int]:
     """The batch sizes to run once at load (see the module's docstring)."""
     if tuning.warmup_off:
@@ -169,8 +183,7 @@ def warmup_sizes(tuning: Tuning, device: torch.device, batch_size: int) -> list[
     if tuning.warmup is not None:
         return list(tuning.warmup)
     if device.type == "cuda":
-        return sorted({padded_size(size, batch_size, device)
-                       for size in range(1, batch_size + 1)})
+        return cuda_shapes(batch_size)[:MAX_WARMUP_SHAPES]
     if tuning.compile_options is not None:
         return sorted({1, batch_size})
     return []

@@ -50,7 +50,8 @@ What TorchServe does with it, and so what this module returns:
 TorchServe reports every other fault of shape as a ``NullPointerException`` or
 ``ClassCastException`` (500) or as a node that fails to register; ``SpecError`` says instead
 which section, node and key. Beyond TorchServe, a setting must make sense (``batch-size`` and
-``max-workers`` at least 1, ``timeout-ms`` at least 1, the others not negative), a node's
+``max-workers`` at least 1, ``timeout-ms`` at least 1, ``retry-attempts`` at most
+``MAX_RETRY_ATTEMPTS``, the others not negative), a node's
 model name must be a valid model name, a function node's name a Python identifier, and a
 model's ``url`` may not contain ``..`` (TorchServe refuses such a URL when it registers the
 model: "Relative path is not allowed in url"). With ``functions`` (the names the handler file
@@ -134,6 +135,10 @@ SETTING_KEYS: Mapping[str, str] = MappingProxyType({
 """The spec's setting keys (global and per model) -> ``NodeSettings`` fields."""
 _MINIMUM = {"min_workers": 0, "max_workers": 1, "batch_size": 1, "max_batch_delay_ms": 0,
             "retry_attempts": 0, "timeout_ms": 1}
+#: Beyond TorchServe (which takes any int): a node failing without a client deadline was retried
+#: up to 2**31 times, each a warning line, before its request was answered.
+MAX_RETRY_ATTEMPTS = 100
+_MAXIMUM = {"retry_attempts": MAX_RETRY_ATTEMPTS}
 assert set(_MINIMUM) == {f.name for f in fields(NodeSettings)} == set(SETTING_KEYS.values())
 
 FUNCTION_NODE_SETTINGS = NodeSettings(min_workers=1, max_workers=1, batch_size=1,
@@ -324,9 +329,10 @@ def _setting(value: object, key: str, section: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(f"{where} must be an integer, got {_kind(value)}")
     field_name = SETTING_KEYS[key]
-    if not _INT_MIN <= value <= _INT_MAX:
+    most = _MAXIMUM.get(field_name, _INT_MAX)
+    if not _INT_MIN <= value <= _INT_MAX or value > most:
         raise SpecError(f"{where} = {quoted(value)} is out of range: it must be from "
-                        f"{_MINIMUM[field_name]} to {_INT_MAX}")
+                        f"{_MINIMUM[field_name]} to {most}")
     if value < _MINIMUM[field_name]:
         raise SpecError(f"{where} = {value}: it must be at least {_MINIMUM[field_name]}")
     return value

@@ -104,7 +104,8 @@ def _rows(shapes: list[Any], max_rows: int) -> int:
                          f"{quoted(sorted(firsts))}")
     rows = firsts.pop()
     if rows < 1:
-        raise BadRequest("the inputs hold no rows (the first dimension is 0)")
+        raise BadRequest(f"the inputs hold no rows (the first dimension is {rows}: it must be "
+                         f"from 1 to {max_rows})")
     if rows > max_rows:
         raise BadRequest(f"a request may carry at most {max_rows} rows, this one has {rows} "
                          "(max_request_instances)")

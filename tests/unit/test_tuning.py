@@ -14,7 +14,9 @@ import torch
 from backend.errors import ModelLoadError
 from backend.service import ModelService
 from backend.tuning import (
+    MAX_WARMUP_SHAPES,
     Tuning,
+    cuda_shapes,
     padded_size,
     pt2_compile_options,
     read_tuning,
@@ -79,6 +81,12 @@ def test_warmup_sizes() -> None:
     assert warmup_sizes(Tuning(), cuda, 4) == [1, 2, 3, 4]  # cuDNN tunes every shape
     assert warmup_sizes(Tuning(), cuda, 30) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 30]
     assert len(warmup_sizes(Tuning(), cuda, 128)) == 23
+    for batch_size in (1, 7, 8, 9, 16, 17, 128, 1000):  # every shape padded_size gives
+        assert cuda_shapes(batch_size) == sorted(
+            {padded_size(size, batch_size, cuda) for size in range(1, batch_size + 1)})
+    # Issue 31: batch_size may be as large as int32; the sizes are worked out, and bounded.
+    huge = warmup_sizes(Tuning(), cuda, 2**31 - 1)
+    assert len(huge) == MAX_WARMUP_SHAPES and huge[:9] == [1, 2, 3, 4, 5, 6, 7, 8, 16]
     assert warmup_sizes(Tuning(), cpu, 4) == []
     assert warmup_sizes(Tuning(compile_options={}), cpu, 8) == [1, 8]
     assert warmup_sizes(Tuning(warmup=(2, 6)), cpu, 8) == [2, 6]

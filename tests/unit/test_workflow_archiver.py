@@ -454,6 +454,8 @@ GOOD_DAG = "dag:\n  pre: [m1]\n"
     ("models:\n  batch-size: 4294967296\n" + GOOD_DAG, SpecError, "out of range"),
     ("models:\n  batch-size: 0\n" + GOOD_DAG, SpecError, "must be at least 1"),
     ("models:\n  retry-attempts: -1\n" + GOOD_DAG, SpecError, "must be at least 0"),
+    ("models:\n  retry-attempts: 101\n" + GOOD_DAG, SpecError,
+     "models.retry-attempts = 101 is out of range: it must be from 0 to 100"),
     ("models:\n  m1: {url: m1.mar, timeout-ms: 0}\n" + GOOD_DAG, SpecError,
      "models.m1.timeout-ms = 0: it must be at least 1"),
     ("models:\n  m1: m1.mar\n" + GOOD_DAG, SpecError, "models.m1 must be a mapping"),
