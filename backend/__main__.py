@@ -1,10 +1,10 @@
-"""``python -m backend --socket PATH``: run one worker process (see backend.worker)."""
+"""``python -m backend --socket PATH``: run one worker process (see backend.process.worker)."""
 
 from __future__ import annotations
 
 import sys
 
-from backend.worker import main
+from backend.process.worker import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -121,7 +121,7 @@ def ceilings(folder: Path, device: str, images: list[bytes], seconds: float,
 def handler_ceiling(folder: Path, device: str, images: list[bytes], batch: int,
                     seconds: float) -> float:
     """Images per second through the whole handler in this process (ModelService)."""
-    from backend.service import load_service
+    from backend.service.model_service import load_service
     from protos import worker_pb2
 
     manifest = (folder / "MAR-INF" / "MANIFEST.json").read_text()
@@ -138,7 +138,7 @@ def handler_ceiling(folder: Path, device: str, images: list[bytes], batch: int,
 
 def lone_latency_ms(folder: Path, device: str, images: list[bytes], seconds: float) -> float:
     """p50 of one image through the handler in process: its decode plus its forward pass."""
-    from backend.service import load_service
+    from backend.service.model_service import load_service
     from protos import worker_pb2
 
     manifest = (folder / "MAR-INF" / "MANIFEST.json").read_text()

@@ -45,7 +45,7 @@ def build_archive(store: Path) -> Path:
 def raw_throughput(archive: Path, batch_size: int, duration_s: float,
                    image_decode: str | None = None) -> float:
     """Images per second through the handler in this process, batches of ``batch_size``."""
-    from backend.service import load_service
+    from backend.service.model_service import load_service
     from protos import worker_pb2
 
     model_dir = Path(tempfile.mkdtemp(prefix="raw-resnet-"))

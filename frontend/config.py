@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_DRAIN_TIMEOUT_S = 25.0
 #: KServe's ``PROTOCOL_VERSION`` values (``kserve_protocol``).
 KSERVE_PROTOCOLS = ("v1", "v2", "grpc-v2")
-#: TorchServe's envelope names (backend/envelopes.py implements them).
+#: TorchServe's envelope names (backend/codecs/envelopes.py implements them).
 SERVICE_ENVELOPES = ("kserve", "kservev2", "json", "body")
 #: ``worker_start``: forked by the fork server, or a fresh interpreter (spawned).
 WORKER_STARTS = ("fork", "spawn")

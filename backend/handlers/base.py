@@ -1,8 +1,9 @@
 """The handler contract, and BaseHandler: preprocess -> inference -> postprocess over a batch,
 or ``explain_requests`` for a batch that asks for explanations.
 
-Device selection and weight formats live in ``backend.device`` and ``backend.weights``; this
-module only wires them together. It imports torch, so only handlers that run a model load it.
+Device selection and weight formats live in ``backend.handlers.device`` and
+``backend.weights``; this module only wires them together. It imports torch, so only
+handlers that run a model load it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,18 @@ from typing import Any, Protocol
 import torch
 
 from backend.context import Context
-from backend.device import select_device
 from backend.errors import BatchSizeMismatch, Unsupported
+from backend.handlers.device import select_device
 from backend.handlers.explain import is_explanation
 from backend.handlers.labels import INDEX_TO_NAME, LabelMap, load_label_mapping
-from backend.tuning import Tuning, forward_context, read_tuning, tune_model, warm_up, warmup_sizes
+from backend.handlers.tuning import (
+    Tuning,
+    forward_context,
+    read_tuning,
+    tune_model,
+    warm_up,
+    warmup_sizes,
+)
 from backend.weights import load_model, read_sharing
 
 
@@ -61,7 +69,7 @@ class BaseHandler:
         self.initialized = True
 
     def set_model(self, model: torch.nn.Module) -> None:
-        """Serve ``model``, tuned as model-config.yaml asks (``backend.tuning``)."""
+        """Serve ``model``, tuned as model-config.yaml asks (``backend.handlers.tuning``)."""
         model.eval()
         tuned = tune_model(model, self.device, self.tuning)
         self._uncompiled = model if tuned is not model and self.tuning.compile_options else None

@@ -34,7 +34,7 @@ from backend.handlers.images import (
     check_pixel_limit,
     decode_rgb,
 )
-from backend.tuning import padded_size
+from backend.handlers.tuning import padded_size
 
 __all__ = ["IMAGENET_TRANSFORM", "VisionHandler", "check_pixel_limit", "decode_image",
            "image_bytes"]
@@ -192,7 +192,7 @@ class VisionHandler(BaseHandler):
 
     def inference(self, inputs: Any) -> Any:
         """The model on ``inputs``, padded to a batch size the warm-up ran (on CUDA: see
-        ``backend.tuning.padded_size``); the padding's outputs are dropped."""
+        ``backend.handlers.tuning.padded_size``); the padding's outputs are dropped."""
         if not isinstance(inputs, torch.Tensor):
             return super().inference(inputs)
         size = inputs.shape[0]

@@ -10,13 +10,13 @@ cuda_ipc`` (model-config.yaml's ``handler`` section; off by default) a worker as
   the workers of one model on one GPU find the same owner, and a changed file or another GPU
   gets another. Binding that address is the lock: of two owners started at once, one binds,
   the other says ``busy`` and exits.
-* The first worker that finds no owner starts one (``python -P -m backend.weights_owner``, in
-  a session of its own so that it outlives that worker's crash). The owner binds, says
-  ``bound`` on its standard output, reads the file (memory-mapped) and moves each storage to
-  the GPU once, then answers every connection with one message: per storage its CUDA IPC
-  handle (``UntypedStorage._share_cuda_()``), per tensor its name, dtype, size, strides,
-  offset and storage. A connection is accepted only from a process of the same user
-  (``SO_PEERCRED``), and the worker checks the same of the owner.
+* The first worker that finds no owner starts one (``python -P -m backend.process.weights_owner``,
+  in a session of its own so that it outlives that worker's crash). The owner binds, says ``bound``
+  on its standard output, reads the file (memory-mapped) and moves each storage to the GPU once,
+  then answers every connection with one message: per storage its CUDA IPC handle
+  (``UntypedStorage._share_cuda_()``), per tensor its name, dtype, size, strides, offset and
+  storage. A connection is accepted only from a process of the same user (``SO_PEERCRED``), and the
+  worker checks the same of the owner.
 * The worker opens each handle (``UntypedStorage._new_shared_cuda``: the owner's memory,
   mapped into this process, no copy), builds its tensors on it, and keeps the connection open
   for its whole life: the connection is how the owner knows the memory is in use. The model
@@ -58,7 +58,7 @@ LINGER_S = 5.0
 #: How long a worker waits for an owner to start, and then for its weights.
 START_TIMEOUT_S = 60.0
 LOAD_TIMEOUT_S = 600.0
-OWNER_MODULE = "backend.weights_owner"
+OWNER_MODULE = "backend.process.weights_owner"
 _LENGTH = struct.Struct(">I")
 _PEERCRED = struct.Struct("3i")
 _MAX_MESSAGE = 1 << 30

@@ -4,7 +4,7 @@ Readiness and metadata are answered here from the registry and the archive's mod
 predictions go through the model's batcher like any other request. The frontend reads just
 enough of a request to know how many batch items it brings (its ``Job.weight``): the instances
 of a v1 request, the first dimension of a v2 request's tensors. Tensors themselves are decoded
-and encoded in the worker (backend/open_inference.py), so no tensor code runs here.
+and encoded in the worker (backend/codecs/open_inference.py), so no tensor code runs here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The frontend's side of the fork server (backend/forkserver.py): workers forked from one
-pre-started process instead of a fresh interpreter each (docs/workers.md).
+"""The frontend's side of the fork server (backend/process/forkserver.py): workers forked from
+one pre-started process instead of a fresh interpreter each (docs/workers.md).
 
-A ``ForkServer`` starts its process on the first ``fork`` (``python -P -m backend.forkserver``,
-as workers are started), over a SOCK_SEQPACKET socket pair it alone holds the other end of,
+A ``ForkServer`` starts ``python -P -m backend.process.forkserver`` on the first ``fork`` (as
+workers are started), over a SOCK_SEQPACKET socket pair it alone holds the other end of,
 or adopts one started earlier (``launch``): the server starts it before anything else when
 it has startup models, so that its imports (torch: seconds) run while the frontend starts.
 A FORK request carries the worker's environment, cores, thread budget and handler, and the
@@ -113,7 +113,7 @@ def launch(python: str, environment: Mapping[str, str], preload: Iterable[str] =
     (model archives, not yet unpacked) need, then says HELLO; ForkUnavailable when it cannot
     be started. Needs no event loop: the server calls it before it has one."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    command = [*python_module(python, "backend.forkserver"),
+    command = [*python_module(python, "backend.process.forkserver"),
                "--control-fd", str(theirs.fileno()), "--frontend-pid", str(os.getpid())]
     for module in preload:
         command += ["--preload", module]

@@ -147,7 +147,7 @@ def test_after_the_frontend_is_killed_its_workers_exit_and_a_new_start_works(
     worker_pids = [w["pid"] for w in described["workers"]]
     # The worker was forked by the fork server, a child of the frontend: it goes too.
     [forkserver] = [child.pid for child in psutil.Process(state["pid"]).children()
-                    if "backend.forkserver" in child.cmdline()]
+                    if "backend.process.forkserver" in child.cmdline()]
     assert psutil.Process(worker_pids[0]).ppid() == forkserver
     os.kill(state["pid"], signal.SIGKILL)
 

@@ -143,8 +143,8 @@ def _ready_pids(server: RunningServer) -> list[int]:
 
 def _backend_children() -> set[int] | None:
     """Pids of this process's workers (its `python -m backend` children, and the workers its
-    fork server forked, which run `python -m backend.forkserver` as the fork server itself, a
-    direct child, does); None while one is a zombie."""
+    fork server forked, which run `python -m backend.process.forkserver` as the fork server
+    itself, a direct child, does); None while one is a zombie."""
     pids = set()
     me = os.getpid()
     for child in psutil.Process().children(recursive=True):
@@ -158,7 +158,7 @@ def _backend_children() -> set[int] | None:
         except psutil.NoSuchProcess:
             continue
         if "-m" in cmdline and ("backend" in cmdline or (
-                "backend.forkserver" in cmdline and parent != me)):
+                "backend.process.forkserver" in cmdline and parent != me)):
             pids.add(child.pid)
     return pids
 

@@ -223,8 +223,8 @@ def test_an_overlong_multipart_boundary_is_400(build_mar, start_server) -> None:
 
 
 def test_invalid_json_reaches_the_handler_as_the_raw_bytes(build_mar, start_server) -> None:
-    """Documented (backend/service.py decode_value): a body declared application/json that
-    does not parse is handed to the handler as bytes, for the handler to judge; the echo
+    """Documented (backend/codecs/rows.py, decode_value): a body declared application/json
+    that does not parse is handed to the handler as bytes, for the handler to judge; the echo
     handler sends it back unchanged. Valid JSON arrives decoded."""
     build_mar("echo", "echo")
     server = start_server("echo.mar")

@@ -109,7 +109,7 @@ def _fork_server(server: RunningServer) -> psutil.Process:
     forkserver = server.server.services.loader.forkserver
     assert forkserver is not None and forkserver.pid is not None
     process = psutil.Process(forkserver.pid)
-    assert process.ppid() == os.getpid() and "backend.forkserver" in process.cmdline()
+    assert process.ppid() == os.getpid() and "backend.process.forkserver" in process.cmdline()
     return process
 
 
@@ -384,7 +384,7 @@ def _fork_servers_under(pid: int) -> list[psutil.Process]:
     found = []
     for child in psutil.Process(pid).children():
         try:
-            if "backend.forkserver" in child.cmdline():
+            if "backend.process.forkserver" in child.cmdline():
                 found.append(child)
         except psutil.NoSuchProcess:
             continue

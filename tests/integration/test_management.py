@@ -113,8 +113,9 @@ def test_scaling_starts_and_stops_real_processes(build_mar, start_server,
     assert up.json() == {"status": "Workers scaled to 3 for model: gate"}
     pids = _worker_pids(server, "gate")
     assert len(set(pids)) == 3 and all(_alive(p) for p in pids)
-    # Fresh (`python -m backend`) or forked by the fork server (`python -m backend.forkserver`).
-    assert all({"backend", "backend.forkserver"} & set(psutil.Process(p).cmdline())
+    # Fresh (`python -m backend`) or forked by the fork server
+    # (`python -m backend.process.forkserver`).
+    assert all({"backend", "backend.process.forkserver"} & set(psutil.Process(p).cmdline())
                for p in pids)
     described = server.describe("gate")
     assert (described["minWorkers"], described["maxWorkers"]) == (3, 3)

@@ -93,7 +93,7 @@ def output_fn(prediction, accept):
     return json.dumps({"y": values.tolist(), "batch": batch, "pid": os.getpid()})
 '''
 
-#: batchserve's opt-in to whole batches (backend/sagemaker.py).
+#: batchserve's opt-in to whole batches (backend/service/sagemaker.py).
 BATCH_PREDICT_FN = '''
 
 def batch_predict_fn(inputs, model):

@@ -19,7 +19,7 @@ from backend.errors import (
     InvalidInput,
     classify,
 )
-from backend.service import ModelService, load_service
+from backend.service.model_service import ModelService, load_service
 from protos import worker_pb2
 from tests.unit.imports import restore_import_state  # noqa: F401 (a fixture)
 
@@ -284,7 +284,7 @@ def test_archive_modules_are_importable_and_cannot_shadow_the_worker(tmp_path: P
     service = load_service(load_message(model_dir, "service.py"))
 
     assert service.predict(bodies([b"x"])).responses[0].body == b"hello from the archive"
-    assert sys.modules["backend.service"].ModelService is ModelService
+    assert sys.modules["backend.service.model_service"].ModelService is ModelService
 
 
 def test_dependency_dirs_are_importable_ahead_of_the_server_packages(tmp_path: Path) -> None:
@@ -739,7 +739,7 @@ def test_a_stateful_batch_is_never_re_run(tmp_path: Path) -> None:
     assert _calls(service) == [2]
 
 
-# --- where the handler's time went (backend/phases.py) --------------------------------------
+# --- where the handler's time went (backend/service/phases.py) ------------------------------
 
 
 def test_a_handler_with_steps_reports_each_steps_time(tmp_path: Path) -> None:

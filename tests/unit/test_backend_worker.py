@@ -315,7 +315,8 @@ def test_worker_exits_when_its_parent_is_killed(
 
 def test_worker_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, backend.__main__, backend.worker, backend.service, backend.loader;"
+        "import sys, backend.__main__, backend.process.worker, backend.service.model_service,"
+        " backend.service.loader;"
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60).returncode == 0
@@ -344,7 +345,7 @@ def test_batches_sent_back_to_back_are_answered_in_order(
 def test_each_frame_is_decoded_once_into_a_command() -> None:
     """The reader thread's decoding (no process needed): every payload is decoded there, and
     what cannot be obeyed becomes a Bad command the main thread answers."""
-    from backend.worker import Bad, Load, Predict, Shutdown, WorkerSession
+    from backend.process.worker import Bad, Load, Predict, Shutdown, WorkerSession
 
     left, right = socket.socketpair()
     with left, right:

@@ -1,6 +1,6 @@
 """Why each batch leaves the queue (the reasons the Batcher records), where a request's time
 goes (BatchTiming, the Server-Timing and access-log renderings), and how the backend times a
-handler's steps (backend/phases.py).
+handler's steps (backend/service/phases.py).
 
 The reasons are checked on the real Batcher in simulated time (frontend/serving/simulation.py):
 whole workloads through real Dispatchers, and single decisions driven by hand.
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from backend.phases import instrument
+from backend.service.phases import instrument
 from frontend.config import parse_timing_mode
 from frontend.observe import timing
 from frontend.observe.logs import FLUSH_ENTRIES, AccessLog

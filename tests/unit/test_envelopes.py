@@ -1,4 +1,4 @@
-"""Service envelopes (backend/envelopes.py) around real handlers, in process: the bodies they
+"""Service envelopes (backend/codecs/envelopes.py) around real handlers, in process: the bodies they
 take and give back are TorchServe's (ts/torch_handler/request_envelope)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from backend.errors import HandlerLoadError
-from backend.service import ModelService, load_service
+from backend.service.model_service import ModelService, load_service
 from protos import open_inference_pb2, worker_pb2
 from tests.unit.imports import restore_import_state  # noqa: F401 (a fixture)
 from tests.unit.test_backend_service import load_message, model_dir_with

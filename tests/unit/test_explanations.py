@@ -17,7 +17,7 @@ import torch
 from captum.attr import IntegratedGradients
 
 from backend.compat import install_torchserve_shim
-from backend.service import ModelService
+from backend.service.model_service import ModelService
 from protos import worker_pb2
 from tests.unit import test_ts_compat as ts_compat
 from tests.unit.imports import forget_modules

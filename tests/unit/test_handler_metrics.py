@@ -26,7 +26,7 @@ from backend.metrics.errors import (
 from backend.metrics.legacy import Metric, MetricEncoder, MetricsStore
 from backend.metrics.sink import DEFAULT_SINK
 from backend.metrics.types import MetricTypes
-from backend.service import model_metrics
+from backend.service.model_service import model_metrics
 from protos import worker_pb2
 from tests.unit.imports import forget_modules
 

@@ -23,7 +23,7 @@ from PIL import Image
 
 from backend.errors import ModelLoadError
 from backend.handlers.text_classifier import normalise, with_ngrams
-from backend.service import ModelService, load_service
+from backend.service.model_service import ModelService, load_service
 from protos import worker_pb2
 
 REPO = Path(__file__).resolve().parents[2]

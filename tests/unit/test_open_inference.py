@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from backend import open_inference
+from backend.codecs import open_inference
 from backend.context import Context
 from backend.errors import InvalidInput
-from backend.loader import EntryPoint
-from backend.service import ModelService
+from backend.service.loader import EntryPoint
+from backend.service.model_service import ModelService
 from protos import open_inference_pb2, worker_pb2
 
 SAMPLES: dict[str, list[Any]] = {

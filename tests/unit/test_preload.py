@@ -1,4 +1,4 @@
-"""What the fork server imports before forking a model's worker (backend/preload.py): the
+"""What the fork server imports before forking a model's worker (backend/process/preload.py): the
 modules its handler is known to need, only among those known to be safe to import before a
 fork, never the archive's own."""
 
@@ -8,7 +8,7 @@ import json
 import zipfile
 from pathlib import Path
 
-from backend.preload import is_fork_safe, modules_for, modules_for_archive
+from backend.process.preload import is_fork_safe, modules_for, modules_for_archive
 
 
 def test_a_built_in_handler_preloads_its_module() -> None:

@@ -1,4 +1,4 @@
-"""What a forked worker drops of the fork server's modules (backend/shadowing.py): those its
+"""What a forked worker drops of the fork server's modules (backend/process/shadowing.py): those its
 archive's folders shadow, as importlib's path finder finds them, but never a module a fresh
 worker has imported before its archive's folder joins sys.path; and when dropping cannot make
 it a fresh worker's equal (a kept module holds a shadowed one, or one has native code loaded),
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.shadowing import FORK_SERVER_MODULES, drop, model_folders, refusal, shadowed
+from backend.process.shadowing import FORK_SERVER_MODULES, drop, model_folders, refusal, shadowed
 from tests.conftest import ROOT
 
 
@@ -42,16 +42,16 @@ def _write(folder: Path, files: dict[str, str]) -> None:
 
 def _modules_after(code: str) -> set[str]:
     out = subprocess.run([sys.executable, "-P", "-c", f"{code}\nimport json, sys\n"
-                          "from backend import worker\n"
+                          "from backend.process import worker\n"
                           "print(json.dumps(sorted(worker.STARTUP_MODULES)))"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
     return set(json.loads(out))
 
 
 def test_the_fork_server_counts_as_a_workers_own_only_what_a_fresh_worker_imports() -> None:
-    fresh = _modules_after("import backend.worker")
-    forkserver = _modules_after("import backend.forkserver")
-    assert "json" in fresh and "backend.service" in fresh
+    fresh = _modules_after("import backend.process.worker")
+    forkserver = _modules_after("import backend.process.forkserver")
+    assert "json" in fresh and "backend.service.model_service" in fresh
     # The fork server imports its own modules before the worker's: only built-in ones of
     # them (which nothing can shadow), and itself, may count as the worker's.
     assert forkserver - fresh - FORK_SERVER_MODULES <= set(sys.builtin_module_names)

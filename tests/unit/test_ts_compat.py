@@ -24,7 +24,7 @@ from PIL import Image
 from backend.compat import SHIM_DIR, install_torchserve_shim
 from backend.errors import InvalidInput
 from backend.handlers.vision import IMAGENET_TRANSFORM
-from backend.service import ModelService, load_service
+from backend.service.model_service import ModelService, load_service
 from protos import worker_pb2
 from tests.integration.vision_fixtures import LABELS, jpeg, tiny_model_files
 from tests.unit.imports import forget_modules

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from backend.errors import ModelLoadError
-from backend.service import ModelService
-from backend.tuning import (
+from backend.handlers.tuning import (
     MAX_WARMUP_SHAPES,
     Tuning,
     cuda_shapes,
@@ -22,6 +21,7 @@ from backend.tuning import (
     read_tuning,
     warmup_sizes,
 )
+from backend.service.model_service import ModelService
 from tests.unit.test_handlers import (
     TINY_CLASSIFIER,
     batch,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from backend.service import load_service
+from backend.service.model_service import load_service
 from frontend.api.http.management import ManagementApp
 from frontend.errors import (
     BadRequest,

@@ -6,7 +6,7 @@ written against batchserve's own backend. Handler-facing modules (``ts.torch_han
 ``ts.handler_utils``, ``ts.utils``, ``ts.context``) behave as TorchServe's in our worker.
 TorchServe's worker-side plumbing (``ts.protocol``, ``ts.service``, ``ts.model_loader``,
 ``ts.model_service_worker``, ``ts.async_service``) works too, speaking TorchServe's own
-socket protocol, though batchserve's worker (``backend.worker``) does not use it. What
+socket protocol, though batchserve's worker (``backend.process.worker``) does not use it. What
 cannot apply here says so when used: ``ts.model_server.start`` runs batchserve's
 ``torchserve`` instead of TorchServe's Java frontend.
 

@@ -4,7 +4,7 @@ batched (one at a time, as TorchServe 0.12 does) and answered concurrently on on
 loop, each batch with its own copy of the context.
 
 Part of TorchServe's own worker protocol (``ts.model_service_worker --async``); batchserve's
-worker (``backend.worker``) does not use it.
+worker (``backend.process.worker``) does not use it.
 """
 
 from __future__ import annotations

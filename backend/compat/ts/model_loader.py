@@ -7,7 +7,7 @@ TorchServe's worker runs in it), or else one of ``ts.torch_handler``'s (``"image
 A module-level function is the entry point (called once with no data to initialise), or the
 module's one class, instantiated, whose ``initialize`` and ``handle`` are used. An envelope
 (``"json"``, ``"kserve"``, ...) from ``ts.torch_handler.request_envelope`` wraps the entry
-point. batchserve's worker resolves handlers with ``backend.loader`` instead, which also
+point. batchserve's worker resolves handlers with ``backend.service.loader`` instead, which also
 finds a class among several and imports the file by path.
 """
 

@@ -1,7 +1,7 @@
 """``ts.model_service_worker``: TorchServe's Python worker, which a TorchServe (Java)
 frontend starts and drives over a socket with TorchServe's frames (``ts.protocol``).
 
-batchserve never runs it: its frontend starts ``backend.worker``, which speaks
+batchserve never runs it: its frontend starts ``backend.process.worker``, which speaks
 ``protos/worker.proto``. It is here, working, for code that imports it, and so that
 ``python -m ts.model_service_worker --sock-type unix --sock-name /tmp/.ts.sock.9000``
 serves a model to a TorchServe frontend as TorchServe's own worker would: it listens, takes

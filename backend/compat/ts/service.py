@@ -1,11 +1,11 @@
 """``ts.service``: TorchServe's ``Service``: a loaded handler entry point and its context,
 answering TorchServe's PREDICT frames with response frames (``ts.protocol``).
 
-batchserve's worker runs handlers through ``backend.service.ModelService`` instead; this is
-for code that drives a handler the way TorchServe's worker does (``ts.model_loader`` makes
-one, ``ts.model_service_worker`` serves a TorchServe frontend with it, tests build one by
-hand). Errors are mapped as TorchServe maps them: PredictionException to its own code, out
-of memory to 507, anything else to 503.
+batchserve's worker runs handlers through ``backend.service.model_service.ModelService`` instead;
+this is for code that drives a handler the way TorchServe's worker does (``ts.model_loader`` makes
+one, ``ts.model_service_worker`` serves a TorchServe frontend with it, tests build one by hand).
+Errors are mapped as TorchServe maps them: PredictionException to its own code, out of memory to
+507, anything else to 503.
 """
 
 from __future__ import annotations

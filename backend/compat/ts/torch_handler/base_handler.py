@@ -4,7 +4,8 @@ Custom handlers subclass it and override ``preprocess``/``inference``/``postproc
 model loading hooks ``_load_pickled_model``/``_load_torchscript_model``), call
 ``super().initialize(context)``, and read ``self.model``, ``self.device``, ``self.manifest``,
 ``self.mapping``, ``self.context`` and ``self.initialized``. Device choice, weight loading and
-label files come from ``backend.device``, ``backend.weights`` and ``backend.handlers.labels``.
+label files come from ``backend.handlers.device``, ``backend.weights`` and
+``backend.handlers.labels``.
 A subclass whose ``__init__`` does not call ``super().__init__()`` (TorchServe's
 micro-batching example) still works: every attribute has a class-level default.
 
@@ -14,7 +15,7 @@ is installed: ``self.model`` is then an InferenceSession, as in TorchServe) and 
 shared by the workers of a host (memory-mapped: ``backend.weights``, docs/weights.md; the model
 config's ``handler.share_weights``). The model config's ``pt2``
 (torch.compile) is applied as TorchServe 0.12 applies it, and batchserve's ``handler`` options
-``amp`` and ``channels_last`` too (``backend.tuning``). ``ENABLE_TORCH_PROFILER`` runs each
+``amp`` and ``channels_last`` too (``backend.handlers.tuning``). ``ENABLE_TORCH_PROFILER`` runs each
 batch under torch.profiler as TorchServe does (traces in /tmp/pytorch_profiler/<model>).
 Explanations follow TorchServe: ``handle`` calls ``explain_handle`` when the request's
 ``explain`` header says ``True``, which calls ``get_insights``; here that answers 501 unless
@@ -37,12 +38,12 @@ from typing import Any
 import torch
 
 from backend.context import EXPLAIN_HEADER, Context
-from backend.device import select_device
 from backend.errors import ModelLoadError, Unsupported
 from backend.handlers.base import BaseHandler as _BackendBaseHandler
+from backend.handlers.device import select_device
 from backend.handlers.explain import explanation_target
 from backend.handlers.labels import INDEX_TO_NAME
-from backend.tuning import Tuning, forward_context, read_tuning
+from backend.handlers.tuning import Tuning, forward_context, read_tuning
 from backend.weights import load_eager, load_torchscript, read_sharing
 
 from ..handler_utils.timer import timed

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from backend.context import Context
-from backend.device import select_device
 from backend.errors import InvalidInput, ModelLoadError, describe
+from backend.handlers.device import select_device
 from backend.weights import load_eager, load_torchscript
 
 logger = logging.getLogger(__name__)

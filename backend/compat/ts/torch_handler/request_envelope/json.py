@@ -8,7 +8,7 @@ import json
 from itertools import chain
 from typing import Any
 
-from backend import envelopes
+from backend.codecs import envelopes
 
 from .base import BaseEnvelope
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from backend import envelopes
+from backend.codecs import envelopes
 
 from .base import BaseEnvelope
 

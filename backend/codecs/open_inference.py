@@ -6,7 +6,7 @@ binary tensor data (the binary tensor extension), or a serialized ``inference.Mo
 dimension (the handler sees one ``{input_name: row value}`` dict per row, and the rows of every
 request of a batch together), and the handler's per-row results are stacked back into output
 tensors of shape ``[rows, ...]`` per request, encoded the way that request came
-(backend/v2_outputs.py).
+(backend/codecs/v2_outputs.py).
 
 Pure Python (struct) on purpose: the worker needs no numpy or torch for this.
 """

@@ -6,13 +6,14 @@ and how the handler's results for those rows become its response.
 - ``InstancesCodec``: a KServe v1 request, one row per instance, answered with the JSON array
   of their predictions;
 - ``TensorsCodec``: an Open Inference (v2) request, one row per element of its tensors' first
-  dimension, answered with output tensors stacked back (backend/open_inference.py);
+  dimension, answered with output tensors stacked back (backend/codecs/open_inference.py);
 - ``EnvelopeCodec``: any request through TorchServe's service envelope (``kserve``,
   ``kservev2``, ``json``, ``body``): the body unwrapped into rows, the results wrapped back.
 
 Each request of a batch becomes a ``Segment``: where its rows lie among the rows of its run,
-and what its codec decoded of it. The service (backend/service.py) plans the batch into
-runs, calls the handler once per run, and asks each segment's codec for its response.
+and what its codec decoded of it. The service (backend/service/model_service.py) plans the
+batch into runs, calls the handler once per run, and asks each segment's codec for its
+response.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-from backend import open_inference, v2_outputs
+from backend.codecs import open_inference, v2_outputs
+from backend.codecs.envelopes import Envelope, Unwrapped, grpc_answer, v2_document
 from backend.context import CONTENT_TYPE, EXPLAIN_HEADER, Context
-from backend.envelopes import Envelope, Unwrapped, grpc_answer, v2_document
 from backend.errors import (
     InvalidHandlerOutput,
     InvalidInput,

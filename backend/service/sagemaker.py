@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backend.context import Context
-from backend.loader import EntryPoint
+from backend.service.loader import EntryPoint
 
 logger = logging.getLogger(__name__)
 

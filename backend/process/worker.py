@@ -33,17 +33,17 @@ from typing import Any
 # sys.path (STYLE trap 22), so nothing in an archive can shadow them.
 from backend.compat import install_torchserve_shim
 from backend.errors import classify, describe
-from backend.service import ModelService, encode_result, load_service
+from backend.service.model_service import ModelService, encode_result, load_service
 from protos import worker_pb2
 from protos.framing import MAX_PAYLOAD_BYTES, Frame, FrameDecoder, Kind, ProtocolError, encode
 
 #: The modules a worker has imported once this module is (these, what they import, the
 #: interpreter's own): what a fresh worker holds before a model's folder joins sys.path. A
 #: forked worker keeps them too; the fork server's others it drops where its archive shadows
-#: them (backend/shadowing.py).
+#: them (backend/process/shadowing.py).
 STARTUP_MODULES = frozenset(sys.modules)
 
-logger = logging.getLogger("backend.worker")
+logger = logging.getLogger("backend.process.worker")
 
 RECV_BYTES = 1 << 20
 #: Frames read (and batches prepared) ahead of the one being run: the frontend holds at most

@@ -3,7 +3,7 @@
 A batch is planned into runs (``_plan``): explanations apart from predictions (a handler
 explains or predicts a whole batch: TorchServe looks at the first request's header), and,
 with a service envelope that does not join requests, one run per request. Each run calls the
-handler once: every request of it becomes its rows through its codec (backend/codecs.py:
+handler once: every request of it becomes its rows through its codec (backend/codecs/rows.py:
 TorchServe's request, KServe v1 instances, v2 tensors, an envelope), the rows of all go to
 the handler together, and each request's results come back through its codec (``_run``).
 When the handler raises for a whole run of several requests, the run is re-run in smaller
@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend import open_inference, sagemaker, v2_outputs
-from backend.codecs import (
+from backend.codecs import open_inference, v2_outputs
+from backend.codecs.envelopes import Envelope, make_envelope
+from backend.codecs.rows import (
     Codec,
     EnvelopeCodec,
     InstancesCodec,
@@ -43,7 +44,6 @@ from backend.context import (
     read_manifest,
     read_model_yaml_config,
 )
-from backend.envelopes import Envelope, make_envelope
 from backend.errors import (
     BatchSizeMismatch,
     HandlerLoadError,
@@ -53,11 +53,12 @@ from backend.errors import (
     describe,
     is_prediction_exception,
 )
-from backend.loader import EntryPoint, add_dependency_dirs, load_entry_point
 from backend.metrics.cache import MetricsCacheYamlImpl
 from backend.metrics.errors import MetricsCacheKeyError, MetricsCacheValueError
 from backend.metrics.sink import DEFAULT_SINK, MetricSink
-from backend.phases import instrument
+from backend.service import sagemaker
+from backend.service.loader import EntryPoint, add_dependency_dirs, load_entry_point
+from backend.service.phases import instrument
 from protos import worker_pb2
 
 __all__ = ["ModelService", "Prepared", "encode_result", "load_service"]
@@ -102,7 +103,7 @@ class ModelService:
                        if prepare_batch and handle_prepared and envelope is None else None)
         self._describe_handle = _method(handler, "describe_handle")
         #: Times the handler's preprocess/inference/postprocess (None: it has not all three,
-        #: and its whole time is reported as its inference: backend/phases.py).
+        #: and its whole time is reported as its inference: backend/service/phases.py).
         self._steps = instrument(handler)
         #: One of our built-in handlers: it does not time itself, and TorchServe's built-in
         #: handlers report HandlerTime, so the service reports it for them.
@@ -464,7 +465,7 @@ class _Merged:
     answers: dict[int, worker_pb2.Response] = field(default_factory=dict)
     handler_time_ms: float = 0.0
     metrics: list[worker_pb2.Metric] = field(default_factory=list)
-    #: The handler's steps (backend/phases.py), in ms; ``steps`` False: only its whole time,
+    #: The handler's steps (backend/service/phases.py), in ms; ``steps`` False: only its whole time,
     #: as ``inference_ms``.
     steps: bool = False
     preprocess_ms: float = 0.0

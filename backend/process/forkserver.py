@@ -1,17 +1,17 @@
-"""The fork server: ``python -P -m backend.forkserver --control-fd N --frontend-pid P``.
+"""The fork server: ``python -P -m backend.process.forkserver --control-fd N --frontend-pid P``.
 
 One per server, started by the frontend as it starts workers (frontend/serving/forkserver.py):
 a process that has imported what workers import (the worker loop, the ``ts`` shim, and, as
-models ask, torch, torchvision and their handlers' modules: ``backend.preload``) and forks a
+models ask, torch, torchvision and their handlers' modules: ``backend.process.preload``) and forks a
 new worker on request, so that a worker is up in milliseconds instead of importing torch
 again. docs/workers.md has the design and where forking is not used.
 
 Fork safety rests on what this process never does: it runs no torch operation, starts no
 thread and opens no GPU context (``unsafe_to_fork`` checks the last two before every fork and
 refuses with the reason), and holds no descriptor but its control socket, a wake-up pipe and
-a pidfd of the frontend. The child (``backend.forked``) resets what it inherited before it
+a pidfd of the frontend. The child (``backend.process.forked``) resets what it inherited before it
 becomes an ordinary worker, and forgets the modules its archive shadows
-(``backend.shadowing``); where forgetting them cannot make it what a fresh worker would be
+(``backend.process.shadowing``); where forgetting them cannot make it what a fresh worker would be
 (a module it keeps holds one, or one's native code is loaded), the fork server refuses.
 
 Protocol on the control socket (SOCK_SEQPACKET, one frame of ``protos.framing`` a packet)::
@@ -43,18 +43,18 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 # NOTE: what every worker imports, imported once here for every worker forked later.
-import backend.worker
-from backend import forked, preload, shadowing
+import backend.process.worker
 from backend.compat import install_torchserve_shim
 from backend.errors import describe
+from backend.process import forked, preload, shadowing
 from protos import worker_pb2
 from protos.framing import Frame, FrameDecoder, Kind, ProtocolError, encode
 
-logger = logging.getLogger("backend.forkserver")
+logger = logging.getLogger("backend.process.forkserver")
 
 #: The largest control packet read (a ForkRequest is a few kilobytes: its environment).
 MAX_PACKET_BYTES = 1 << 20
-#: As a worker's (backend/worker.py): the message alone, on stdout.
+#: As a worker's (backend/process/worker.py): the message alone, on stdout.
 LOG_FORMAT = "%(message)s"
 
 
@@ -196,7 +196,7 @@ class ForkServer:
                 return True
             # What of ours its archive shadows: the child drops it, or cannot (it starts fresh).
             shadowed = shadowing.assess(request.model_dir, request.handler,
-                                        backend.worker.STARTUP_MODULES)
+                                        backend.process.worker.STARTUP_MODULES)
             if shadowed.refusal:
                 logger.info("not forking %s: %s", request.name, shadowed.refusal)
                 self._refuse(shadowed.refusal, lasting=False)
@@ -288,7 +288,7 @@ def _close_all(fds: Sequence[int]) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m backend.forkserver",
+    parser = argparse.ArgumentParser(prog="python -m backend.process.forkserver",
                                      description="Fork batchserve workers on request.")
     parser.add_argument("--control-fd", type=int, required=True,
                         help="the inherited SOCK_SEQPACKET socket to the frontend")
@@ -341,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.preload(args.preload)
     for archive in args.preload_archive:
         server.preload(preload.modules_for_archive(archive))
-    logger.info("ready (worker module %s)", backend.worker.__name__)
+    logger.info("ready (worker module %s)", backend.process.worker.__name__)
     return server.serve()
 
 

@@ -2,7 +2,7 @@
 output tensors, and a request's response encoded the way the request came (REST JSON, with
 the binary tensor extension where asked, or a serialized ``inference.ModelInferResponse``).
 
-Pure Python (struct) on purpose, as backend/open_inference.py: the worker needs no numpy or
+Pure Python (struct) on purpose, as backend/codecs/open_inference.py: the worker needs no numpy or
 torch for this.
 """
 
@@ -13,8 +13,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from backend.errors import InvalidHandlerOutput, InvalidInput
-from backend.open_inference import (
+from backend.codecs.open_inference import (
     BINARY_DATA_SIZE,
     CONTENTS_FIELDS,
     DATATYPES,
@@ -26,6 +25,7 @@ from backend.open_inference import (
     check_elements,
     pack,
 )
+from backend.errors import InvalidHandlerOutput, InvalidInput
 from protos import open_inference_pb2, worker_pb2
 
 

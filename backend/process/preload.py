@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from backend.handlers import BUILTIN_HANDLERS
-from backend.loader import TORCHSERVE_HANDLERS, find_handler_file, handler_file_candidates
+from backend.service.loader import TORCHSERVE_HANDLERS, find_handler_file, handler_file_candidates
 
 #: Packages whose import starts no thread a fork would lose and opens no GPU context.
 FORK_SAFE_PACKAGES = frozenset({"torch", "torchvision", "numpy", "PIL"})

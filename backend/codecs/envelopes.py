@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from backend import open_inference, v2_outputs
+from backend.codecs import open_inference, v2_outputs
 from backend.context import Context
 from backend.errors import HandlerLoadError, InvalidHandlerOutput, InvalidInput
 from protos import json_limits

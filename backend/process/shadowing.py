@@ -1,7 +1,7 @@
 """Which of the fork server's modules a model's archive shadows: what a worker forked for that
 model must not keep, so that its imports resolve as a fresh worker's would.
 
-A fresh worker imports its own modules (``backend.worker.STARTUP_MODULES``), then puts the
+A fresh worker imports its own modules (``backend.process.worker.STARTUP_MODULES``), then puts the
 archive's folders in front of ``sys.path``: from then on a module the archive ships (a
 ``PIL.py``, a ``colorsys.py``, a ``helper.py``, a ``torch/`` package) is imported from the
 archive, unless the worker had imported that name already. The fork server has imported more
@@ -44,13 +44,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import BuiltinFunctionType, FunctionType, ModuleType
 
-from backend.loader import find_handler_file
-from backend.preload import MANIFEST
+from backend.process.preload import MANIFEST
+from backend.service.loader import find_handler_file
 
 #: Modules of the fork server's own (and of a forked child before it becomes a worker): what
 #: they hold never reaches a handler, and they are never dropped.
-FORK_SERVER_MODULES = frozenset({"__main__", "__mp_main__", "backend.forkserver",
-                                 "backend.forked", "backend.preload", "backend.shadowing"})
+FORK_SERVER_MODULES = frozenset({"__main__", "__mp_main__", "backend.process.forkserver",
+                                 "backend.process.forked", "backend.process.preload",
+                                 "backend.process.shadowing"})
 #: How many holders a refusal names.
 NAMED_HOLDERS = 3
 
@@ -76,7 +77,7 @@ def assess(model_dir: str, handler: str, kept: Collection[str]) -> Shadowing:
 
 def model_folders(model_dir: str, handler: str) -> list[str]:
     """The folders a worker of this model puts in front of ``sys.path``: the model's, its
-    handler file's and its modelFile's (backend.loader, backend.weights)."""
+    handler file's and its modelFile's (backend.service.loader, backend.weights)."""
     folder = Path(model_dir)
     folders = [folder]
     try:

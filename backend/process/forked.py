@@ -1,15 +1,15 @@
-"""A worker forked by the fork server (backend/forkserver.py): what the child resets before it
-becomes an ordinary worker, so that it is one a fresh interpreter would have been.
+"""A worker forked by the fork server (backend/process/forkserver.py): what the child resets
+before it becomes an ordinary worker, so that it is one a fresh interpreter would have been.
 
 In order: its own session (as ``start_new_session`` gives a fresh worker), the fork server's
-modules its archive shadows forgotten (backend/shadowing.py: it imports its own, as a fresh
+modules its archive shadows forgotten (backend/process/shadowing.py: it imports its own, as a fresh
 worker would), the fork server's signal handlers undone and its descriptors closed, stdout and
 stderr on the pipes the frontend reads for this worker (its lines reach the model log under its
 own name), its own environment, CPU cores and thread budget (the math libraries read theirs when
 the fork server imported them, so they are told again), random state (torch's, numpy's and
 Python's global generators seeded from fresh entropy, as a fresh interpreter seeds them: no two
 workers share a stream), fresh log handlers, and a watchdog on the frontend (its parent is the
-fork server). Then the usual worker loop (``backend.worker.run``).
+fork server). Then the usual worker loop (``backend.process.worker.run``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from backend import shadowing, worker
+from backend.process import shadowing, worker
 from protos import worker_pb2
 
 #: OpenBLAS's (numpy's) thread-count setters, by the names its builds export.

@@ -1,4 +1,4 @@
-"""The weights owner process: ``python -P -m backend.weights_owner --weights FILE --device
+"""The weights owner process: ``python -P -m backend.process.weights_owner --weights FILE --device
 cuda:N --address NAME --linger S`` (started by a worker: ``backend.weights.cuda_ipc``).
 
 It binds the abstract Unix socket ``NAME`` (or says ``busy`` and exits when another owner
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m backend.weights_owner")
+    parser = argparse.ArgumentParser(prog="python -m backend.process.weights_owner")
     parser.add_argument("--weights", type=Path, required=True)
     parser.add_argument("--device", required=True)
     parser.add_argument("--address", required=True)
