@@ -230,6 +230,64 @@ class Context:
         return self.request_processor[idx].get_response_headers()
 
 
+class OneRequestContext:
+    """A batch's context seen as a batch of one: request ``idx`` is at index 0 (what code
+    written for one request at a time reads and sets: the SageMaker toolkit's service, a
+    workflow's function); everything else is the batch's context."""
+
+    def __init__(self, context: Context, idx: int) -> None:
+        self._context = context
+        self._idx = idx
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    @property
+    def request_processor(self) -> list[RequestProcessor]:
+        return [self._context.request_processor[self._idx]]
+
+    @property
+    def request_ids(self) -> dict[int, str]:
+        request_id = self._context.get_request_id(self._idx)
+        return {} if request_id is None else {0: request_id}
+
+    def get_request_id(self, idx: int = 0) -> str | None:
+        return self._context.get_request_id(self._idx)
+
+    def get_request_header(self, idx: int, key: str) -> str | None:
+        return self._context.get_request_header(self._idx, key)
+
+    def get_all_request_header(self, idx: int) -> dict[str, str]:
+        return self._context.get_all_request_header(self._idx)
+
+    def get_sequence_id(self, idx: int) -> str | None:
+        return self._context.get_sequence_id(self._idx)
+
+    def set_response_content_type(self, idx: int, value: str) -> None:
+        self._context.set_response_content_type(self._idx, value)
+
+    def get_response_content_type(self, idx: int) -> str | None:
+        return self._context.get_response_content_type(self._idx)
+
+    def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
+        self._context.set_response_status(code, phrase, self._idx)
+
+    def set_all_response_status(self, code: int = 200, phrase: str = "") -> None:
+        self._context.set_response_status(code, phrase, self._idx)
+
+    def get_response_status(self, idx: int) -> tuple[int, str]:
+        return self._context.get_response_status(self._idx)
+
+    def set_response_header(self, idx: int, key: str, value: str) -> None:
+        self._context.set_response_header(self._idx, key, value)
+
+    def get_response_headers(self, idx: int) -> dict[str, str]:
+        return self._context.get_response_headers(self._idx)
+
+    def send_intermediate(self, idx: int, item: Any, status: int = 200) -> None:
+        self._context.send_intermediate(self._idx, item, status)
+
+
 def read_manifest(manifest_json: str) -> dict[str, Any]:
     """Parse LoadModel.manifest_json; an empty string means no manifest."""
     if not manifest_json.strip():

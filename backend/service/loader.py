@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from backend.context import Context
-from backend.errors import HandlerLoadError, describe
+from backend.errors import BatchSizeMismatch, HandlerLoadError, InvalidHandlerOutput, describe
 from backend.handlers import builtin_handler
 from backend.imports import FileImportError, import_file
 
@@ -50,6 +50,20 @@ class EntryPoint:
     handle: HandleFn
     name: str
     """How to name the handler in messages, e.g. ``echo.py:handle`` or ``ImageClassifier``."""
+
+
+def one_result_each(results: Any, count: int, handler: str, unit: str = "requests"
+                    ) -> list[Any]:
+    """``results``, what ``handler`` returned for a batch of ``count`` ``unit``, as a list of
+    one result per item. Raises InvalidHandlerOutput when it is not a list, BatchSizeMismatch
+    when it holds another number of results."""
+    if not isinstance(results, (list, tuple)):
+        raise InvalidHandlerOutput(
+            f"{handler} returned {type(results).__name__}, expected a list of {count} results")
+    if len(results) != count:
+        raise BatchSizeMismatch(
+            f"{handler} returned {len(results)} results for a batch of {count} {unit}")
+    return list(results)
 
 
 def load_entry_point(handler: str, model_dir: Path, context: Context) -> EntryPoint:

@@ -45,9 +45,7 @@ from backend.context import (
     read_model_yaml_config,
 )
 from backend.errors import (
-    BatchSizeMismatch,
     HandlerLoadError,
-    InvalidHandlerOutput,
     InvalidInput,
     Unsupported,
     describe,
@@ -56,8 +54,13 @@ from backend.errors import (
 from backend.metrics.cache import MetricsCacheYamlImpl
 from backend.metrics.errors import MetricsCacheKeyError, MetricsCacheValueError
 from backend.metrics.sink import DEFAULT_SINK, MetricSink
-from backend.service import sagemaker
-from backend.service.loader import EntryPoint, add_dependency_dirs, load_entry_point
+from backend.service import sagemaker, workflow_functions
+from backend.service.loader import (
+    EntryPoint,
+    add_dependency_dirs,
+    load_entry_point,
+    one_result_each,
+)
 from backend.service.phases import instrument
 from protos import worker_pb2
 
@@ -78,14 +81,9 @@ class ModelService:
     def __init__(
         self, entry_point: EntryPoint, context: Context, *, decode_input_request: bool = True,
         model_version: str = "", response_timeout_s: float = 120.0,
-        envelope: Envelope | None = None, workflow_function: bool = False,
+        envelope: Envelope | None = None,
     ) -> None:
         self.entry_point = entry_point
-        #: A workflow's function node: offered whole batches until it answers one with other
-        #: than one result per request (written for TorchServe, which calls it with a list of
-        #: one request); from then on it is called once per request (``per_request``).
-        self.workflow_function = workflow_function
-        self.per_request = False
         self.context = context
         #: service_envelope: every request's body is unwrapped into rows, its results wrapped.
         self.envelope = envelope
@@ -165,10 +163,8 @@ class ModelService:
     def _plan(self, predicted: list[worker_pb2.Request], explained: list[worker_pb2.Request]
               ) -> list[list[worker_pb2.Request]]:
         """The runs of a batch: its predictions, then its explanations; one per request with
-        an envelope that does not join requests, or for a handler called one request at a
-        time."""
-        if self.per_request or (
-                self._enveloped is not None and not self._enveloped.envelope.joins_requests):
+        an envelope that does not join requests."""
+        if self._enveloped is not None and not self._enveloped.envelope.joins_requests:
             return [[request] for request in (*predicted, *explained)]
         return [part for part in (predicted, explained) if part]
 
@@ -176,19 +172,6 @@ class ModelService:
                       isolation: _Isolation) -> _Merged:
         try:
             return self._run(run, prepared)
-        except (BatchSizeMismatch, InvalidHandlerOutput) as exc:
-            if not self.workflow_function or len(run) == 1 or self.context.partials_sent:
-                if not isolation.allowed or self.context.partials_sent:
-                    raise
-                return self._isolate(run, exc, isolation)
-            # A workflow function that does not take batches: one request per call from now.
-            logger.info("%s answered a batch of %d with %s; calling it one request at a "
-                        "time from now on", self.entry_point.name, len(run), describe(exc))
-            self.per_request = True
-            merged = _Merged()
-            for request in run:
-                merged.add(self._run_isolated([request], None, isolation))
-            return merged
         except Exception as exc:
             if not isolation.allowed or self.context.partials_sent:
                 raise
@@ -358,17 +341,7 @@ class ModelService:
         if self._builtin:
             metrics.add_time("HandlerTime", round(handler_time_ms, 2), None, "ms")
         metrics.add_time("PredictionTime", round(handler_time_ms, 2))
-        if not isinstance(results, (list, tuple)):
-            raise InvalidHandlerOutput(
-                f"{self.entry_point.name} returned {type(results).__name__}, expected a list "
-                f"of {len(data)} results"
-            )
-        if len(results) != len(data):
-            raise BatchSizeMismatch(
-                f"{self.entry_point.name} returned {len(results)} results for a batch of "
-                f"{len(data)} {unit}"
-            )
-        return list(results), handler_time_ms
+        return one_result_each(results, len(data), self.entry_point.name, unit), handler_time_ms
 
     def _describe(self, requests: list[worker_pb2.Request]) -> _Merged:
         """Describe requests, answered with the handler's ``describe_handle()`` (TorchServe's
@@ -407,11 +380,12 @@ def load_service(message: worker_pb2.LoadModel) -> ModelService:
     )
     add_dependency_dirs(message.dependency_dirs)
     entry_point = sagemaker.adapt(load_entry_point(message.handler, model_dir, context), context)
+    if message.workflow_function:
+        entry_point = workflow_functions.adapt(entry_point)
     return ModelService(entry_point, context, decode_input_request=message.decode_input_request,
                         model_version=message.model_version,
                         response_timeout_s=message.response_timeout_ms / 1000 or 120.0,
-                        envelope=make_envelope(message.envelope, context),
-                        workflow_function=message.workflow_function)
+                        envelope=make_envelope(message.envelope, context))
 
 
 def model_metrics(metrics_config: str, model_name: str) -> MetricsCacheYamlImpl:

@@ -11,7 +11,7 @@ response 0's content type: a batch of more than one request mixes them up.
 ``adapt`` recognises that service and gives the worker a ``handle`` that never mixes them:
 
 - by default each request of a batch goes through the toolkit's own ``handle`` on its own,
-  with a context whose index 0 is that request (``_OneRequest``): the user's functions see
+  with a context whose index 0 is that request (``OneRequestContext``): the user's functions see
   one request at a time, as on SageMaker's TorchServe containers with batch size 1;
 - where the user's module also defines ``batch_predict_fn(inputs, model)`` (or with a third
   argument, the context), the batch reaches it whole: ``input_fn`` decodes each request
@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from backend.context import Context
+from backend.context import Context, OneRequestContext
 from backend.service.loader import EntryPoint
 
 logger = logging.getLogger(__name__)
@@ -67,60 +67,6 @@ def adapt(entry_point: EntryPoint, context: Context) -> EntryPoint:
 
     handle.__self__ = service  # type: ignore[attr-defined]  # as loader.run_coroutines keeps it
     return EntryPoint(handle, entry_point.name)
-
-
-class _OneRequest:
-    """A batch's context seen as a batch of one: request ``idx`` is at index 0 (what the
-    toolkit reads and sets); everything else is the batch's context."""
-
-    def __init__(self, context: Context, idx: int) -> None:
-        self._context = context
-        self._idx = idx
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
-
-    @property
-    def request_processor(self) -> list[Any]:
-        return [self._context.request_processor[self._idx]]
-
-    @property
-    def request_ids(self) -> dict[int, str]:
-        request_id = self._context.get_request_id(self._idx)
-        return {} if request_id is None else {0: request_id}
-
-    def get_request_id(self, idx: int = 0) -> str | None:
-        return self._context.get_request_id(self._idx)
-
-    def get_request_header(self, idx: int, key: str) -> str | None:
-        return self._context.get_request_header(self._idx, key)
-
-    def get_all_request_header(self, idx: int) -> dict[str, str]:
-        return self._context.get_all_request_header(self._idx)
-
-    def set_response_content_type(self, idx: int, value: str) -> None:
-        self._context.set_response_content_type(self._idx, value)
-
-    def get_response_content_type(self, idx: int) -> str | None:
-        return self._context.get_response_content_type(self._idx)
-
-    def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
-        self._context.set_response_status(code, phrase, self._idx)
-
-    def set_all_response_status(self, code: int = 200, phrase: str = "") -> None:
-        self._context.set_response_status(code, phrase, self._idx)
-
-    def get_response_status(self, idx: int) -> tuple[int, str]:
-        return self._context.get_response_status(self._idx)
-
-    def set_response_header(self, idx: int, key: str, value: str) -> None:
-        self._context.set_response_header(self._idx, key, value)
-
-    def get_response_headers(self, idx: int) -> dict[str, str]:
-        return self._context.get_response_headers(self._idx)
-
-    def send_intermediate(self, idx: int, item: Any, status: int = 200) -> None:
-        self._context.send_intermediate(self._idx, item, status)
 
 
 class _ToolkitRunner:
@@ -159,7 +105,7 @@ class _ToolkitRunner:
             return self._whole(data, context)
         results: list[Any] = []
         for idx, request in enumerate(data):
-            answer = self.service.handle([request], _OneRequest(context, idx))
+            answer = self.service.handle([request], OneRequestContext(context, idx))
             results.append(answer[0] if isinstance(answer, list) and len(answer) == 1
                            else answer)
         return results
@@ -219,6 +165,6 @@ class _ToolkitRunner:
 
         error = exc if isinstance(exc, BaseInferenceToolkitError) else \
             GenericInferenceToolkitError(500, str(exc))
-        answer = self.transformer.handle_error(_OneRequest(context, idx), error,
+        answer = self.transformer.handle_error(OneRequestContext(context, idx), error,
                                                traceback.format_exc())
         return answer[0] if isinstance(answer, list) and answer else answer

@@ -118,7 +118,7 @@ class RegisterRequest:
     #: The workflow the model is a node of (frontend/workflows/), or None.
     workflow: str | None = None
     #: A workflow's function node: offered whole batches, called per request if it does not
-    #: take them (backend/service/model_service.py).
+    #: take them (backend/service/workflow_functions.py).
     workflow_function: bool = False
 
 

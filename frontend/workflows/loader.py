@@ -145,7 +145,7 @@ class WorkflowLoader:
         if spec.is_function:
             # TorchServe gives a function batches of 1; here its queue gathers up to the
             # workflow's batch size, and the function gets the batch whole unless it answers
-            # one with other than one result per request (backend/service/model_service.py).
+            # one with other than one result per request (backend/service/workflow_functions.py).
             layer["batch_size"] = max(settings.batch_size, archive.spec.settings.batch_size)
             # The unpacked .war is the function's model folder (ours: no allowed_urls check).
             return RegisterRequest(url=str(archive.directory), model_name=spec.model_name,

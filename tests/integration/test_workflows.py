@@ -35,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from model_archiver.packaging import ArchiveOptions, build_archive
 from protos import management_pb2, management_pb2_grpc
 from tests.conftest import HANDLERS, RunningServer, launch_server
-from tests.unit.test_workflow_archiver import PARALLEL, SEQUENTIAL, TS_ARCHIVER
+from tests.unit.test_workflow_archiver import PARALLEL, SEQUENTIAL, TS_ARCHIVER, WORKFLOWS
 from workflow_archiver.packaging import WorkflowOptions, build_workflow_archive
 
 # Two workers on m1: a request that sleeps there holds one, the others use the other.
@@ -363,6 +363,36 @@ def test_a_failing_and_a_timing_out_node_fail_only_their_requests(served: Served
     after = _samples(served)
     assert after[timeouts] - before.get(timeouts, 0) == 1
     assert after[errors] - before.get(errors, 0) == 2  # retry-attempts: 1, so two calls
+
+
+def test_a_function_written_for_one_request_answers_each_request_its_own(
+        served: Served) -> None:
+    """TorchServe calls a workflow's functions with one request at a time. Here their calls
+    batch; a function written for one request answers a batch of several with one result, so
+    it is called once per request from then on, each call's context that request's: every
+    request gets its own answer, and the one the function fails on fails alone."""
+    folder = WORKFLOWS / "one_at_a_time"
+    ours(served.store, "single", folder / "one_at_a_time.yaml",
+         folder / "one_at_a_time_handler.py")
+    response = served.manage("POST", "/workflows", url="single.war")
+    assert response.status_code == 200, response.text
+    try:
+        calls = [("single", f"r{i}") for i in range(40)] + [("single", "fail@pre")]
+        answers = send_all(served, calls)
+        assert answers[-1].status == 500, answers[-1].body
+        assert "pre was asked to fail" in answers[-1].json()["message"]
+        steps = []
+        for (_, text), answer in zip(calls[:-1], answers[:-1], strict=True):
+            assert answer.status == 200, answer.body
+            assert answer.json()["text"] == f"{text}|m1"
+            steps.append(answer.json()["trail"][0])
+        assert {step["batch"] for step in steps} == {1}
+        # Each call's request 0 was its own request.
+        assert len({step["request"] for step in steps}) == len(steps)
+        # ... though the node took batches of several.
+        assert max(served.node("single", "pre")["batching"]["recentBatchSizes"]) > 1
+    finally:
+        assert served.manage("DELETE", "/workflows/single").status_code == 200
 
 
 def test_management_bodies_and_statuses(served: Served) -> None:

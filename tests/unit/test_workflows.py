@@ -256,7 +256,57 @@ def test_a_function_written_for_one_request_is_called_one_request_at_a_time(
     """)
     assert _batch(service, 1, 3) == [b"1:r0", b"1:r1", b"1:r2"]
     assert _batch(service, 2, 2) == [b"1:r0", b"1:r1"]
-    assert service.per_request
+    assert service.entry_point.handle.per_request
     module = service.entry_point.handle.__module__
     import sys
     assert sys.modules[module].calls == [3, 1, 1, 1, 1, 1]
+
+
+@pytest.mark.usefixtures("restore_import_state")
+def test_a_function_called_one_request_at_a_time_sees_its_request_and_fails_alone(
+        tmp_path: Path) -> None:
+    """Called per request, the function's context is that request's (its index 0: its id,
+    headers and response status), and a request it fails on fails alone."""
+    service = _function_service(tmp_path, """
+        def pre(data, context):
+            if data is None:
+                return None
+            body = data[0]["body"].decode()
+            if body == "bad":
+                raise ValueError("pre was asked to fail")
+            context.set_response_status(201, "Made", 0)
+            tag = context.get_request_header(0, "tag")
+            return [f"{context.get_request_id()}:{tag}:{len(context.request_ids)}"]
+    """)
+    bodies = [b"a", b"bad", b"c"]
+    requests = [worker_pb2.Request(request_id=f"id{i}", headers={"tag": f"t{i}"},
+                                   inputs={"body": body}) for i, body in enumerate(bodies)]
+    result = service.predict(worker_pb2.PredictBatch(batch_id=1, requests=requests))
+    answers = [(r.request_id, r.status, r.body, r.error) for r in result.responses]
+    assert answers == [("id0", 201, b"id0:t0:1", ""),
+                       ("id1", 500, b"", "ValueError: pre was asked to fail"),
+                       ("id2", 201, b"id2:t2:1", "")]
+    assert service.entry_point.handle.per_request
+
+
+@pytest.mark.usefixtures("restore_import_state")
+def test_only_a_workflows_function_is_called_one_request_at_a_time(tmp_path: Path) -> None:
+    """The same function as an ordinary model's handler: a batch answered with one result
+    fails as the handler's error (no request could be told apart), as any handler's would."""
+    model_dir = tmp_path / "plain"
+    model_dir.mkdir()
+    (model_dir / "plain.py").write_text(textwrap.dedent("""
+        def pre(data, context):
+            if data is None:
+                return None
+            return [data[0]["body"]]
+    """))
+    service = load_service(worker_pb2.LoadModel(
+        model_name="plain", model_version="1.0", model_dir=str(model_dir),
+        handler="plain.py:pre", batch_size=4, gpu_id=-1, manifest_json="{}",
+        decode_input_request=True))
+    requests = [worker_pb2.Request(request_id=f"id{i}", inputs={"body": b"x"})
+                for i in range(3)]
+    result = service.predict(worker_pb2.PredictBatch(batch_id=1, requests=requests))
+    assert [r.status for r in result.responses] == [200, 200, 200]
+    assert not hasattr(service.entry_point.handle, "per_request")
