@@ -1,0 +1,509 @@
+"""One rule for every path from an archive, a url or a spec (``model_archiver.paths``), and
+one suite of hostile paths run against every caller, each through its public entry point.
+
+The suite (``test_every_caller_refuses_every_hostile_path``) crosses ``CASES`` (zip-slip
+``..``, absolute names, Windows' separators and drives, NUL, names too long, links pointing
+out, a folder link with a file through it, a link loop, a hard link; and Unicode look-alikes
+of ``..`` and ``/``, which are ordinary names) with ``CALLERS`` (.mar, .tar.gz and .war
+extraction, a folder model's manifest and config file, the register urls of models and
+workflows, a download's file name, a requirements file, both archivers' ``--extra-files``,
+a .war's manifest, a spec's urls). Every hostile case a caller can meet is refused with
+that caller's own error, and nothing is ever written outside: the sandbox's other folders
+are the same after as before. The real server's answers (400, nothing left in the run
+directory) are in tests/integration/test_bad_input.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import tarfile
+import uuid
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from frontend.errors import (
+    ArchiveError,
+    BadRequest,
+    DependencyInstallError,
+    Forbidden,
+    InvalidWorkflow,
+    WorkflowNotFound,
+)
+from frontend.models import archive as models
+from frontend.models.dependencies import requirements_path
+from frontend.models.download import archive_name, check_allowed
+from frontend.workflows import archive as workflows
+from model_archiver.errors import ModelArchiverError
+from model_archiver.packaging import ArchiveOptions, build_archive
+from model_archiver.paths import MAX_NAME_BYTES, Unsafe, UnsafePath, climbs, contained
+from workflow_archiver import SpecError, WorkflowArchiverError, WorkflowManifestError
+from workflow_archiver.manifest import WorkflowManifest
+from workflow_archiver.packaging import WorkflowOptions, build_workflow_archive
+from workflow_archiver.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+ECHO = ROOT / "tests" / "fixtures" / "handlers" / "echo.py"
+SECRET = b"the outside's secret"
+#: The name hostile members try to write (unique: a stray one from elsewhere cannot count).
+EVIL = f"evil-{uuid.uuid4().hex[:8]}"
+SPEC = "models:\n  m1:\n    url: m1.mar\ndag:\n  pre: [m1]\n"
+FUNCTIONS = "def pre(data, context):\n    return data\n"
+
+
+# ---- contained itself ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "absolute", "why"), [
+    ("../x", False, Unsafe.PARENT),
+    ("a/../../x", False, Unsafe.PARENT),
+    ("a/b/..", False, Unsafe.PARENT),
+    ("..", False, Unsafe.PARENT),
+    ("/srv/../etc/passwd", True, Unsafe.PARENT),
+    ("..\\x", False, Unsafe.PARENT),
+    ("a\\..\\..\\x", False, Unsafe.PARENT),
+    ("../a\x00b", False, Unsafe.PARENT),  # '..' is what a reader sees first
+    ("/etc/passwd", False, Unsafe.ABSOLUTE),
+    ("\\x", False, Unsafe.ABSOLUTE),
+    ("\\x", True, Unsafe.ABSOLUTE),  # Windows' absolute names are never anyone's url path
+    ("C:\\x", True, Unsafe.ABSOLUTE),
+    ("c:x", False, Unsafe.ABSOLUTE),
+    ("a\x00b", False, Unsafe.CHARACTER),
+    ("a\ud800b", False, Unsafe.CHARACTER),  # a lone surrogate: no file name holds it
+    ("x" * (MAX_NAME_BYTES + 1), False, Unsafe.LENGTH),
+    ("é" * 128, False, Unsafe.LENGTH),  # 256 bytes in UTF-8: bytes count, not characters
+    ("/".join(["d" * 200] * 25), False, Unsafe.LENGTH),
+])
+def test_a_name_is_judged_by_its_text_first(name: str, absolute: bool, why: Unsafe) -> None:
+    with pytest.raises(UnsafePath) as refused:
+        contained(name, absolute=absolute)
+    assert refused.value.why is why
+    assert refused.value.name == name
+
+
+@pytest.mark.parametrize(("name", "absolute", "posix"), [
+    ("a/b.txt", False, "a/b.txt"),
+    ("./a//b/./c", False, "a/b/c"),
+    ("a\\b.txt", False, "a/b.txt"),  # the parts a Windows-made archive means
+    ("", False, "."),  # the root itself: a tar's "./" member
+    ("...", False, "..."),
+    ("..a/b..", False, "..a/b.."),
+    ("\u2025/x", False, "\u2025/x"),  # look-alikes of '..' and '/' are ordinary characters
+    ("\uff0e\uff0e/x", False, "\uff0e\uff0e/x"),
+    ("a\u2215..\u2215x", False, "a\u2215..\u2215x"),
+    ("http://host/m.mar", True, "http:/host/m.mar"),
+    ("/srv/models/m.mar", True, "/srv/models/m.mar"),
+    ("x" * MAX_NAME_BYTES, False, "x" * MAX_NAME_BYTES),
+])
+def test_a_plain_name_passes_as_its_posix_parts(name: str, absolute: bool, posix: str) -> None:
+    assert str(contained(name, absolute=absolute)) == posix
+
+
+def test_with_a_root_links_are_followed_and_must_stay_inside(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret").write_bytes(SECRET)
+    (root / "sub" / "file").write_text("x")
+    (root / "out").symlink_to(outside / "secret")
+    (root / "up").symlink_to("../outside")
+    (root / "alias").symlink_to("sub", target_is_directory=True)
+    (root / "loop").symlink_to("loop")
+    assert contained("sub/file", root) == (root / "sub" / "file").resolve()
+    assert contained("alias/file", root) == (root / "sub" / "file").resolve()
+    assert contained("not/there/yet", root) == (root / "not" / "there" / "yet").resolve()
+    assert contained(".", root) == root.resolve()
+    assert contained(str(root / "sub"), root, absolute=True) == (root / "sub").resolve()
+    for name, why in [("out", Unsafe.OUTSIDE), ("up/secret", Unsafe.OUTSIDE),
+                      ("loop/x", Unsafe.UNRESOLVABLE)]:
+        with pytest.raises(UnsafePath) as refused:
+            contained(name, root)
+        assert refused.value.why is why, name
+    with pytest.raises(UnsafePath) as refused:
+        contained(str(outside / "secret"), root, absolute=True)
+    assert refused.value.why is Unsafe.OUTSIDE
+    assert refused.value.target == (outside / "secret").resolve()
+    assert (outside / "secret").read_bytes() == SECRET
+
+
+def test_the_text_is_judged_before_the_file_system_is_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No link planted between the check and the use can make a refused name pass: the text
+    rules run first, without touching the file system."""
+
+    def no_file_system(self: Path, strict: bool = False) -> Path:
+        raise AssertionError(f"the file system was asked about {self}")
+
+    monkeypatch.setattr(Path, "resolve", no_file_system)
+    for name in ["../x", "/etc/passwd", "a\\..\\x", "a\x00b", "x" * 300]:
+        with pytest.raises(UnsafePath):
+            contained(name, tmp_path)
+
+
+def test_climbs_reads_parts_as_contained_does() -> None:
+    assert climbs("../x") and climbs("http://h/a/../b") and climbs("a\\..\\b")
+    assert climbs("/srv/..") and climbs("../\x00")
+    assert not climbs("a..b.mar") and not climbs("/etc/passwd") and not climbs("\u2025/x")
+
+
+# ---- the hostile cases ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    #: The path as the hostile side writes it (a member's name, a manifest's value, a url's
+    #: path). For a link case: the path through the link.
+    name: str
+    #: A link case: the link's name, and where it points: "abs" (the outside secret, by an
+    #: absolute path), "rel" (the same, relative), "dir" (the outside folder), "self" (itself),
+    #: "hard" (a tar hard link to the outside secret).
+    link: tuple[str, str] | None = None
+    #: A Unicode look-alike of '..' or '/': an ordinary name, accepted and kept inside.
+    lookalike: bool = False
+
+
+CASES = [
+    Case("dotdot", f"../{EVIL}"),
+    Case("inner-dotdot", f"a/../../{EVIL}"),
+    Case("deep-dotdot", "../" * 8 + f"tmp/{EVIL}"),
+    Case("absolute", f"/tmp/{EVIL}"),
+    Case("backslash-dotdot", f"..\\..\\{EVIL}"),
+    Case("backslash-inner", f"a\\..\\..\\{EVIL}"),
+    Case("backslash-absolute", f"\\{EVIL}"),
+    Case("drive", f"C:\\{EVIL}"),
+    Case("nul", "a\x00b"),
+    Case("long-name", "x" * 300),
+    Case("long-path", "/".join(["d" * 200] * 25)),
+    Case("link-out", EVIL, link=(EVIL, "abs")),
+    Case("link-dotdot", EVIL, link=(EVIL, "rel")),
+    Case("dir-link-then-file", "d/secret", link=("d", "dir")),
+    Case("link-loop", "loop/x", link=("loop", "self")),
+    Case("hardlink", EVIL, link=(EVIL, "hard")),
+    Case("two-dot-leader", f"\u2025/{EVIL}", lookalike=True),
+    Case("fullwidth-dots", f"\uff0e\uff0e/{EVIL}", lookalike=True),
+    Case("division-slash", f"a\u2215..\u2215{EVIL}", lookalike=True),
+]
+BY_ID = {case.id: case for case in CASES}
+TEXT = {case.id for case in CASES if case.link is None and not case.lookalike}
+LINKS = {case.id for case in CASES if case.link is not None}
+LOOKALIKES = {case.id for case in CASES if case.lookalike}
+#: The ``..`` cases, in every spelling.
+PARENT = {"dotdot", "inner-dotdot", "deep-dotdot", "backslash-dotdot", "backslash-inner"}
+#: Names a Linux file can have (one part, under NAME_MAX): Windows' traversals among them.
+FILE_NAMES = {"backslash-dotdot", "backslash-inner", "backslash-absolute", "drive"}
+
+
+@dataclass
+class Sandbox:
+    """``inside``: where a caller works (its store, its folder, its extraction); ``outside``:
+    a folder with a secret, beside it, which no case may reach."""
+
+    inside: Path
+    outside: Path
+
+    @classmethod
+    def make(cls, tmp_path: Path) -> Sandbox:
+        sandbox = cls(tmp_path / "inside", tmp_path / "outside")
+        sandbox.inside.mkdir()
+        sandbox.outside.mkdir()
+        (sandbox.outside / "secret").write_bytes(SECRET)
+        return sandbox
+
+    def tree(self) -> dict[str, bytes | None]:
+        """Everything but ``inside``: each path and a file's bytes."""
+        root = self.inside.parent
+        found: dict[str, bytes | None] = {}
+        for directory, dirs, files in os.walk(root):
+            if Path(directory) == self.inside:
+                dirs.clear()
+                continue
+            for name in dirs + files:
+                path = Path(directory) / name
+                found[str(path)] = path.read_bytes() if path.is_file() and not \
+                    path.is_symlink() else None
+        return found
+
+    def target(self, kind: str, at: Path) -> str:
+        """Where a link ``at`` of ``kind`` points."""
+        secret = self.outside / "secret"
+        return {"abs": str(secret), "rel": os.path.relpath(secret, at.parent),
+                "dir": str(self.outside), "self": at.name}[kind]
+
+    def plant(self, folder: Path, case: Case) -> None:
+        """``case`` on disk in ``folder``: its link, or (a look-alike) its file."""
+        if case.link is not None:
+            name, kind = case.link
+            (folder / name).symlink_to(self.target(kind, folder / name))
+        else:
+            (folder / case.name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / case.name).write_text("minWorkers: 1\n")
+
+
+def _zip(path: Path, case: Case, sandbox: Sandbox, members: dict[str, str] | None = None
+         ) -> Path:
+    """A zip holding ``members`` and ``case`` (a link member, then a file through it)."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in (members or {}).items():
+            archive.writestr(name, text)
+        if case.link is not None:
+            name, kind = case.link
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            archive.writestr(info, sandbox.target(kind, sandbox.inside / name))
+        if case.link is None or case.name != case.link[0]:
+            archive.writestr(case.name, b"payload")
+    return path
+
+
+def _tar(path: Path, case: Case, sandbox: Sandbox) -> Path:
+    with tarfile.open(path, "w:gz") as archive:
+        if case.link is not None:
+            name, kind = case.link
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.LNKTYPE if kind == "hard" else tarfile.SYMTYPE
+            info.linkname = sandbox.target("rel" if kind == "hard" else kind,
+                                           sandbox.inside / name)
+            archive.addfile(info)
+        if case.link is None or case.name != case.link[0]:
+            info = tarfile.TarInfo(case.name)
+            info.size = 7
+            archive.addfile(info, io.BytesIO(b"payload"))
+    return path
+
+
+def _kept_inside(folder: Path) -> None:
+    """What a caller unpacked or wrote: no link, and every path inside ``folder``."""
+    real = folder.resolve()
+    for path in folder.rglob("*"):
+        assert not path.is_symlink(), path
+        assert real in path.resolve().parents, path
+
+
+def _mar_folder(sandbox: Sandbox, **manifest: str) -> Path:
+    folder = sandbox.inside / "model"
+    (folder / "MAR-INF").mkdir(parents=True)
+    model = {"modelName": "m", "modelVersion": "1.0", "handler": "echo.py", **manifest}
+    (folder / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(
+        {"createdOn": "01/01/2025 00:00:00", "runtime": "python", "model": model,
+         "archiverVersion": "0.12.0"}))
+    return folder
+
+
+def _work(sandbox: Sandbox) -> Path:
+    work = sandbox.inside / "work"
+    work.mkdir()
+    return work
+
+
+# ---- the callers, each through its public entry point --------------------------------------
+
+def mar(case: Case, sandbox: Sandbox) -> None:
+    work = _work(sandbox)
+    unpacked = models.unpack("evil.mar", _zip(sandbox.inside / "evil.mar", case, sandbox),
+                             work)
+    _kept_inside(unpacked.model_dir)
+
+
+def tar_gz(case: Case, sandbox: Sandbox) -> None:
+    work = _work(sandbox)
+    unpacked = models.unpack("evil.tar.gz",
+                             _tar(sandbox.inside / "evil.tar.gz", case, sandbox), work)
+    _kept_inside(unpacked.model_dir)
+
+
+def war(case: Case, sandbox: Sandbox) -> None:
+    members = {"WAR-INF/MANIFEST.json": json.dumps(
+        {"createdOn": "01/01/2025 00:00:00", "archiverVersion": "0.2.15",
+         "workflow": {"workflowName": "wf", "specFile": "wf.yaml", "handler": "h.py"}}),
+               "wf.yaml": SPEC, "h.py": FUNCTIONS}
+    work = _work(sandbox)
+    archive = workflows.unpack("evil.war", _zip(sandbox.inside / "evil.war", case, sandbox,
+                                                members), work, None)
+    _kept_inside(archive.directory)
+
+
+def folder_config_file(case: Case, sandbox: Sandbox) -> None:
+    """A folder model (used in place) whose manifest names ``case`` as its config file,
+    which the server reads itself."""
+    folder = _mar_folder(sandbox, configFile=case.name)
+    if case.link is not None or case.lookalike:
+        sandbox.plant(folder, case)
+    models.unpack("model", folder, _work(sandbox))
+
+
+def folder_handler(case: Case, sandbox: Sandbox) -> None:
+    models.unpack("model", _mar_folder(sandbox, handler=f"{case.name}:handle"), _work(sandbox))
+
+
+def mar_serialized_file(case: Case, sandbox: Sandbox) -> None:
+    manifest = {"createdOn": "01/01/2025 00:00:00", "runtime": "python",
+                "archiverVersion": "0.12.0",
+                "model": {"modelName": "m", "handler": "echo.py", "serializedFile": case.name}}
+    plain = Case("manifest", "echo.py")
+    archive = _zip(sandbox.inside / "m.mar", plain, sandbox,
+                   {"MAR-INF/MANIFEST.json": json.dumps(manifest)})
+    unpacked = models.unpack("m.mar", archive, _work(sandbox))
+    _kept_inside(unpacked.model_dir)
+
+
+def requirements(case: Case, sandbox: Sandbox) -> None:
+    folder = sandbox.inside / "model"
+    folder.mkdir()
+    if case.link is not None or case.lookalike:
+        sandbox.plant(folder, case)
+    assert folder.resolve() in requirements_path(folder, case.name).parents
+
+
+def model_url(case: Case, sandbox: Sandbox) -> None:
+    """A register url: the case itself, or (links, look-alikes) a path in the store."""
+    if case.link is None and not case.lookalike:
+        models.resolve_url(case.name, sandbox.inside, ())
+        return
+    sandbox.plant(sandbox.inside, case)
+    path = models.resolve_url(f"{sandbox.inside}/{case.name}", sandbox.inside, ())
+    assert sandbox.inside.resolve() in path.resolve().parents
+
+
+def workflow_url(case: Case, sandbox: Sandbox) -> None:
+    if case.link is None and not case.lookalike:
+        workflows.locate(case.name, sandbox.inside, (), 1)
+        return
+    sandbox.plant(sandbox.inside, case)
+    path, _ = workflows.locate(f"{sandbox.inside}/{case.name}", sandbox.inside, (), 1)
+    assert sandbox.inside.resolve() in path.resolve().parents
+
+
+def download(case: Case, sandbox: Sandbox) -> None:
+    """What a download is judged by before anything is fetched: its url, its file name."""
+    url = check_allowed(f"http://models.example/m/{case.name}.mar", (".*",))
+    name = archive_name(url)
+    assert sandbox.inside.resolve() in (sandbox.inside / name).resolve().parents
+
+
+def _extra_folder(case: Case, sandbox: Sandbox) -> Path:
+    extra = sandbox.inside / "extra"
+    extra.mkdir()
+    if case.link is not None:
+        sandbox.plant(extra, case)
+    else:
+        (extra / case.name).parent.mkdir(parents=True, exist_ok=True)
+        (extra / case.name).write_text("x")
+    return extra
+
+
+def model_archiver(case: Case, sandbox: Sandbox) -> None:
+    """``--extra-files``: links are followed (a Hugging Face snapshot is links into its
+    cache), so a link out is packed as the file it leads to; no link lands in the archive."""
+    export = sandbox.inside / "export"
+    export.mkdir()
+    built = build_archive(ArchiveOptions(
+        model_name="m", handler=str(ECHO), export_path=export,
+        extra_files=(str(_extra_folder(case, sandbox)),)))
+    with zipfile.ZipFile(built) as archive:
+        for info in archive.infolist():
+            assert not stat.S_ISLNK(info.external_attr >> 16), info.filename
+            contained(info.filename)
+    (sandbox.inside / "unpacked").mkdir()
+    mar_dir = models.unpack("m.mar", built, sandbox.inside / "unpacked").model_dir
+    _kept_inside(mar_dir)
+
+
+def workflow_archiver(case: Case, sandbox: Sandbox) -> None:
+    spec, handler = sandbox.inside / "wf.yaml", sandbox.inside / "h.py"
+    spec.write_text(SPEC)
+    handler.write_text(FUNCTIONS)
+    export = sandbox.inside / "export"
+    export.mkdir()
+    build_workflow_archive(WorkflowOptions(
+        workflow_name="wf", spec_file=str(spec), handler=str(handler), export_path=export,
+        extra_files=(str(_extra_folder(case, sandbox)),)))
+
+
+def war_manifest(case: Case, sandbox: Sandbox) -> None:
+    WorkflowManifest.from_json(json.dumps({
+        "createdOn": "01/01/2025 00:00:00", "archiverVersion": "0.2.15",
+        "workflow": {"workflowName": "wf", "specFile": case.name, "handler": "h.py"}}))
+
+
+def spec_url(case: Case, sandbox: Sandbox) -> None:
+    parse_spec(f"models:\n  m1:\n    url: {json.dumps(case.name)}\ndag:\n  m1: []\n", "wf")
+
+
+@dataclass(frozen=True)
+class Caller:
+    id: str
+    run: Callable[[Case, Sandbox], None]
+    #: What it raises when it refuses.
+    errors: tuple[type[Exception], ...]
+    #: The cases it can meet: each is refused, but look-alikes and ``accepts``.
+    cases: frozenset[str]
+    #: Cases it takes by design, keeping everything inside.
+    accepts: frozenset[str] = field(default_factory=frozenset)
+
+
+def _ids(*groups: set[str] | frozenset[str], but: set[str] = frozenset()) -> frozenset[str]:
+    return frozenset(set().union(*groups) - but)
+
+
+CALLERS = [
+    # A zip member's name ends at a NUL byte (zipfile reads "a\x00b" as "a"): no NUL case.
+    Caller("mar", mar, (ArchiveError,), _ids(TEXT, LINKS, LOOKALIKES, but={"nul", "hardlink"})),
+    Caller("tar.gz", tar_gz, (ArchiveError,), _ids(TEXT, LINKS, LOOKALIKES, but={"nul"})),
+    Caller("war", war, (InvalidWorkflow,), _ids(TEXT, LINKS, LOOKALIKES,
+                                                but={"nul", "hardlink"})),
+    Caller("folder-configFile", folder_config_file, (ArchiveError,),
+           _ids(TEXT, LINKS, LOOKALIKES, but={"hardlink"})),
+    # The handler's file is the part before ':' (so no drive), read by the worker, which
+    # follows the folder's own links.
+    Caller("folder-handler", folder_handler, (ArchiveError,),
+           _ids(TEXT, LOOKALIKES, but={"drive"})),
+    Caller("mar-serializedFile", mar_serialized_file, (ArchiveError,), _ids(TEXT, LOOKALIKES)),
+    Caller("requirements", requirements, (DependencyInstallError,),
+           _ids(TEXT, LINKS, LOOKALIKES, but={"hardlink"})),
+    Caller("model-url", model_url, (ArchiveError, Forbidden),
+           _ids(TEXT, LINKS, LOOKALIKES, but={"hardlink"})),
+    Caller("workflow-url", workflow_url, (WorkflowNotFound, Forbidden, BadRequest),
+           _ids(TEXT, LINKS, LOOKALIKES, but={"hardlink"})),
+    # An absolute path, or a long one, inside a url's path is only a url's path.
+    Caller("download", download, (ArchiveError, Forbidden),
+           _ids(TEXT, LOOKALIKES, but={"absolute", "long-path"})),
+    Caller("model-archiver", model_archiver, (ModelArchiverError,),
+           _ids(FILE_NAMES, LINKS, LOOKALIKES, but={"hardlink"}),
+           accepts=frozenset({"link-out", "link-dotdot", "dir-link-then-file"})),
+    Caller("workflow-archiver", workflow_archiver, (WorkflowArchiverError,),
+           _ids(FILE_NAMES, LINKS, LOOKALIKES, but={"hardlink"})),
+    Caller("war-manifest", war_manifest, (WorkflowManifestError,), _ids(TEXT, LOOKALIKES)),
+    # A spec's url may be absolute, or an http(s) url: only '..' is refused there.
+    Caller("spec-url", spec_url, (SpecError,), _ids(PARENT, LOOKALIKES)),
+]
+
+PAIRS = [pytest.param(caller, BY_ID[case], id=f"{caller.id}-{case}")
+         for caller in CALLERS for case in sorted(caller.cases)]
+
+
+@pytest.mark.parametrize(("caller", "case"), PAIRS)
+def test_every_caller_refuses_every_hostile_path(caller: Caller, case: Case,
+                                                 tmp_path: Path) -> None:
+    sandbox = Sandbox.make(tmp_path)
+    before = sandbox.tree()
+    if case.lookalike or case.id in caller.accepts:
+        caller.run(case, sandbox)
+    else:
+        with pytest.raises(caller.errors):
+            caller.run(case, sandbox)
+    assert sandbox.tree() == before, "something was written outside"
+    for folder in (Path("/tmp"), *tmp_path.parents):
+        assert not os.path.lexists(folder / EVIL), folder
+
+
+def test_every_case_meets_a_caller_and_every_caller_meets_each_kind() -> None:
+    met = {case for caller in CALLERS for case in caller.cases}
+    assert met == set(BY_ID)
+    for caller in CALLERS:
+        assert caller.cases & LOOKALIKES == LOOKALIKES, caller.id
+        assert caller.cases - LOOKALIKES - caller.accepts, caller.id
