@@ -1,26 +1,25 @@
 """One rule for every path from an archive, a url or a spec (``model_archiver.paths``), and
 one suite of hostile paths run against every caller, each through its public entry point.
 
-The suite (``test_every_caller_refuses_every_hostile_path``) crosses ``CASES`` (zip-slip
-``..``, absolute names, Windows' separators and drives, NUL, names too long, links pointing
-out, a folder link with a file through it, a link loop, a hard link; and Unicode look-alikes
-of ``..`` and ``/``, which are ordinary names) with ``CALLERS`` (.mar, .tar.gz and .war
-extraction, a folder model's manifest and config file, the register urls of models and
-workflows, a download's file name, a requirements file, both archivers' ``--extra-files``,
-a .war's manifest, a spec's urls). Every hostile case a caller can meet is refused with
-that caller's own error, and nothing is ever written outside: the sandbox's other folders
-are the same after as before. The real server's answers (400, nothing left in the run
-directory) are in tests/integration/test_bad_input.py.
+The suite (``test_every_caller_refuses_every_hostile_path``) crosses the cases of
+tests/hostile_paths.py (zip-slip ``..``, absolute names, Windows' separators and drives,
+NUL, names too long, links pointing out, a folder link with a file through it, a link loop,
+a hard link; and Unicode look-alikes of ``..`` and ``/``, which are ordinary names) with
+``CALLERS`` (.mar, .tar.gz and .war extraction, a folder model's manifest and config file,
+a manifest's handler and weights, the register urls of models and workflows, a download's
+file name, a requirements file, both archivers' ``--extra-files``, a .war's manifest, a
+spec's urls). Every hostile case a caller can meet is refused with that caller's own error,
+and nothing is ever written outside: the sandbox's other folders are the same after as
+before. The real server's answers (400, nothing left in the run directory) are in
+tests/integration/test_containment.py.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import stat
 import tarfile
-import uuid
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +42,22 @@ from frontend.workflows import archive as workflows
 from model_archiver.errors import ModelArchiverError
 from model_archiver.packaging import ArchiveOptions, build_archive
 from model_archiver.paths import MAX_NAME_BYTES, Unsafe, UnsafePath, climbs, contained
+from tests.hostile_paths import (
+    BY_ID,
+    EVIL,
+    FILE_NAMES,
+    IN_TAR,
+    IN_ZIP,
+    LINKS,
+    LOOKALIKES,
+    PARENT,
+    SECRET,
+    TEXT,
+    Case,
+    add_to_tar,
+    add_to_zip,
+    plant,
+)
 from workflow_archiver import SpecError, WorkflowArchiverError, WorkflowManifestError
 from workflow_archiver.manifest import WorkflowManifest
 from workflow_archiver.packaging import WorkflowOptions, build_workflow_archive
@@ -50,9 +65,6 @@ from workflow_archiver.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ECHO = ROOT / "tests" / "fixtures" / "handlers" / "echo.py"
-SECRET = b"the outside's secret"
-#: The name hostile members try to write (unique: a stray one from elsewhere cannot count).
-EVIL = f"evil-{uuid.uuid4().hex[:8]}"
 SPEC = "models:\n  m1:\n    url: m1.mar\ndag:\n  pre: [m1]\n"
 FUNCTIONS = "def pre(data, context):\n    return data\n"
 
@@ -151,52 +163,7 @@ def test_climbs_reads_parts_as_contained_does() -> None:
     assert not climbs("a..b.mar") and not climbs("/etc/passwd") and not climbs("\u2025/x")
 
 
-# ---- the hostile cases ---------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    #: The path as the hostile side writes it (a member's name, a manifest's value, a url's
-    #: path). For a link case: the path through the link.
-    name: str
-    #: A link case: the link's name, and where it points: "abs" (the outside secret, by an
-    #: absolute path), "rel" (the same, relative), "dir" (the outside folder), "self" (itself),
-    #: "hard" (a tar hard link to the outside secret).
-    link: tuple[str, str] | None = None
-    #: A Unicode look-alike of '..' or '/': an ordinary name, accepted and kept inside.
-    lookalike: bool = False
-
-
-CASES = [
-    Case("dotdot", f"../{EVIL}"),
-    Case("inner-dotdot", f"a/../../{EVIL}"),
-    Case("deep-dotdot", "../" * 8 + f"tmp/{EVIL}"),
-    Case("absolute", f"/tmp/{EVIL}"),
-    Case("backslash-dotdot", f"..\\..\\{EVIL}"),
-    Case("backslash-inner", f"a\\..\\..\\{EVIL}"),
-    Case("backslash-absolute", f"\\{EVIL}"),
-    Case("drive", f"C:\\{EVIL}"),
-    Case("nul", "a\x00b"),
-    Case("long-name", "x" * 300),
-    Case("long-path", "/".join(["d" * 200] * 25)),
-    Case("link-out", EVIL, link=(EVIL, "abs")),
-    Case("link-dotdot", EVIL, link=(EVIL, "rel")),
-    Case("dir-link-then-file", "d/secret", link=("d", "dir")),
-    Case("link-loop", "loop/x", link=("loop", "self")),
-    Case("hardlink", EVIL, link=(EVIL, "hard")),
-    Case("two-dot-leader", f"\u2025/{EVIL}", lookalike=True),
-    Case("fullwidth-dots", f"\uff0e\uff0e/{EVIL}", lookalike=True),
-    Case("division-slash", f"a\u2215..\u2215{EVIL}", lookalike=True),
-]
-BY_ID = {case.id: case for case in CASES}
-TEXT = {case.id for case in CASES if case.link is None and not case.lookalike}
-LINKS = {case.id for case in CASES if case.link is not None}
-LOOKALIKES = {case.id for case in CASES if case.lookalike}
-#: The ``..`` cases, in every spelling.
-PARENT = {"dotdot", "inner-dotdot", "deep-dotdot", "backslash-dotdot", "backslash-inner"}
-#: Names a Linux file can have (one part, under NAME_MAX): Windows' traversals among them.
-FILE_NAMES = {"backslash-dotdot", "backslash-inner", "backslash-absolute", "drive"}
-
+# ---- the callers, each through its public entry point --------------------------------------
 
 @dataclass
 class Sandbox:
@@ -228,51 +195,23 @@ class Sandbox:
                     path.is_symlink() else None
         return found
 
-    def target(self, kind: str, at: Path) -> str:
-        """Where a link ``at`` of ``kind`` points."""
-        secret = self.outside / "secret"
-        return {"abs": str(secret), "rel": os.path.relpath(secret, at.parent),
-                "dir": str(self.outside), "self": at.name}[kind]
-
     def plant(self, folder: Path, case: Case) -> None:
-        """``case`` on disk in ``folder``: its link, or (a look-alike) its file."""
-        if case.link is not None:
-            name, kind = case.link
-            (folder / name).symlink_to(self.target(kind, folder / name))
-        else:
-            (folder / case.name).parent.mkdir(parents=True, exist_ok=True)
-            (folder / case.name).write_text("minWorkers: 1\n")
+        plant(folder, case, self.outside)
 
 
 def _zip(path: Path, case: Case, sandbox: Sandbox, members: dict[str, str] | None = None
          ) -> Path:
-    """A zip holding ``members`` and ``case`` (a link member, then a file through it)."""
+    """A zip holding ``members`` and ``case``."""
     with zipfile.ZipFile(path, "w") as archive:
         for name, text in (members or {}).items():
             archive.writestr(name, text)
-        if case.link is not None:
-            name, kind = case.link
-            info = zipfile.ZipInfo(name)
-            info.external_attr = (stat.S_IFLNK | 0o777) << 16
-            archive.writestr(info, sandbox.target(kind, sandbox.inside / name))
-        if case.link is None or case.name != case.link[0]:
-            archive.writestr(case.name, b"payload")
+        add_to_zip(archive, case, sandbox.outside, sandbox.inside)
     return path
 
 
 def _tar(path: Path, case: Case, sandbox: Sandbox) -> Path:
     with tarfile.open(path, "w:gz") as archive:
-        if case.link is not None:
-            name, kind = case.link
-            info = tarfile.TarInfo(name)
-            info.type = tarfile.LNKTYPE if kind == "hard" else tarfile.SYMTYPE
-            info.linkname = sandbox.target("rel" if kind == "hard" else kind,
-                                           sandbox.inside / name)
-            archive.addfile(info)
-        if case.link is None or case.name != case.link[0]:
-            info = tarfile.TarInfo(case.name)
-            info.size = 7
-            archive.addfile(info, io.BytesIO(b"payload"))
+        add_to_tar(archive, case, sandbox.outside, sandbox.inside)
     return path
 
 
@@ -299,8 +238,6 @@ def _work(sandbox: Sandbox) -> Path:
     work.mkdir()
     return work
 
-
-# ---- the callers, each through its public entry point --------------------------------------
 
 def mar(case: Case, sandbox: Sandbox) -> None:
     work = _work(sandbox)
@@ -451,11 +388,9 @@ def _ids(*groups: set[str] | frozenset[str], but: set[str] = frozenset()) -> fro
 
 
 CALLERS = [
-    # A zip member's name ends at a NUL byte (zipfile reads "a\x00b" as "a"): no NUL case.
-    Caller("mar", mar, (ArchiveError,), _ids(TEXT, LINKS, LOOKALIKES, but={"nul", "hardlink"})),
-    Caller("tar.gz", tar_gz, (ArchiveError,), _ids(TEXT, LINKS, LOOKALIKES, but={"nul"})),
-    Caller("war", war, (InvalidWorkflow,), _ids(TEXT, LINKS, LOOKALIKES,
-                                                but={"nul", "hardlink"})),
+    Caller("mar", mar, (ArchiveError,), IN_ZIP),
+    Caller("tar.gz", tar_gz, (ArchiveError,), IN_TAR),
+    Caller("war", war, (InvalidWorkflow,), IN_ZIP),
     Caller("folder-configFile", folder_config_file, (ArchiveError,),
            _ids(TEXT, LINKS, LOOKALIKES, but={"hardlink"})),
     # The handler's file is the part before ':' (so no drive), read by the worker, which
