@@ -16,6 +16,7 @@ tests/integration/test_containment.py.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import stat
@@ -442,3 +443,73 @@ def test_every_case_meets_a_caller_and_every_caller_meets_each_kind() -> None:
     for caller in CALLERS:
         assert caller.cases & LOOKALIKES == LOOKALIKES, caller.id
         assert caller.cases - LOOKALIKES - caller.accepts, caller.id
+
+
+# ---- no other guard ------------------------------------------------------------------------
+
+#: Where a path judged on its own would be a second guard: the packages that meet paths from
+#: archives, urls and specs (the backend's reading of a manifest's files relies on the
+#: frontend's check at registration).
+GUARDED_PACKAGES = ("frontend", "model_archiver", "workflow_archiver")
+#: Functions that compare with ``..`` or a folder's ``parents`` and judge no path from
+#: outside: (module path, function) -> why.
+NOT_GUARDS = {
+    ("frontend/models/download.py", "remove_dot_segments"):
+        "RFC 3986's dot-segment removal, of a url already refused for any '..'",
+    ("frontend/models/archive.py", "remove_unpacked"): "our own extraction's folders",
+    ("workflow_archiver/spec.py", "input_name"): "a DAG node's parents",
+}
+_GUARD_CALLS = frozenset({"is_relative_to", "commonpath", "realpath"})
+
+
+def _guards(tree: ast.AST) -> list[tuple[str, int]]:
+    """(enclosing function, line) of each comparison with ``'..'`` or ``x.parents`` and each
+    call of a containment helper in ``tree``."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            function = node.name
+        if isinstance(node, ast.Compare):
+            dots = any(isinstance(item, ast.Constant) and item.value == ".."
+                       for item in [node.left, *node.comparators])
+            in_parents = any(isinstance(op, ast.In | ast.NotIn) for op in node.ops) and any(
+                isinstance(item, ast.Attribute) and item.attr == "parents"
+                for item in node.comparators)
+            if dots or in_parents:
+                found.append((function, node.lineno))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in _GUARD_CALLS:
+            found.append((function, node.lineno))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, "<module>")
+    return found
+
+
+def test_no_path_is_judged_but_by_contained() -> None:
+    """A second guard is the one the next fix misses: every path from outside is judged by
+    ``model_archiver.paths.contained`` only."""
+    allowed, seen = dict(NOT_GUARDS), set()
+    stray = []
+    for package in GUARDED_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            module = path.relative_to(ROOT).as_posix()
+            if module == "model_archiver/paths.py":
+                continue
+            for function, line in _guards(ast.parse(path.read_text(), module)):
+                if (module, function) in allowed:
+                    seen.add((module, function))
+                else:
+                    stray.append(f"{module}:{line} ({function})")
+    assert not stray, "judge these paths with model_archiver.paths.contained: " + ", ".join(
+        stray)
+    assert seen == set(allowed), f"stale NOT_GUARDS entries: {set(allowed) - seen}"
+
+
+def test_the_guard_finder_finds_guards() -> None:
+    source = ("def f(p, root):\n    if '..' in p.parts or root in p.resolve().parents:\n"
+              "        return p.is_relative_to(root)\n")
+    assert sorted(_guards(ast.parse(source))) == [("f", 2), ("f", 2), ("f", 3)]
+    assert _guards(ast.parse("for parent in node.parents:\n    pass\n")) == []
