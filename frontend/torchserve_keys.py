@@ -3,7 +3,7 @@
 TorchServe 0.12 reads these from config.properties (its ``ConfigManager``, and
 ``ts/model_server.py`` for ``vmargs`` and ``plugins_path``), or writes them there itself. A
 file that sets one is accepted: the server says once, at start, why the key has no effect
-(``frontend/config.py``, ``load_config``), instead of calling it misspelt. Every other key of
+(``frontend/config/load.py``, ``load_config``), instead of calling it misspelt. Every other key of
 TorchServe's is a setting here (``ServerConfig``).
 """
 

@@ -12,7 +12,9 @@ import os
 import secrets
 import zipfile
 from collections.abc import Iterable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
+
+from model_archiver.paths import Unsafe, UnsafePath, contained
 
 __all__ = [
     "SKIPPED_DIRS",
@@ -53,9 +55,13 @@ class ArchiveEntries:
 
     def add(self, name: str, source: Path) -> None:
         """Store ``source`` as ``name`` (a relative POSIX path)."""
-        path = PurePosixPath(name)
-        if path.is_absolute() or ".." in path.parts:  # not from base names and walks; a guard
-            raise self._error(f"{source}: {name!r} would land outside the archive")
+        try:  # never from base names and walks; a guard
+            path = contained(name)
+        except UnsafePath as exc:
+            raise self._error(f"{source}: {name!r} would land outside the archive: it "
+                              f"{exc.why.value}") from None
+        if not path.parts:
+            raise self._error(f"{source}: {name!r} names no file in the archive")
         if path.parts[0] == self._reserved:
             raise self._error(
                 f"{source}: {self._reserved}/ is reserved for the archive manifest")
@@ -95,14 +101,11 @@ class ArchiveEntries:
         return sorted(self._files.items())
 
     def _walk(self, root: Path, links_may_leave: bool) -> list[tuple[str, Path]]:
-        top = root.resolve()
         found: list[tuple[str, Path]] = []
         seen: set[Path] = set()
         for directory, subdirs, files in os.walk(root, followlinks=True):
             here = Path(directory)
-            real = here.resolve()
-            if not (links_may_leave or real.is_relative_to(top)):
-                raise self._error(f"--extra-files: {here} links to {real}, outside {root}")
+            real = self._followed(root, here, links_may_leave)
             if real in seen:  # a link back up the tree would otherwise recurse forever
                 subdirs[:] = []
                 continue
@@ -111,15 +114,27 @@ class ArchiveEntries:
                                 and not d.startswith("."))
             for name in sorted(files):
                 file = here / name
-                target = file.resolve()
-                if not (links_may_leave or target.is_relative_to(top)):
-                    raise self._error(
-                        f"--extra-files: {file} links to {target}, outside {root}")
+                target = self._followed(root, file, links_may_leave)
                 if not file.exists():
                     raise self._error(f"--extra-files: {file} is a broken link to {target}")
                 if file.is_file():  # not a socket or a pipe: nothing to ship
                     found.append((file.relative_to(root).as_posix(), file))
         return found
+
+    def _followed(self, root: Path, path: Path, links_may_leave: bool) -> Path:
+        """Where ``path`` (found in ``root``) leads, its links followed: inside ``root``
+        unless ``links_may_leave``."""
+        try:
+            if links_may_leave:
+                return path.resolve()
+            return contained(path.relative_to(root), root)
+        except (OSError, RuntimeError):  # 3.11's resolve: RuntimeError for a link loop
+            raise self._error(f"--extra-files: {path} is a link loop") from None
+        except UnsafePath as exc:
+            if exc.why is Unsafe.UNRESOLVABLE:
+                raise self._error(f"--extra-files: {path} is a link loop") from None
+            raise self._error(f"--extra-files: {path} links to {exc.target}, outside "
+                              f"{root}") from None
 
 
 def temp_sibling(target: Path) -> Path:

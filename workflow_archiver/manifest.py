@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from model_archiver.files import read_folder_member, read_zip_member
+from model_archiver.paths import UnsafePath, contained
 from model_archiver.quoting import quoted
 from workflow_archiver import __version__
 from workflow_archiver.errors import WorkflowManifestError
@@ -144,8 +145,11 @@ def _member(workflow: Mapping[str, Any], key: str) -> str:
     value = _text(workflow, key)
     if not value:
         raise WorkflowManifestError(f'manifest "workflow" section has no "{key}"')
-    path = PurePosixPath(value.replace("\\", "/"))
-    if path.is_absolute() or ".." in path.parts or path.parts[0] == WAR_INF or ":" in value:
+    try:
+        path = contained(value)  # "\\" separates parts too, as a Windows-made archive has it
+    except UnsafePath:
+        path = PurePosixPath()
+    if not path.parts or path.parts[0] == WAR_INF or ":" in value:
         raise WorkflowManifestError(
             f'manifest "{key}" must name a file inside the archive, got {quoted(value)}')
     return value

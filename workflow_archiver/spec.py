@@ -76,6 +76,7 @@ from types import MappingProxyType
 from typing import Any
 
 from model_archiver import names
+from model_archiver.paths import climbs
 from model_archiver.quoting import excerpt, quoted
 from model_archiver.yaml_files import YamlError, load_yaml
 from workflow_archiver.errors import InvalidDAGError, SpecError, WorkflowArchiverError
@@ -412,7 +413,7 @@ def _build(workflow_name: str, models: dict[str, _Model], final: NodeSettings,
         if model is not None:
             if not model.url:
                 raise SpecError(f"models.{name} has no 'url' (the model archive to serve)")
-            if ".." in model.url:
+            if climbs(model.url):
                 raise SpecError(f"models.{name}.url {quoted(model.url)}: Relative path is "
                                 f"not allowed in url")
             kind, url, settings = NodeKind.MODEL, model.url, model.settings

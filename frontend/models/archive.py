@@ -1,7 +1,9 @@
 """Find, check and unpack model archives (.mar zip, .tar.gz, or a plain folder).
 
 Archives come from the model store unless ``allowed_urls`` admits another location.
-Extraction refuses absolute paths, ``..`` and links (zip-slip).
+Every path an archive or a url names goes through ``model_archiver.paths.contained``:
+extraction refuses absolute paths, ``..`` and links (zip-slip), and the files a manifest
+names must lie inside the archive.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import tarfile
 import uuid
 import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from frontend.errors import ArchiveError, Forbidden, excerpt, quoted
 from model_archiver.manifest import MANIFEST_PATH, Manifest
+from model_archiver.paths import Unsafe, UnsafePath, contained
 from model_archiver.yaml_files import YamlError, read_yaml
 
 ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".tgz")
@@ -83,7 +86,11 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
     if is_bare_name:
         if model_store is None:
             raise ArchiveError("no model store is configured (--model-store)")
-        if url in (".", ".."):
+        try:
+            contained(url)  # a plain name: the store's entry itself, links and all
+        except UnsafePath:
+            raise ArchiveError(f"invalid model url {quoted(url)}") from None
+        if url == ".":
             raise ArchiveError(f"invalid model url {quoted(url)}")
         path = model_store / url
         if not _exists(path):
@@ -99,22 +106,26 @@ def resolve_url(url: str, model_store: Path | None, allowed_urls: tuple[str, ...
     # SageMaker endpoint sets model_store=/ and registers /opt/ml/models/<name>/model).
     if not _inside(path, model_store):
         require_allowed(url, allowed_urls)
-    if ".." in PurePosixPath(raw_path).parts:
-        raise ArchiveError(f"invalid model url {quoted(url)}: '..' is not allowed")
+    try:
+        contained(raw_path, absolute=True)
+    except UnsafePath as exc:
+        if exc.why is Unsafe.PARENT:
+            raise ArchiveError(f"invalid model url {quoted(url)}: '..' is not allowed") from None
+        raise ArchiveError(f"invalid model url {quoted(url)}: it {exc.why.value}") from None
     if not _exists(path):
         raise ArchiveError(f"Model archive {quoted(url)} not found")
     return path
 
 
 def _inside(path: Path, folder: Path | None) -> bool:
-    """Whether ``path`` (absolute, no ``..``), links resolved, lies in ``folder``."""
-    if folder is None or not path.is_absolute() or ".." in path.parts:
+    """Whether ``path`` is absolute and, links resolved, lies in ``folder`` (or is it)."""
+    if folder is None or not path.is_absolute():
         return False
     try:
-        real, store = path.resolve(), folder.resolve()
-    except (OSError, RuntimeError):
+        contained(path, folder, absolute=True)
+    except UnsafePath:
         return False
-    return real == store or store in real.parents
+    return True
 
 
 def _exists(path: Path) -> bool:
@@ -125,13 +136,10 @@ def _exists(path: Path) -> bool:
 
 
 def _check_member(name: str, dest: Path) -> Path:
-    member = PurePosixPath(name)
-    if member.is_absolute() or ".." in member.parts or name.startswith("\\"):
-        raise ArchiveError(f"unsafe path in archive: {quoted(name)}")
-    target = (dest / member).resolve()
-    if target != dest and dest not in target.parents:
-        raise ArchiveError(f"unsafe path in archive: {quoted(name)}")
-    return target
+    try:
+        return contained(name, dest)
+    except UnsafePath as exc:
+        raise ArchiveError(f"unsafe path in archive: {quoted(name)} {exc.why.value}") from None
 
 
 def extract_zip(source: Path, dest: Path, kind: str = ".mar",
@@ -197,10 +205,46 @@ def _read_manifest(model_dir: Path, default_name: str) -> tuple[Manifest, str]:
         raise ArchiveError(f"invalid {MANIFEST_PATH}: {excerpt(str(exc), 300)}") from exc
 
 
+def check_handler(handler: str, given_as: str = "its handler") -> None:
+    """A handler (the manifest's, or a register request's ``handler`` parameter) that names
+    a file names one inside the model: the worker looks for the part before ``:`` (``.py``
+    added) in the model's folder. ArchiveError otherwise, naming it ``given_as``.
+    (``default_service_handler``, the operator's, may name a file anywhere.)"""
+    module = handler.partition(":")[0].strip()
+    if module:
+        _check_named(given_as, module)
+
+
+def _check_named(key: str, name: str) -> None:
+    """A file the manifest names (``key``) is a path inside the archive: not absolute, no
+    ``..``. The worker reads it where it is, following the model folder's own links (a
+    folder in the store may link its weights from a cache)."""
+    try:
+        contained(name)
+    except UnsafePath as exc:
+        raise ArchiveError(f"unsafe path in archive: {key} {quoted(name)} "
+                           f"{exc.why.value}") from None
+
+
+def _check_manifest_files(manifest: Manifest) -> None:
+    check_handler(manifest.handler)
+    for key, name in (("serializedFile", manifest.serialized_file),
+                      ("modelFile", manifest.model_file),
+                      ("requirementsFile", manifest.requirements_file),
+                      ("configFile", manifest.config_file)):
+        if name:
+            _check_named(f"its {key}", name)
+
+
 def _read_model_config(model_dir: Path, manifest: Manifest) -> dict[str, Any]:
     if not manifest.config_file:
         return {}
-    path = model_dir / manifest.config_file
+    try:
+        # Read here, by the server: its links too must stay inside the model's folder.
+        path = contained(manifest.config_file, model_dir)
+    except UnsafePath as exc:
+        raise ArchiveError(f"unsafe path in archive: its configFile "
+                           f"{quoted(manifest.config_file)} {exc.why.value}") from None
     shown = excerpt(manifest.config_file)
     try:
         if not path.is_file():
@@ -238,6 +282,7 @@ def unpack(url: str, source: Path, work_dir: Path) -> UnpackedArchive:
         model_dir, is_extracted = _manifest_root(dest), True
     try:
         manifest, manifest_json = _read_manifest(model_dir, archive_stem(source))
+        _check_manifest_files(manifest)
         model_config = _read_model_config(model_dir, manifest)
     except BaseException:
         if is_extracted:

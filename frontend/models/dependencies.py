@@ -42,6 +42,7 @@ from pathlib import Path
 from frontend.errors import DependencyInstallError, quoted
 from frontend.observe.logs import log_output, output_lines
 from frontend.processes import python_module
+from model_archiver.paths import UnsafePath, contained
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +74,11 @@ NO_ENVIRONMENT = ModelEnvironment()
 
 def requirements_path(model_dir: Path, requirements_file: str) -> Path:
     """The archive's requirements file: inside the model directory, or DependencyInstallError."""
-    path = (model_dir / requirements_file).resolve()
-    if model_dir.resolve() not in path.parents or not path.is_file():
+    try:
+        path = contained(requirements_file, model_dir)  # its links too: pip reads it
+    except UnsafePath:
+        path = None
+    if path is None or not path.is_file():
         raise DependencyInstallError(
             f"the archive names requirements file {quoted(requirements_file)} but has none")
     return path

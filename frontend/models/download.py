@@ -31,6 +31,7 @@ from urllib.request import (
 
 from frontend.errors import ArchiveError, Conflict, Forbidden, ServeError, excerpt, quoted
 from frontend.models.archive import ARCHIVE_SUFFIXES, require_allowed
+from model_archiver.paths import UnsafePath, climbs, contained
 
 MAX_REDIRECTS = 5
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
@@ -101,7 +102,7 @@ def _has_parent_segment(path: str) -> bool:
     """Whether a server could read ``..`` in ``path``: any spelling of it as a segment,
     percent-encoded (even twice), split by ``/`` or ``\\``, or with ``;parameters``."""
     for _ in range(_DECODE_ROUNDS):
-        if any(segment.split(";", 1)[0] == ".." for segment in re.split(r"[/\\]", path)):
+        if climbs("/".join(segment.split(";", 1)[0] for segment in re.split(r"[/\\]", path))):
             return True
         decoded = unquote(path)
         if decoded == path:
@@ -156,10 +157,11 @@ def check_allowed(url: str, allowed_urls: tuple[str, ...]) -> str:
 def archive_name(url: str, suffixes: tuple[str, ...] = ARCHIVE_SUFFIXES) -> str:
     """The store file name for ``url``: its last path segment, unquoted, checked to be plain."""
     name = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
-    # A leading dot is refused too: list_store skips hidden files, and the download's own
-    # temporary files are hidden.
+    # One part (no separator), a path inside the store, no controls. A leading dot is refused
+    # too: list_store skips hidden files, and the download's own temporary files are hidden.
     is_plain = (
-        name not in ("", ".", "..")
+        _is_contained(name)
+        and name != ""
         and not name.startswith(".")
         and "/" not in name
         and "\\" not in name
@@ -171,6 +173,14 @@ def archive_name(url: str, suffixes: tuple[str, ...] = ARCHIVE_SUFFIXES) -> str:
         raise ArchiveError(f"url {quoted(url)}: expected a {', '.join(suffixes)} archive, got "
                            f"{quoted(name)}")
     return name
+
+
+def _is_contained(name: str) -> bool:
+    try:
+        contained(name)
+    except UnsafePath:
+        return False
+    return True
 
 
 def _open(opener: OpenerDirector, url: str, timeout_s: float) -> http.client.HTTPResponse:

@@ -297,6 +297,8 @@ class ModelLoader:
         if problem:
             raise BadRequest(problem)
         self.registry.check_free(name, version, request.workflow)
+        if request.handler:
+            archives.check_handler(request.handler, "the handler parameter")
         handler = request.handler or manifest.handler or self.config.default_service_handler
         if not handler:
             raise BadRequest(f"model {quoted(name)} names no handler: pass handler=")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from frontend.errors import (
@@ -34,6 +34,7 @@ from frontend.errors import (
 from frontend.models import archive as archives
 from frontend.models.download import download_archive
 from frontend.workflows.spec import WorkflowSpec, read_spec
+from model_archiver.paths import UnsafePath, climbs, contained
 from workflow_archiver import WorkflowArchiverError
 from workflow_archiver.manifest import MANIFEST_PATH, WorkflowManifest
 from workflow_archiver.packaging import MAX_HANDLER_BYTES
@@ -93,7 +94,7 @@ def locate(url: str, store: Path | None, allowed_urls: tuple[str, ...],
             raise BadRequest(f"Failed to download archive from: {excerpt(url)} ({exc.message})"
                              ) from None
         return path, path
-    if ".." in PurePosixPath(unquote(parts.path) if scheme == "file" else url).parts:
+    if climbs(unquote(parts.path) if scheme == "file" else url):
         raise WorkflowNotFound(f"Relative path is not allowed in url: {excerpt(url)}")
     if scheme == "file":
         return _copy_file_url(url, unquote(parts.path), store, allowed_urls, given_by_operator)
@@ -133,13 +134,14 @@ def _copy_file_url(url: str, raw_path: str, store: Path, allowed_urls: tuple[str
 
 
 def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is absolute and, links resolved, lies in ``folder``."""
     if not path.is_absolute():
         return False
     try:
-        real, store = path.resolve(), folder.resolve()
-    except (OSError, RuntimeError, ValueError):
+        contained(path, folder, absolute=True)
+    except UnsafePath:
         return False
-    return store in real.parents
+    return True
 
 
 def _is_file(path: Path) -> bool:
@@ -195,7 +197,10 @@ def _read_capped(path: Path, shown: str, max_bytes: int) -> bytes:
 def _read_member(directory: Path, name: str, key: str, max_bytes: int) -> str:
     """A file the manifest names (a path inside the archive, as the manifest reader checked),
     of at most ``max_bytes``."""
-    path = directory / name
+    try:
+        path = contained(name, directory)
+    except UnsafePath as exc:
+        raise InvalidWorkflow(f"the {key} {quoted(name)} {exc.why.value}") from None
     if not path.is_file():
         raise InvalidWorkflow(f"the archive has no {key} {quoted(name)}")
     data = _read_capped(path, f"{key} {quoted(name)}", max_bytes)

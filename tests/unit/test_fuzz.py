@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from frontend.api.http.forms import parse_form
-from frontend.config import _PARSERS, build_config
+from frontend.config import PARSERS, build_config
 from frontend.errors import ArchiveError, BadRequest, ConfigError
 from frontend.models.archive import unpack
 from protos.framing import HEADER, MAGIC, VERSION, Frame, FrameDecoder, Kind, ProtocolError, encode
@@ -82,9 +82,9 @@ def test_frames_round_trip_under_any_split(sent: list[Frame], cuts: list[int]) -
     assert decoder.pending_bytes == 0
 
 
-# ---- the config parser (frontend/config.py) -----------------------------------------------
+# ---- the config parser (frontend/config/) -------------------------------------------------
 
-KNOWN_KEYS = sorted(_PARSERS)
+KNOWN_KEYS = sorted(PARSERS)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,

@@ -148,7 +148,8 @@ FRONTEND_FLOORS: list[tuple[str, ...]] = [
     ("frontend.serving",),  # batching, policies, sequences, dispatch, workers
     ("frontend.observe",),  # metrics, logs
     ("frontend.config", "frontend.settings", "frontend.errors", "frontend.processes",
-     "frontend.tls", "frontend"),  # the ground: one config, one settings type, the errors
+     "frontend.tls", "frontend.torchserve_keys", "frontend"),  # the ground: one config (a
+    # package: frontend/config/), one settings type, the errors
 ]
 
 

@@ -1,4 +1,4 @@
-"""TLS settings and certificates (frontend/config.py's rules, frontend/tls.py's reading):
+"""TLS settings and certificates (frontend/config/checks.py's rules, frontend/tls.py's reading):
 TorchServe's keys, its defaults, and a clear refusal of what cannot be served.
 
 Certificates are made here (tests/certificates.py); a context is proved by a real TLS

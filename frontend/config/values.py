@@ -1,0 +1,221 @@
+"""How one config.properties value is read: the parsers the ``ServerConfig`` fields name
+(``option(..., parse=...)``), and the listener ``Address``.
+
+Each parser takes the value's text (stripped) and returns the field's value, or raises
+ValueError saying what is wrong; ``build_config`` names the key.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from frontend.settings import INT32_MAX, PolicyName, integer, policy
+
+#: KServe's ``PROTOCOL_VERSION`` values (``kserve_protocol``).
+KSERVE_PROTOCOLS = ("v1", "v2", "grpc-v2")
+#: TorchServe's envelope names (backend/codecs/envelopes.py implements them).
+SERVICE_ENVELOPES = ("kserve", "kservev2", "json", "body")
+#: ``worker_start``: forked by the fork server, or a fresh interpreter (spawned).
+WORKER_STARTS = ("fork", "spawn")
+#: ``otel_exporter_otlp_protocol``: OTLP over HTTP (protobuf bodies) or over gRPC.
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    host: str
+    port: int
+    #: ``https://``: the listener speaks TLS (certificate_file and private_key_file, or
+    #: keystore: frontend/tls.py).
+    is_tls: bool = False
+
+    @classmethod
+    def parse(cls, text: str, default_ports: tuple[int, int] | None = None) -> Address:
+        """``http://host:port`` or ``https://host:port`` (TorchServe's address keys); without
+        a port, ``default_ports`` (for http, for https) where given."""
+        parts = urlsplit(text if "://" in text else f"http://{text}")
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"unsupported scheme {parts.scheme!r}")
+        is_tls = parts.scheme == "https"
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"bad port in {text!r}") from exc
+        if port is None and default_ports is not None and parts.hostname:
+            port = default_ports[is_tls]
+        if not parts.hostname or port is None:
+            raise ValueError(f"expected http://host:port or https://host:port, got {text!r}")
+        return cls(parts.hostname, port, is_tls)
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        """Where it listens, whatever the scheme."""
+        return self.host, self.port
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.is_tls else 'http'}://{host}:{self.port}"
+
+
+def address(http_port: int, https_port: int) -> Callable[[str], Address]:
+    """An address key's parser: without a port, TorchServe's default for that key and scheme
+    (its Connector: inference 80/443, management 8081/8444, metrics 8082/8445)."""
+    return functools.partial(Address.parse, default_ports=(http_port, https_port))
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """A value for a message: one line (repr's escapes where it needs them), cut at ``limit``
+    characters."""
+    text_shown = text if text.isprintable() else repr(text)
+    return text_shown if len(text_shown) <= limit else text_shown[:limit] + "..."
+
+
+def parse_bool(text: str) -> bool:
+    """TorchServe's true/false words (true, yes, 1, on; false, no, 0, off), any case."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "yes", "1", "on"):
+        return True
+    if lowered in ("false", "no", "0", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {value}")
+    return value
+
+
+def whole(minimum: int, maximum: int = INT32_MAX) -> Callable[[str], int]:
+    """A whole number in [``minimum``, ``maximum``]: a server default of a model setting
+    within that setting's range (frontend/settings.py), a worker cap."""
+    check = integer(minimum, maximum)
+    return functools.partial(check, "the value")
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def parse_timing_mode(text: str) -> str:
+    """``server_timing``: off (also false), request (also true, on), always."""
+    value = text.strip().lower()
+    if value in ("", "off", "false", "no", "0"):
+        return "off"
+    if value in ("request", "true", "on", "yes", "1"):
+        return "request"
+    if value == "always":
+        return "always"
+    raise ValueError(f"expected off, request or always, got {text!r}")
+
+
+def choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    """One of ``choices``, or empty."""
+
+    def parse(text: str) -> str:
+        if text not in ("", *choices):
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def worker_start(text: str) -> str:
+    value = text.strip().lower()
+    if value not in WORKER_STARTS:
+        raise ValueError(f"expected one of {', '.join(WORKER_STARTS)}, got {text!r}")
+    return value
+
+
+def module_names(text: str) -> tuple[str, ...]:
+    names = tuple(item.strip() for item in text.split(",") if item.strip())
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(f"not a module name: {name!r}")
+    return names
+
+
+def metrics_mode(text: str) -> str:
+    """prometheus, log or legacy, in any case and with any spaces (as TorchServe reads it)."""
+    mode = re.sub(r"\s", "", text).lower()
+    if mode not in ("prometheus", "log", "legacy"):
+        raise ValueError("metrics_mode is prometheus, log or legacy")
+    return mode
+
+
+def absolute_path(text: str) -> Path:
+    """A path made absolute from the working directory (as TorchServe reads it)."""
+    if not text:
+        raise ValueError("expected a path")
+    return Path(os.path.abspath(text))
+
+
+def optional_path(text: str) -> Path | None:
+    return Path(text) if text else None
+
+
+def port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"not a port number: {value}")
+    return value
+
+
+def batch_policy(text: str) -> PolicyName:
+    return policy("batch_policy", text)
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    """A comma-separated list (``load_models``, ``load_workflows``), its blanks dropped."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def regex_list(text: str) -> tuple[str, ...]:
+    patterns = name_list(text)
+    for pattern in patterns:
+        regex(pattern)
+    return patterns
+
+
+def regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except (re.error, OverflowError, RecursionError) as exc:
+        raise ValueError(f"bad regular expression {text!r}: {exc}") from None
+    return text
+
+
+def otlp_protocol(text: str) -> str:
+    if text and text not in OTLP_PROTOCOLS:
+        raise ValueError(f"expected one of {', '.join(OTLP_PROTOCOLS)}")
+    return text
+
+
+def otlp_endpoint(text: str) -> str:
+    if text and urlsplit(text).scheme not in ("http", "https"):
+        raise ValueError("expected http://host:port or https://host:port")
+    return text
