@@ -245,16 +245,14 @@ class PredictionsProtocol(ServerProtocol):
         prediction.call.fail(error)
         self._respond(prediction, error.http_status, common.JSON, error_body(error),
                       header_pairs(error))
-        model = prediction.call.model
-        if (isinstance(error, ServiceUnavailable) and model is not None
-                and model.batcher.is_full and not self.transport.is_closing()):
+        if (isinstance(error, ServiceUnavailable) and not self.transport.is_closing()
+                and self.plane.when_room(prediction.call, self._room_again)):
             # Overload: this client has its 503; its next request is not read until the queue
             # has room. Reading (and refusing) every connection on every turn of the loop
             # would leave the worker one batch per turn; backpressure keeps it fed.
             # Never longer than Retry-After: a queue that does not drain (no worker) must not
             # leave a sent request unread.
             self.flow.pause_reading()
-            model.batcher.when_room(self._room_again)
             self.loop.call_later(REFUSED_PAUSE_MAX_S, self._room_again)
 
     def _room_again(self) -> None:

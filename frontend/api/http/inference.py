@@ -37,7 +37,7 @@ from frontend.errors import (
     torchserve_body,
     type_for_status,
 )
-from frontend.ops import sagemaker
+from frontend.ops import health, sagemaker
 from frontend.ops.auth import KeyKind
 from frontend.ops.plane import SEQUENCE_ID_HEADER, Call, Model, ResponseStream
 from frontend.ops.services import Services
@@ -66,7 +66,7 @@ class InferenceApp(common.Routes):
         self.plane = services.plane
         self.kserve = KServeRoutes(services)
         self.workflows = WorkflowRunner(services.workflows.registry, services.plane,
-                                        services.metrics, services.plane.access)
+                                        services.metrics)
 
     async def route(self, scope: common.Scope, receive: common.Receive,
                     send: common.Send) -> bool:
@@ -102,9 +102,8 @@ class InferenceApp(common.Routes):
         raise RouteNotFound()
 
     async def ping(self, send: common.Send) -> None:
-        healthy = all(model.is_healthy() for model in self.registry)
-        status = "Healthy" if healthy else "Unhealthy"
-        await common.send_json(send, 200 if healthy else 500, {"status": status})
+        healthy, body = health.ping(self.registry)
+        await common.send_json(send, 200 if healthy else 500, body)
 
     async def execution_parameters(self, scope: common.Scope, send: common.Send) -> None:
         """SageMaker batch transform's ``GET /execution-parameters`` (a key as /predictions)."""
@@ -157,12 +156,7 @@ class InferenceApp(common.Routes):
              loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Phase two, once the body is read: the call's inputs (form fields, or the body)
         sent through the plane (to the model a form names, when ``open`` left it to it)."""
-        content_type = _content_type(scope)
-        inputs: Sequence[tuple[str, bytes, str | None]]
-        if content_type and is_form(content_type):
-            inputs = parse_form(content_type, body, self.config.max_request_inputs)
-        else:
-            inputs = [("body", body, content_type)]
+        inputs = request_inputs(scope, body, self.config.max_request_inputs)
         if call.model is None:
             self.plane.open(call, sagemaker.model_from_fields(inputs))
         if scope["query_string"] and not scope["path"].startswith(_TORCHSERVE_PREFIXES):
@@ -254,37 +248,35 @@ class InferenceApp(common.Routes):
     async def workflow_predict(self, scope: common.Scope, receive: common.Receive,
                                send: common.Send, parts: list[str]) -> None:
         """``/wfpredict/{workflow}``: the same body forms as /predictions (a body, or form
-        fields), answered by running the workflow's DAG (frontend/ops/workflow_runs.py).
-        Any method, as TorchServe's route."""
+        fields), answered by running the workflow's DAG (frontend/ops/workflow_runs.py) in a
+        call of the plane, which records it. Any method, as TorchServe's route."""
         if len(parts) != 2:
             raise RouteNotFound()
         if self.auth is not None:
             self.auth.check(KeyKind.INFERENCE, scope["headers"])
         workflow = self.workflows.open(parts[1])
-        common.check_content_length(scope, self.config.max_request_size_bytes)
-        body = await common.read_body(receive, self.config.max_request_size_bytes)
-        content_type = _content_type(scope)
-        inputs: Sequence[tuple[str, bytes, str | None]]
-        if content_type and is_form(content_type):
-            inputs = parse_form(content_type, body, self.config.max_request_inputs)
-        else:
-            inputs = [("body", body, content_type or None)]
-        run = asyncio.ensure_future(self.workflows.run(workflow, http_origin(scope),
-                                                       scope["headers"], inputs))
-        disconnected = asyncio.ensure_future(receive())
-        try:
-            await asyncio.wait({run, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            disconnected.cancel()
-            if not run.done():
-                run.cancel()  # the client went away: its node calls leave their queues
-                # Until it has (and recorded itself: one access-log line, not two).
-                await asyncio.wait({run})
-        if run.cancelled():
-            return
-        answer = run.result()  # a ServeError is answered by the app
-        await common.send_bytes(send, 200, answer.body,
-                                answer.content_type.encode("latin-1", "replace"))
+        limit = self.config.max_request_size_bytes
+        common.check_content_length(scope, limit)
+        body = await common.read_body(receive, limit)
+        inputs = request_inputs(scope, body, self.config.max_request_inputs)
+        async with self.plane.call(http_origin(scope)) as call:
+            run = asyncio.ensure_future(self.workflows.run(call, workflow, scope["headers"],
+                                                           inputs))
+            disconnected = asyncio.ensure_future(receive())
+            try:
+                await asyncio.wait({run, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                disconnected.cancel()
+                if not run.done():
+                    run.cancel()  # the client went away: its node calls leave their queues
+                    await asyncio.wait({run})
+            if run.cancelled():
+                call.status = 0
+                return
+            answer = run.result()  # a ServeError is recorded by the call, answered by the app
+            call.status = 200
+            await common.send_bytes(send, 200, answer.body,
+                                    answer.content_type.encode("latin-1", "replace"))
 
     async def respond_in_parts(self, stream: ResponseStream, request_id: str,
                                send: common.Send, sequence_id: str | None = None) -> int:
@@ -317,6 +309,16 @@ class InferenceApp(common.Routes):
                         "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return status
+
+
+def request_inputs(scope: common.Scope, body: bytes, max_inputs: int
+                   ) -> Sequence[tuple[str, bytes, str | None]]:
+    """A request body as a prediction's inputs: a form's fields, each by its name, or the
+    body as ``body`` with the request's Content-Type (/predictions and /wfpredict alike)."""
+    content_type = _content_type(scope)
+    if content_type and is_form(content_type):
+        return parse_form(content_type, body, max_inputs)
+    return [("body", body, content_type or None)]
 
 
 def _content_type(scope: common.Scope) -> str:
