@@ -17,6 +17,10 @@ plane in the same two phases, so the order of the steps cannot be got wrong:
 * ``outcome`` awaits the answer (a transport in callbacks adds one to ``call.job.future``);
 * ``end`` records the request's metrics and access-log line, exactly once.
 
+A workflow's request (``/wfpredict``) is a call too, whose DAG runs elsewhere
+(frontend/ops/workflow_runs.py) as calls of the nodes' models: ``end`` records it as the
+workflow's.
+
 ``predict`` runs both phases and the outcome, for the transports that have the whole request
 at once (gRPC).
 """
@@ -27,7 +31,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from frontend.errors import BadRequest, ModelNotFound, QueueFull, ServeError, expired, quoted
@@ -54,6 +58,10 @@ if TYPE_CHECKING:  # imported by the server only when tracing is on
 
 #: A client's own deadline for its prediction, in seconds (HTTP header, lower case).
 REQUEST_TIMEOUT_HEADER = "x-request-timeout"
+_REQUEST_TIMEOUT_NAME = REQUEST_TIMEOUT_HEADER.encode()
+#: The access log's version field on a workflow's own line (its nodes' lines name their
+#: models and versions).
+WORKFLOW_VERSION = "workflow"
 #: The header TorchServe's handlers look at to explain instead of predict ("True").
 EXPLAIN_HEADER = "explain"
 #: What a job holds until its request is built.
@@ -102,7 +110,7 @@ class Call:
     """One prediction in the plane, from ``begin`` to ``end``."""
 
     __slots__ = ("ended", "error", "job", "model", "origin", "sequence_id", "started",
-                 "status", "timer", "version", "wants_timing")
+                 "status", "timer", "version", "wants_timing", "workflow")
 
     def __init__(self, origin: Origin, job: Job) -> None:
         self.origin = origin
@@ -122,6 +130,8 @@ class Call:
         self.sequence_id: str | None = None
         #: Its answer carries Server-Timing (``server_timing``; the request asked, or always).
         self.wants_timing = False
+        #: The workflow it runs (a ``/wfpredict`` request): recorded as the workflow's.
+        self.workflow: str | None = None
 
     def fail(self, error: ServeError) -> None:
         """Answered with ``error``: its status, and why (for the refusal metrics)."""
@@ -150,6 +160,16 @@ def parse_timeout(value: str) -> float:
         raise BadRequest(f"{REQUEST_TIMEOUT_HEADER} must be a finite number of seconds > 0, "
                          f"got {quoted(value)}")
     return seconds
+
+
+def request_timeout(headers: Iterable[tuple[bytes, bytes]]) -> float | None:
+    """A client's own deadline for its request, in seconds: its ``X-Request-Timeout`` (each
+    one checked, the last wins); None without one. BadRequest for a bad value."""
+    timeout_s = None
+    for name, value in headers:
+        if name == _REQUEST_TIMEOUT_NAME:
+            timeout_s = parse_timeout(value.decode("latin-1"))
+    return timeout_s
 
 
 class InferencePlane:
@@ -181,6 +201,22 @@ class InferencePlane:
         model.batcher.refuse_if_full()
         return model
 
+    @staticmethod
+    def refuse_if_full(model: Model) -> None:
+        """503 now if ``model``'s queue has no room (a request refused before its body)."""
+        model.batcher.refuse_if_full()
+
+    @staticmethod
+    def when_room(call: Call, resume: Callable[[], None]) -> bool:
+        """For a call just refused (503): whether its model's queue is full, and if it is,
+        ``resume`` is called once it has room (or its model closes), so that a transport may
+        stop reading the refused client until then."""
+        model = call.model
+        if model is None or not model.batcher.is_full:
+            return False
+        model.batcher.when_room(resume)
+        return True
+
     def open_model(self, call: Call, model: Model) -> Model:
         """Phase one for a call of this very version, which a caller holds rather than names
         (a workflow's node): ModelNotFound once it is no longer registered, and a refusal
@@ -194,7 +230,7 @@ class InferencePlane:
         model.batcher.refuse_if_full()
         return model
 
-    def send(self, call: Call, headers: Iterable[tuple[bytes, bytes]],
+    def send(self, call: Call, headers: Sequence[tuple[bytes, bytes]],
              inputs: Iterable[tuple[str, bytes, str | None]], *,
              deadline_s: float | None = None, loop: asyncio.AbstractEventLoop | None = None,
              weight: int = 1, instances: bool = False,
@@ -217,7 +253,7 @@ class InferencePlane:
         self._submit(call, timeout_s, loop or asyncio.get_running_loop())
 
     @staticmethod
-    def _build(call: Call, headers: Iterable[tuple[bytes, bytes]],
+    def _build(call: Call, headers: Sequence[tuple[bytes, bytes]],
                inputs: Iterable[tuple[str, bytes, str | None]], weight: int, instances: bool,
                tensor_format: worker_pb2.TensorFormat, sequence_id: str | None,
                explain: bool) -> float | None:
@@ -225,13 +261,10 @@ class InferencePlane:
         request = call.job.request = worker_pb2.Request(
             request_id=new_request_id(), instances=instances, tensor_format=tensor_format)
         call.job.weight = weight
-        timeout_s = None
         for raw_name, raw_value in headers:
-            name = raw_name.decode("latin-1")
-            value = raw_value.decode("latin-1")
-            request.headers[name] = value
-            if name == REQUEST_TIMEOUT_HEADER:
-                timeout_s = parse_timeout(value)
+            request.headers[raw_name.decode("latin-1")] = raw_value.decode("latin-1")
+        timeout_s = request_timeout(headers) if REQUEST_TIMEOUT_HEADER in request.headers \
+            else None
         if sequence_id is not None:
             request.headers[SEQUENCE_ID_HEADER] = sequence_id
         if explain:
@@ -295,21 +328,25 @@ class InferencePlane:
         if call.timer is not None:
             call.timer.cancel()
         latency_s = time.perf_counter() - call.started
-        model, job, origin = call.model, call.job, call.origin
-        # Answered by a worker (not refused, expired or failed as a whole): what TorchServe
-        # counts in its latency metrics.
-        answered = job if job.dispatched and call.error is None and call.status else None
-        self.metrics.record_request(model, latency_s, call.refusal(), version=call.version,
-                                    answered=answered)
+        model, job, origin, workflow = call.model, call.job, call.origin, call.workflow
+        if workflow is not None:
+            self.metrics.record_workflow(workflow, call.status, latency_s)
+            name, version = workflow, WORKFLOW_VERSION
+        else:
+            # Answered by a worker (not refused, expired or failed as a whole): what
+            # TorchServe counts in its latency metrics.
+            answered = job if job.dispatched and call.error is None and call.status else None
+            self.metrics.record_request(model, latency_s, call.refusal(), version=call.version,
+                                        answered=answered)
+            name, version = (model.name, model.version) if model else ("-", "-")
         if origin.count_status and call.status:
             self.metrics.count_response(call.status)
         if not origin.node or self.access.extended:
             origin.recorded = True
             self.access.write(origin.peer, origin.method, origin.uri, origin.protocol,
-                              call.status, latency_s, model.name if model else "-",
-                              model.version if model else "-", job.queue_wait_s,
+                              call.status, latency_s, name, version, job.queue_wait_s,
                               job.batch_size, job.form_s, job.timing)
-        if self.tracing is not None:
+        if self.tracing is not None and workflow is None:
             self.tracing.request(job, model, started=call.started, latency_s=latency_s,
                                  method=origin.method, path=origin.path,
                                  protocol=origin.protocol, status=call.status)
@@ -351,7 +388,7 @@ class InferencePlane:
             self.end(call)
 
     async def predict(self, call: Call, name: str, version: str | None,
-                      headers: Iterable[tuple[bytes, bytes]],
+                      headers: Sequence[tuple[bytes, bytes]],
                       inputs: Iterable[tuple[str, bytes, str | None]], *,
                       abandoned: asyncio.Future[Any] | None = None, **flags: Any) -> Answer:
         """Open, send and await, for a request read whole (``flags`` go to ``send``)."""

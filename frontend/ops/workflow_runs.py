@@ -40,9 +40,8 @@ from frontend.errors import (
     ServiceUnavailable,
     excerpt,
 )
-from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
-from frontend.ops.plane import REQUEST_TIMEOUT_HEADER, InferencePlane, Origin, parse_timeout
+from frontend.ops.plane import Call, InferencePlane, Origin, request_timeout
 from frontend.serving.streams import ResponseStream
 from frontend.workflows.registry import Workflow, WorkflowNode, WorkflowRegistry
 from frontend.workflows.spec import NodeSpec
@@ -56,9 +55,6 @@ Headers = Sequence[tuple[bytes, bytes]]
 #: How a parent's output reaches its children: bytes, as TorchServe passes them.
 NODE_OUTPUT_TYPE = "application/octet-stream"
 JSON_TYPE = "application/json"
-#: The access log's version field on a workflow's own line (its nodes' lines name their
-#: models and versions).
-WORKFLOW_VERSION = "workflow"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +87,10 @@ class WorkflowRunner:
     """Runs workflow predictions: one ``run`` per request."""
 
     def __init__(self, registry: WorkflowRegistry, plane: InferencePlane,
-                 metrics: ServerMetrics, access: AccessLog) -> None:
+                 metrics: ServerMetrics) -> None:
         self.registry = registry
         self.plane = plane
         self.metrics = metrics
-        self.access = access
 
     def open(self, name: str) -> Workflow:
         """The workflow a request names, before its body is read: WorkflowNotFound (404), or
@@ -103,41 +98,25 @@ class WorkflowRunner:
         workflow = self.registry.get(name)
         if not workflow.accepting:
             raise ServiceUnavailable(f"Workflow {name} is being unregistered")
-        workflow.nodes[workflow.spec.root].model.batcher.refuse_if_full()
+        self.plane.refuse_if_full(workflow.nodes[workflow.spec.root].model)
         return workflow
 
-    async def run(self, workflow: Workflow, origin: Origin, headers: Headers,
+    async def run(self, call: Call, workflow: Workflow, headers: Headers,
                   inputs: Inputs) -> Output:
-        """Run the DAG for one request; its answer, or the ServeError it is answered with.
-        Recorded (metrics, access log) once, however it ends (status 0: cancelled, the
-        client left)."""
-        started = time.perf_counter()
-        status = 500
+        """Run the DAG for the request of ``call``; its answer, or the ServeError it is
+        answered with. The plane records the call as the workflow's (its metrics and access
+        line, once, however it ends), and each node call as its model's."""
         if not workflow.accepting:
             raise ServiceUnavailable(f"Workflow {workflow.name} is being unregistered")
+        call.workflow = workflow.name
         workflow.begin_run()
         try:
-            deadline = None
-            for name, value in headers:
-                if name == REQUEST_TIMEOUT_HEADER.encode():
-                    deadline = time.monotonic() + parse_timeout(value.decode("latin-1"))
-            answer = await self._execute(workflow, origin.for_nodes(), headers, inputs,
-                                         deadline)
-            status = 200
-            return answer
-        except ServeError as error:
-            status = error.http_status
-            raise
-        except asyncio.CancelledError:
-            status = 0
-            raise
+            timeout_s = request_timeout(headers)
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            return await self._execute(workflow, call.origin.for_nodes(), headers, inputs,
+                                       deadline)
         finally:
             workflow.end_run()
-            latency_s = time.perf_counter() - started
-            self.metrics.record_workflow(workflow.name, status, latency_s)
-            origin.recorded = True
-            self.access.write(origin.peer, origin.method, origin.uri, origin.protocol, status,
-                              latency_s, workflow.name, WORKFLOW_VERSION, 0.0, 0)
 
     async def _execute(self, workflow: Workflow, origin: Origin, headers: Headers,
                        inputs: Inputs, deadline: float | None) -> Output:

@@ -206,6 +206,32 @@ def test_management_routes_work_on_the_shared_listener(shared: Shared) -> None:
     assert requests.get(f"{url}/models", headers=shared.auth(), timeout=30).status_code == 401
 
 
+def test_each_request_is_its_one_routes_on_the_shared_listener(shared: Shared) -> None:
+    """Issue 32: one route table for both APIs, the inference API's routes first (as its app
+    was tried first): a POST is found once, by the connection, and served by its route's app
+    whether that is the fast path, an ASGI inference route or a management route."""
+    url = shared.url
+    description = requests.options(f"{url}/", timeout=30)
+    assert description.json()["info"]["title"] == "batchserve inference API"
+    assert requests.get(f"{url}/api-description", timeout=30).json()["info"]["title"] == \
+        "batchserve inference API"
+    # POSTs the connection finds and hands to the ASGI apps: any method on /ping, a workflow
+    # (the inference API's), a management registration refused for its key.
+    assert requests.post(f"{url}/ping", timeout=30).json() == {"status": "Healthy"}
+    missing = requests.post(f"{url}/wfpredict/nosuch", data=b"x", headers=shared.auth(),
+                            timeout=30)
+    assert missing.status_code == 404
+    assert missing.json()["type"] == "WorkflowNotFoundException", missing.text
+    assert requests.post(f"{url}/models", params={"url": "x.mar"}, headers=shared.auth(),
+                         timeout=30).status_code == 401
+    # A prediction route that names no model, and the management API's live page.
+    extra = requests.post(f"{url}/predictions/probe/1.0/extra", data=b"x",
+                          headers=shared.auth(), timeout=30)
+    assert extra.status_code == 404 and extra.json()["type"] == "ResourceNotFoundException"
+    page = requests.get(f"{url}/dashboard", timeout=30)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+
+
 def test_tokens_and_cors_as_for_predictions(shared: Shared) -> None:
     url = shared.url
     for path in ("/invocations", "/models/probe/invoke"):

@@ -495,6 +495,29 @@ def test_access_log_and_metrics_per_workflow_and_node(served: Served) -> None:
         time.sleep(0.05)
 
 
+def test_a_workflow_request_is_one_call_of_the_plane_however_it_ends(served: Served) -> None:
+    """Issue 32: a /wfpredict request is a call of the inference plane, as a prediction is:
+    its X-Request-Timeout read as /predictions reads it, and its one access line and count
+    written by the plane, whether the DAG answered it (200) or its deadline refused it (400)."""
+    code = ("batchserve_workflow_requests_total", (("code", "400"), ("workflow", "seq")))
+    before = _samples(served).get(code, 0.0)
+    headers = {**served.auth("inference"), "X-Request-Timeout": "soon"}
+    refused = requests.post(f"{served.server.inference}/wfpredict/seq?probe=refused",
+                            data=b"x", headers=headers, timeout=60)
+    direct = requests.post(f"{served.server.inference}/predictions/seq__m1", data=b"x",
+                           headers=headers, timeout=60)
+    assert refused.status_code == direct.status_code == 400, refused.text
+    assert refused.json()["message"] == direct.json()["message"] == \
+        "x-request-timeout must be a number of seconds, got 'soon'"
+    assert served.predict("seq", "counted").json()["text"] == "counted|m1|post"
+    assert _samples(served)[code] == before + 1
+    log = served.server.server.config.log_location / "access_log.log"
+    line = r'"POST /wfpredict/seq\?probe=refused HTTP/1\.1" 400 .* model=seq version=workflow'
+    served.server.wait_for(lambda: log.exists() and re.search(line, log.read_text()) is not None,
+                           "the refused request's line")
+    assert len(re.findall(r"/wfpredict/seq\?probe=refused ", log.read_text())) == 1
+
+
 def _one_node_war(served: Served, name: str, spec: str = ONE_NODE) -> None:
     spec_path = served.store.parent / f"{name}.yaml"
     spec_path.write_text(spec)

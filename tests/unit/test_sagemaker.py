@@ -1,11 +1,12 @@
 """SageMaker's rules (frontend/ops/sagemaker.py) and which URLs take the connection's fast
-path (frontend/api/http/fast.py); tests/integration/test_sagemaker_routes.py serves them."""
+path (frontend/api/http/fast.py: the fast routes of the route table,
+frontend/api/http/routes.py); tests/integration/test_sagemaker_routes.py serves them."""
 
 from __future__ import annotations
 
 import pytest
 
-from frontend.api.http.fast import is_other_prediction
+from frontend.api.http.routes import RouteTable
 from frontend.config import ServerConfig
 from frontend.errors import BadRequest
 from frontend.models.registry import ModelRegistry
@@ -30,7 +31,8 @@ from frontend.ops.sagemaker import execution_parameters, implied_model, model_fr
     (b"/models/predict", False),
 ])
 def test_the_fast_path_takes_every_prediction_route(url: bytes, fast: bool) -> None:
-    assert is_other_prediction(url) is fast
+    target = RouteTable.of(["inference"]).resolve("POST", url.partition(b"?")[0].decode())
+    assert (target is not None and target.route.fast) is fast
 
 
 def test_invocations_imply_the_single_startup_model() -> None:

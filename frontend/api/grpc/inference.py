@@ -22,6 +22,7 @@ from frontend.api.grpc.common import (
     unary,
 )
 from frontend.errors import ServeError
+from frontend.ops import health
 from frontend.ops.auth import KeyKind
 from frontend.ops.plane import Answer, Call, ResponseStream
 from protos import inference_pb2, inference_pb2_grpc, worker_pb2
@@ -36,9 +37,8 @@ class InferenceServicer(PredictionServicer, inference_pb2_grpc.InferenceAPIsServ
 
     @unary()
     async def Ping(self, request: Any, context: Context) -> Any:
-        healthy = all(model.is_healthy() for model in self.registry)
-        status = json.dumps({"status": "Healthy" if healthy else "Unhealthy"}, indent=2)
-        return inference_pb2.TorchServeHealthResponse(health=status)
+        _, body = health.ping(self.registry)
+        return inference_pb2.TorchServeHealthResponse(health=json.dumps(body, indent=2))
 
     def _parsed(self, raw: bytes) -> Any:
         """The PredictionsRequest in ``raw``, or the error that refuses it."""

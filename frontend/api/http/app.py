@@ -30,9 +30,9 @@ from frontend.api.http.fast import protocol_for
 from frontend.api.http.inference import InferenceApp
 from frontend.api.http.management import ManagementApp
 from frontend.api.http.metrics import MetricsApp
+from frontend.api.http.routes import RoutedApp, RouteTable
 from frontend.api.http.tls import TlsAcceptor
 from frontend.config import DEFAULT_DRAIN_TIMEOUT_S, Address
-from frontend.errors import RouteNotFound, ServeError
 from frontend.observe.logs import AccessLog
 from frontend.ops.services import Services
 
@@ -46,29 +46,15 @@ GRACEFUL_SHUTDOWN_S = DEFAULT_DRAIN_TIMEOUT_S
 Api = InferenceApp | ManagementApp | MetricsApp
 
 
-class CombinedApp:
-    """One listener serving several APIs (TorchServe does this when addresses coincide)."""
+class CombinedApp(RoutedApp):
+    """One listener serving several APIs (TorchServe does this when addresses coincide): one
+    route table of their routes, in their order, each route served by its API's app."""
 
     def __init__(self, apps: list[Api]) -> None:
         self.apps = apps
-
-    async def __call__(self, scope: common.Scope, receive: common.Receive,
-                       send: common.Send) -> None:
-        if scope["type"] != "http":
-            return
-        last_error: ServeError = RouteNotFound()
-        for app in self.apps:
-            try:
-                if await app.route(scope, receive, send):
-                    return
-            except common.ClientDisconnected:
-                return
-            except RouteNotFound as error:
-                last_error = error  # not this API's path: the next one may serve it
-            except ServeError as error:
-                await common.send_error(send, error)
-                return
-        await common.send_error(send, last_error)
+        super().__init__(RouteTable([route for app in apps for route in app.table.routes]),
+                         {route: handler for app in apps
+                          for route, handler in app.handlers.items()})
 
 
 class CountedResponses:
@@ -221,8 +207,9 @@ class HttpListeners:
             served: common.AsgiApp = common.HeadAsGet(app)
             if self._cors is not None:
                 served = CorsApp(served, self._cors)
-            protocol = protocol_for(inference, self._header_timeout_s,
-                                    self._metrics.count_response, self._cors)
+            protocol = protocol_for(inference.predictions if inference else None,
+                                    self._header_timeout_s, self._metrics.count_response,
+                                    self._cors, app.table)
             config = uvicorn_config(
                 CountedResponses(served, self._metrics.count_response, self._access),
                 protocol, self._keep_alive_s, self._drain_timeout_s)

@@ -100,18 +100,6 @@ def query_params(scope: Scope) -> dict[str, str]:
     return {key: values[-1] for key, values in parse_qs(raw.decode("latin-1")).items()}
 
 
-def is_api_description(scope: Scope) -> bool:
-    """``GET /api-description`` or ``OPTIONS /``: TorchServe's OpenAPI self-description."""
-    path: str = scope["path"]
-    method: str = scope["method"]
-    return (path == "/api-description" and method == "GET") or (
-        path == "/" and method == "OPTIONS")
-
-
-def path_parts(scope: Scope) -> list[str]:
-    return [part for part in scope["path"].split("/") if part]
-
-
 class HeadAsGet:
     """HTTP's HEAD (RFC 9110, 9.3.2): the answer GET would get, status and headers (its
     Content-Length too), without the content, on every route that answers GET.
@@ -143,21 +131,3 @@ def is_head(scope: Scope) -> bool:
     """Whether this GET is a HEAD (``HeadAsGet``): for a GET route whose work only its answer
     delivers, which a HEAD would do for nothing (``GET /token`` rotates a key)."""
     return bool(scope.get(_HEAD, False))
-
-
-class Routes:
-    """Base of our ASGI apps: ``route`` serves a request or raises a ServeError, which is
-    answered here, in TorchServe's error body."""
-
-    async def route(self, scope: Scope, receive: Receive, send: Send) -> bool:
-        raise NotImplementedError
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        try:
-            await self.route(scope, receive, send)
-        except ClientDisconnected:
-            return
-        except ServeError as error:
-            await send_error(send, error)

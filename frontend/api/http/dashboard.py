@@ -23,7 +23,8 @@ import math
 import re
 
 from frontend.api.http import common
-from frontend.errors import BadRequest, MethodNotAllowed, RouteNotFound, ServiceUnavailable
+from frontend.api.http.routes import Target
+from frontend.errors import BadRequest, MethodNotAllowed, ServiceUnavailable
 from frontend.ops.auth import KeyKind, TokenAuthority
 from frontend.ops.dashboard import Dashboard
 
@@ -68,9 +69,10 @@ class DashboardRoutes:
         self.page = importlib.resources.files("frontend.api.http").joinpath(PAGE_FILE).read_bytes()
         self.headers = page_headers(self.page)
 
-    async def route(self, scope: common.Scope, parts: list[str], send: common.Send) -> None:
-        if len(parts) > 2 or (len(parts) == 2 and parts[1] != "data"):
-            raise RouteNotFound()
+    async def route(self, target: Target, scope: common.Scope, receive: common.Receive,
+                    send: common.Send) -> None:
+        """``/dashboard`` or ``/dashboard/data`` (the route table's ``DASHBOARD``)."""
+        parts = target.parts
         if len(parts) == 2 and self.auth is not None:
             self.auth.check(KeyKind.MANAGEMENT, scope["headers"])
         if scope["method"] != "GET":

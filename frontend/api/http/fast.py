@@ -1,13 +1,18 @@
 """The /predictions fast path: a connection protocol that answers TorchServe predictions from
-httptools' parser callbacks, without an ASGI task per request (/predictions, the legacy
-/{model}/predict routes, and SageMaker's /invocations and /models/{model}/invoke).
+httptools' parser callbacks, without an ASGI task per request (the route table's ``fast``
+routes: /predictions, the legacy /{model}/predict routes, and SageMaker's /invocations and
+/models/{model}/invoke).
 
-Everything else on the inference port (``/ping``, KServe, the API description, pipelined or
-upgraded requests, other methods) goes through uvicorn's own ``HttpToolsProtocol``, which
-this class extends, to our ASGI apps. A prediction here follows the same steps as the ASGI
-route (``InferenceApp.open``, ``send``, ``answer``): it may be
+A POST or PUT is resolved here, once, in the listener's route table
+(frontend/api/http/routes.py). Everything else on the port (``/ping``, KServe, the API
+description, pipelined or upgraded requests, other methods) goes through uvicorn's own
+``HttpToolsProtocol``, which this class extends, to our ASGI apps, with the route found here
+(if it was looked for) in its scope. A prediction here follows the same phases as the ASGI
+route (frontend/api/http/predictions.py: ``open``, ``send``, ``answer``): it may be
 refused as soon as its headers are parsed (before the body is read), is queued when its body
-is complete, and is answered from a callback on its job's future. That removes the
+is complete, and is answered from a callback on its job's future. This module imports only
+what it serves: not the ASGI apps, KServe, workflows or the API description
+(tests/unit/test_routes.py). That removes the
 per-request task, the ASGI message dicts and a second task watching for a hang-up, which
 were most of the frontend's cost per request (benchmarks/RESULTS.md, "What bounds the echo
 throughput").
@@ -39,8 +44,9 @@ from uvicorn.protocols.http.httptools_impl import (
 from frontend.api.http import common
 from frontend.api.http.calls import with_timing
 from frontend.api.http.cors import CorsPolicy, with_cors
-from frontend.api.http.inference import InferenceApp
+from frontend.api.http.predictions import PredictionRoutes
 from frontend.api.http.protocol import ServerProtocol
+from frontend.api.http.routes import TARGET, RouteTable, Target
 from frontend.errors import (
     InternalError,
     PayloadTooLarge,
@@ -54,8 +60,8 @@ from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
 
-_PREFIX = b"/predictions/"
-_FAST_METHODS = (b"POST", b"PUT")
+#: The methods of the fast routes, as the scope writes them.
+_FAST_METHODS = {b"POST": "POST", b"PUT": "PUT"}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: Longest a connection refused for a full queue goes unread (its 503 says Retry-After: 1).
 REFUSED_PAUSE_MAX_S = 1.0
@@ -71,12 +77,15 @@ class _Prediction:
     inference plane."""
 
     __slots__ = ("body_done", "call", "chunks", "keep_alive", "response_complete", "scope",
-                 "size", "submitted")
+                 "size", "submitted", "target")
 
-    def __init__(self, scope: common.Scope, keep_alive: bool, call: Call) -> None:
+    def __init__(self, scope: common.Scope, keep_alive: bool, call: Call,
+                 target: Target | None = None) -> None:
         self.scope = scope
         self.keep_alive = keep_alive
         self.call = call
+        #: Its route, and what its path names.
+        self.target = target
         self.chunks: list[bytes] = []
         self.size = 0
         self.body_done = False
@@ -87,8 +96,10 @@ class _Prediction:
 class PredictionsProtocol(ServerProtocol):
     """The connection protocol, with /predictions answered without the ASGI cycle."""
 
-    inference: ClassVar[InferenceApp]
+    predictions: ClassVar[PredictionRoutes]
     plane: ClassVar[InferencePlane]
+    #: The listener's routes (its ASGI app's too).
+    table: ClassVar[RouteTable]
     # uvicorn's per-request state, as this class uses it. Its cycle may be a prediction
     # (uvicorn reads only what _Prediction has: the contract test checks) or None (uvicorn
     # checks for None too); its scope is read as our apps read every ASGI scope.
@@ -106,36 +117,48 @@ class PredictionsProtocol(ServerProtocol):
 
     def handle_request(self) -> None:
         parser = self.parser
+        method = _FAST_METHODS.get(parser.get_method())
+        if method is None:
+            super().handle_request()  # never a prediction: the ASGI app finds its route
+            return
+        scope = self.scope
+        url = httptools.parse_url(self.url)
+        path = url.path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        target = self.table.resolve(method, path)
         cycle = self.cycle
-        if ((not self.url.startswith(_PREFIX) and not is_other_prediction(self.url))
-                or parser.get_method() not in _FAST_METHODS or parser.should_upgrade()
+        if (target is None or not target.route.fast or parser.should_upgrade()
                 or (cycle is not None and not cycle.response_complete)):
             # Anything else, and a request pipelined behind an unanswered one, goes the ASGI
             # way (uvicorn queues pipelined requests in order).
-            super().handle_request()
+            self._hand_over(target)
             return
-        scope = self.scope
         http_version = parser.get_http_version()
-        scope["method"] = parser.get_method().decode("ascii")
+        scope["method"] = method
         if http_version != "1.1":
             scope["http_version"] = http_version
-        url = httptools.parse_url(self.url)
-        path = url.path.decode("ascii")
-        scope["path"] = urllib.parse.unquote(path) if "%" in path else path
+        scope["path"] = path
         scope["raw_path"] = url.path
         scope["query_string"] = url.query or b""
         keep_alive = http_version != "1.0" and parser.should_keep_alive()
-        origin = Origin(self._peer, scope["method"], scope["path"], f"HTTP/{http_version}",
+        origin = Origin(self._peer, method, path, f"HTTP/{http_version}",
                         uri=self.url.decode("latin-1"))
-        prediction = _Prediction(scope, keep_alive, self.plane.begin(origin, self.loop))
+        prediction = _Prediction(scope, keep_alive, self.plane.begin(origin, self.loop), target)
         self.cycle = prediction
         try:
-            self.inference.open(scope, prediction.call)
+            self.predictions.open(prediction.call, target, scope)
         except ServeError as error:
             self._refuse(prediction, error)
             return
         if self.expect_100_continue:
             self.transport.write(_CONTINUE)
+
+    def _hand_over(self, target: Target | None) -> None:
+        """To uvicorn's ASGI cycle, with the request's route (found once: its app does not
+        look again)."""
+        self.scope[TARGET] = target
+        super().handle_request()
 
     def on_body(self, body: bytes) -> None:
         prediction = self.cycle
@@ -145,7 +168,7 @@ class PredictionsProtocol(ServerProtocol):
         if prediction.response_complete:
             return  # answered before its body came (refused): the rest is read and dropped
         prediction.size += len(body)
-        limit = self.inference.config.max_request_size_bytes
+        limit = self.predictions.max_body_bytes
         if prediction.size > limit:
             self._refuse(prediction, PayloadTooLarge(
                 f"request body exceeds max_request_size ({limit} bytes)"))
@@ -165,8 +188,10 @@ class PredictionsProtocol(ServerProtocol):
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         prediction.chunks = []
         call = prediction.call
+        assert prediction.target is not None
         try:
-            self.inference.send(prediction.scope, body, call, loop=self.loop)
+            self.predictions.send(call, prediction.target, prediction.scope, body,
+                                  loop=self.loop)
         except ServeError as error:
             self._refuse(prediction, error)
             return
@@ -223,8 +248,8 @@ class PredictionsProtocol(ServerProtocol):
                 self.loop.create_task(self._stream(prediction, result, request_id))
                 return
             assert isinstance(result, worker_pb2.Response)
-            status, content_type, body, headers = self.inference.answer(result, request_id,
-                                                                        call.sequence_id)
+            status, content_type, body, headers = self.predictions.answer(result, request_id,
+                                                                          call.sequence_id)
             if call.wants_timing:  # server_timing: off by default, one attribute read
                 headers = with_timing(call, headers)
             self._respond(prediction, status, content_type, body, headers)
@@ -245,16 +270,14 @@ class PredictionsProtocol(ServerProtocol):
         prediction.call.fail(error)
         self._respond(prediction, error.http_status, common.JSON, error_body(error),
                       header_pairs(error))
-        model = prediction.call.model
-        if (isinstance(error, ServiceUnavailable) and model is not None
-                and model.batcher.is_full and not self.transport.is_closing()):
+        if (isinstance(error, ServiceUnavailable) and not self.transport.is_closing()
+                and self.plane.when_room(prediction.call, self._room_again)):
             # Overload: this client has its 503; its next request is not read until the queue
             # has room. Reading (and refusing) every connection on every turn of the loop
             # would leave the worker one batch per turn; backpressure keeps it fed.
             # Never longer than Retry-After: a queue that does not drain (no worker) must not
             # leave a sent request unread.
             self.flow.pause_reading()
-            model.batcher.when_room(self._room_again)
             self.loop.call_later(REFUSED_PAUSE_MAX_S, self._room_again)
 
     def _room_again(self) -> None:
@@ -264,8 +287,7 @@ class PredictionsProtocol(ServerProtocol):
     def _declared_length_ok(self) -> bool:
         for name, value in self.headers:
             if name == b"content-length":
-                return value.isdigit() and int(value) <= \
-                    self.inference.config.max_request_size_bytes
+                return value.isdigit() and int(value) <= self.predictions.max_body_bytes
         return False
 
     def _respond(self, prediction: _Prediction, status: int, content_type: bytes, body: bytes,
@@ -326,7 +348,7 @@ class PredictionsProtocol(ServerProtocol):
 
         status = 500
         try:
-            status = await self.inference.respond_in_parts(
+            status = await self.predictions.respond_in_parts(
                 stream, request_id, self._part_sender(prediction, send),
                 prediction.call.sequence_id)
         except ServeError as error:
@@ -372,32 +394,18 @@ class CorsPredictionsProtocol(PredictionsProtocol):
         return send_with_cors
 
 
-def is_other_prediction(url: bytes) -> bool:
-    """The prediction routes besides /predictions: TorchServe's legacy ``/{model}/predict``
-    and ``/{model}/{version}/predict``, SageMaker's ``/invocations`` and
-    ``/models/{model}/invoke`` (checked only for a URL that is not /predictions: that path
-    pays nothing for it)."""
-    path = url.partition(b"?")[0]
-    if path.endswith(b"/predict"):
-        return InferenceApp.legacy_target(_segments(path)) is not None
-    return path.endswith((b"/invocations", b"/invocations/", b"/invoke", b"/invoke/")) and \
-        InferenceApp.is_sagemaker(_segments(path))
-
-
-def _segments(path: bytes) -> list[str]:
-    return [part for part in path.decode("latin-1").split("/") if part]
-
-
-def protocol_for(inference: InferenceApp | None, header_timeout_s: float,
-                 count_status: Callable[[int], None], cors: CorsPolicy | None = None
-                 ) -> type[ServerProtocol]:
-    """The connection protocol of a listener: the fast path where it serves inference (with
-    CORS when ``cors`` is given; the ASGI apps get theirs from ``CorsApp``)."""
+def protocol_for(predictions: PredictionRoutes | None, header_timeout_s: float,
+                 count_status: Callable[[int], None], cors: CorsPolicy | None = None,
+                 table: RouteTable | None = None) -> type[ServerProtocol]:
+    """The connection protocol of a listener: the fast path where it serves inference
+    (``predictions``; ``table``: the listener's routes, by default the inference API's alone),
+    with CORS when ``cors`` is given (the ASGI apps get theirs from ``CorsApp``)."""
     settings: dict[str, object] = {"header_timeout_s": header_timeout_s,
                                    "count_status": staticmethod(count_status)}
-    if inference is None:
+    if predictions is None:
         return type("ServerProtocol", (ServerProtocol,), settings)
-    settings.update(inference=inference, plane=inference.plane)
+    settings.update(predictions=predictions, plane=predictions.plane,
+                    table=table or RouteTable.of(["inference"]))
     if cors is not None:
         return type("CorsPredictionsProtocol", (CorsPredictionsProtocol,),
                     {**settings, "cors": cors})

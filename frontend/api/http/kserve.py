@@ -26,6 +26,7 @@ from frontend.api.http.calls import (
     response_headers,
     with_timing,
 )
+from frontend.api.http.routes import KSERVE_V1, Target
 from frontend.errors import (
     InternalError,
     MethodNotAllowed,
@@ -61,26 +62,23 @@ class KServeRoutes:
         self.auth = services.auth
         self.plane = services.plane
 
-    async def route(self, scope: common.Scope, receive: common.Receive,
-                    send: common.Send) -> bool:
-        """Serve a /v1 or /v2 request; False when the path is not one of ours."""
-        path: str = scope["path"]
-        if path == "/" and scope["method"] == "GET" and self.config.kserve_protocol:
-            # Under KServe, its model server's v1 liveness (KServe's clients ask); elsewhere
-            # TorchServe's 404.
-            await common.send_json(send, 200, {"status": "alive"})
-            return True
-        if path.startswith("/v1/"):
-            serve = self.v1
-        elif path == "/v2" or path.startswith("/v2/"):
-            serve = self.v2
-        else:
-            return False
+    async def live(self, target: Target, scope: common.Scope, receive: common.Receive,
+                   send: common.Send) -> None:
+        """``GET /`` under KServe (only then a route): its model server's v1 liveness, which
+        KServe's clients ask; elsewhere TorchServe's 404."""
+        await common.send_json(send, 200, {"status": "alive"})
+
+    async def serve(self, target: Target, scope: common.Scope, receive: common.Receive,
+                    send: common.Send) -> None:
+        """A /v1 or /v2 request (the route table's ``KSERVE_V1``, ``KSERVE_V2``), its errors
+        in KServe's body."""
         try:
-            await serve(scope, receive, send)
+            if target.route is KSERVE_V1:
+                await self.v1(scope, receive, send)
+            else:
+                await self.v2(target.parts[1:], scope, receive, send)
         except ServeError as error:
             await send_kserve_error(send, error.http_status, error.message, header_pairs(error))
-        return True
 
     def _check_auth(self, scope: common.Scope) -> None:
         if self.auth is not None:
@@ -142,8 +140,9 @@ class KServeRoutes:
 
     # ---- v2 ---------------------------------------------------------------------------------
 
-    async def v2(self, scope: common.Scope, receive: common.Receive, send: common.Send) -> None:
-        parts = common.path_parts(scope)[1:]
+    async def v2(self, parts: list[str], scope: common.Scope, receive: common.Receive,
+                 send: common.Send) -> None:
+        """``parts``: the path's segments after ``v2``."""
         if parts and parts[0] == "health":
             self._expect(scope, "GET")
             if parts == ["health", "live"]:

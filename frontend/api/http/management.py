@@ -16,9 +16,12 @@ gRPC for workflows).
 
 from __future__ import annotations
 
-from frontend.api.http import common
+from typing import ClassVar
+
+from frontend.api.http import common, routes
 from frontend.api.http.dashboard import DashboardRoutes
 from frontend.api.http.openapi import management_description
+from frontend.api.http.routes import Api, RoutedApp, RouteTable, Target
 from frontend.errors import BadRequest, MethodNotAllowed, RouteNotFound, quoted
 from frontend.ops.auth import KeyKind
 from frontend.ops.management import Body, ManagementOps
@@ -28,8 +31,11 @@ from frontend.ops.workflow_management import WorkflowOps
 from protos import json_limits
 
 
-class ManagementApp(common.Routes):
-    """ASGI app for TorchServe's management API: routing only; the work is ManagementOps."""
+class ManagementApp(RoutedApp):
+    """ASGI app for TorchServe's management API: the management routes of the route table
+    (frontend/api/http/routes.py); the work is ManagementOps."""
+
+    api: ClassVar[Api] = "management"
 
     def __init__(self, services: Services) -> None:
         self.auth = services.auth
@@ -38,35 +44,35 @@ class ManagementApp(common.Routes):
         self.max_body_bytes = services.config.max_request_size_bytes
         #: The live page and its data (frontend/api/http/dashboard.py).
         self.dashboard = DashboardRoutes(services.dashboard, services.auth)
+        super().__init__(RouteTable.of([self.api]), {
+            routes.MANAGEMENT_DESCRIPTION: self.describe,
+            routes.TOKEN: self.token,
+            routes.DASHBOARD: self.dashboard.route,
+            routes.WORKFLOWS: self.workflow_routes,
+            routes.MODELS: self.models,
+        })
 
-    async def route(self, scope: common.Scope, receive: common.Receive,
-                    send: common.Send) -> bool:
-        if common.is_api_description(scope):
-            await common.send_json(send, 200, management_description())
-            return True
-        parts = common.path_parts(scope)
-        if parts == ["token"]:
-            await self.token(scope, send)
-            return True
-        if parts and parts[0] == "dashboard":
-            await self.dashboard.route(scope, parts, send)
-            return True
-        if parts and parts[0] == "workflows" and len(parts) <= 2:
-            if self.auth is not None:
-                self.auth.check(KeyKind.MANAGEMENT, scope["headers"])
-            status, body = await self._workflows(scope, receive, parts)
-            await common.send_json(send, status, body)
-            return True
-        if not parts or parts[0] != "models" or len(parts) > 4:
-            raise RouteNotFound()
+    async def describe(self, target: Target, scope: common.Scope, receive: common.Receive,
+                       send: common.Send) -> None:
+        await common.send_json(send, 200, management_description())
+
+    async def workflow_routes(self, target: Target, scope: common.Scope,
+                              receive: common.Receive, send: common.Send) -> None:
+        if self.auth is not None:
+            self.auth.check(KeyKind.MANAGEMENT, scope["headers"])
+        status, body = await self._workflows(scope, receive, target.parts)
+        await common.send_json(send, status, body)
+
+    async def models(self, target: Target, scope: common.Scope, receive: common.Receive,
+                     send: common.Send) -> None:
         if self.auth is not None:
             self.auth.check(KeyKind.MANAGEMENT, scope["headers"])
         params = common.query_params(scope)
+        parts = target.parts
         if scope["method"] == "POST" and len(parts) == 1 and _is_json(scope):
             params = await self._json_params(scope, receive)
         status, body = await self._dispatch(scope["method"], parts, params)
         await common.send_json(send, status, body)
-        return True
 
     async def _dispatch(self, method: str, parts: list[str],
                         params: dict[str, str]) -> tuple[int, Body]:
@@ -122,7 +128,8 @@ class ManagementApp(common.Routes):
         common.check_content_length(scope, self.max_body_bytes)
         return json_params(await common.read_body(receive, self.max_body_bytes))
 
-    async def token(self, scope: common.Scope, send: common.Send) -> None:
+    async def token(self, target: Target, scope: common.Scope, receive: common.Receive,
+                    send: common.Send) -> None:
         """Rotate the inference or management key (authorised by the API key)."""
         if self.auth is None:
             raise BadRequest("token authorization is disabled on this server")

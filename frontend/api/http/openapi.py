@@ -629,29 +629,58 @@ def _unregister_operation(operation_id: str) -> Json:
     }
 
 
+def _list_operation() -> Json:
+    return {
+        "summary": "List registered models, a page at a time.",
+        "operationId": "listModels",
+        "parameters": [
+            _query("limit", "Page size; a value outside 1..100 means 100.",
+                   _integer(default=100, minimum=1, maximum=100)),
+            _query("next_page_token", "Where the page starts: nextPageToken from the "
+                   "previous page.", _integer(default=0, minimum=0)),
+        ],
+        "responses": {
+            "200": _json_response("One page of models.", _ref("ModelList")),
+            "400": _error("limit or next_page_token is not a valid integer."),
+            "401": _error("The management key is missing, wrong or expired."),
+        },
+        "security": _MANAGEMENT_AUTH,
+    }
+
+
+def _token_operation() -> Json:
+    return {
+        "summary": "Replace the inference or management key.",
+        "operationId": "rotateToken",
+        "parameters": [
+            _query("type", "Which key to replace.",
+                   {"type": "string", "enum": ["inference", "management"]},
+                   required=True),
+        ],
+        "responses": {
+            "200": _json_response(
+                "The new key, keyed by type; key_file.json is rewritten too.",
+                {
+                    "type": "object",
+                    "minProperties": 1,
+                    "maxProperties": 1,
+                    "properties": {"inference": _TOKEN_ENTRY_SCHEMA,
+                                   "management": _TOKEN_ENTRY_SCHEMA},
+                },
+            ),
+            "400": _error("type is not inference or management, or token "
+                          "authorization is disabled."),
+            "401": _error("The API key is missing or wrong."),
+        },
+        "security": [{"apiKeyAuth": []}],
+    }
+
+
 def management_description() -> Json:
     """The OpenAPI document of the management API (port 8081)."""
     version = _path("model_version", "Version of the model; GET also takes 'all'.")
     paths = _description_paths("management")
-    paths["/models"] = {
-        "get": {
-            "summary": "List registered models, a page at a time.",
-            "operationId": "listModels",
-            "parameters": [
-                _query("limit", "Page size; a value outside 1..100 means 100.",
-                       _integer(default=100, minimum=1, maximum=100)),
-                _query("next_page_token", "Where the page starts: nextPageToken from the "
-                       "previous page.", _integer(default=0, minimum=0)),
-            ],
-            "responses": {
-                "200": _json_response("One page of models.", _ref("ModelList")),
-                "400": _error("limit or next_page_token is not a valid integer."),
-                "401": _error("The management key is missing, wrong or expired."),
-            },
-            "security": _MANAGEMENT_AUTH,
-        },
-        "post": _register_operation(),
-    }
+    paths["/models"] = {"get": _list_operation(), "post": _register_operation()}
     paths["/models/{model_name}"] = {
         "parameters": [_MODEL_NAME],
         "get": _describe_operation("describeModel"),
@@ -677,33 +706,7 @@ def management_description() -> Json:
             "security": _MANAGEMENT_AUTH,
         },
     }
-    paths["/token"] = {
-        "get": {
-            "summary": "Replace the inference or management key.",
-            "operationId": "rotateToken",
-            "parameters": [
-                _query("type", "Which key to replace.",
-                       {"type": "string", "enum": ["inference", "management"]},
-                       required=True),
-            ],
-            "responses": {
-                "200": _json_response(
-                    "The new key, keyed by type; key_file.json is rewritten too.",
-                    {
-                        "type": "object",
-                        "minProperties": 1,
-                        "maxProperties": 1,
-                        "properties": {"inference": _TOKEN_ENTRY_SCHEMA,
-                                       "management": _TOKEN_ENTRY_SCHEMA},
-                    },
-                ),
-                "400": _error("type is not inference or management, or token "
-                              "authorization is disabled."),
-                "401": _error("The API key is missing or wrong."),
-            },
-            "security": [{"apiKeyAuth": []}],
-        },
-    }
+    paths["/token"] = {"get": _token_operation()}
     return _document(
         "batchserve management API",
         "Register, describe, scale and unregister the models batchserve serves "
