@@ -20,14 +20,14 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import psutil
 
 from frontend.errors import GatewayTimeout, InternalError, WorkerDied
+from frontend.observe.events import NO_EVENTS, ModelEvents
 from frontend.observe.logs import log_output, output_lines
 from frontend.observe.metrics import METRICS_MARK
 from frontend.processes import python_module, worker_environment
@@ -53,18 +53,6 @@ class WorkerStartError(InternalError):
     """The worker process could not be started or its model failed to load."""
 
 
-class WorkerEvents(Protocol):
-    """What a worker tells the server's metrics (``frontend.observe.metrics.ServerMetrics``)."""
-
-    def worker_loaded(self, worker: str, load_ms: float,
-                      metrics: Iterable[worker_pb2.Metric] = ()) -> None:
-        """``worker`` loaded its model ``load_ms`` after it was started; ``metrics``: what its
-        handler reported while initialising."""
-
-    def batch_overhead(self, overhead_ms: float) -> None:
-        """The frontend's own time on one batch (its frame, its reply, its answers)."""
-
-
 @dataclass(frozen=True, slots=True)
 class WorkerLaunch:
     """What every worker of one model version needs to start."""
@@ -81,7 +69,8 @@ class WorkerLaunch:
     #: A regular expression (``blacklist_env_vars``): the server's environment variables whose
     #: names match it in full are not passed to the worker; "" passes them all.
     env_blocklist: str = ""
-    events: WorkerEvents | None = None
+    #: What its batches and workers publish through (frontend/observe/events.py).
+    events: ModelEvents = NO_EVENTS
     #: Forks the workers (None: each starts as a fresh interpreter).
     forkserver: ForkServer | None = None
 
@@ -292,8 +281,8 @@ class Launcher:
             logger.info("%s (%s) is ready %.0f ms after its start (the handler took %.0f ms)",
                         self.name, self.start_mode.value if self.start_mode else "-",
                         self.load_time_ms, loaded.load_time_ms)
-            if launch.events is not None:
-                launch.events.worker_loaded(self.name, self.load_time_ms, loaded.metrics)
+            if launch.events.loaded is not None:
+                launch.events.loaded(self.name, self.load_time_ms, loaded.metrics)
             return
         if reply.kind is Kind.ERROR:
             error = worker_pb2.Error.FromString(reply.payload)

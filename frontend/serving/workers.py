@@ -24,7 +24,6 @@ from frontend.serving.dispatch import Dispatcher
 from frontend.serving.exchange import PredictExchange
 from frontend.serving.launcher import Launcher as Launcher
 from frontend.serving.launcher import StartMode as StartMode
-from frontend.serving.launcher import WorkerEvents as WorkerEvents
 from frontend.serving.launcher import WorkerLaunch as WorkerLaunch
 from frontend.serving.launcher import WorkerStartError as WorkerStartError
 from frontend.serving.launcher import describe_error as describe_error
@@ -95,14 +94,12 @@ class Worker:
         #: its lives: batch ids go on counting across restarts).
         self._exchange = PredictExchange(
             self.name, self.id, batcher, launch.max_response_bytes, self._batch_done,
-            launch.events.batch_overhead if launch.events is not None else None)
+            launch.events)
         loop = asyncio.get_running_loop()
         #: The outcome of the first start: None when the model loaded, else the error.
         self.first_start: asyncio.Future[WorkerStartError | None] = loop.create_future()
         self._stop_requested: asyncio.Future[None] = loop.create_future()
         self._dispatcher: Dispatcher | None = None
-        #: Busy seconds of its past lives' dispatchers (``busy_seconds``).
-        self._busy_before_s = 0.0
         self._on_down = on_down or (lambda: None)
         #: A stateful model's: the sequences this worker serves (``batcher`` is its batcher).
         self._lane = lane
@@ -286,7 +283,6 @@ class Worker:
             self._stop_requested.remove_done_callback(on_stop)
             # Cancelled with batches in flight: nobody will deliver their answers now.
             dispatcher.abandon(WorkerDied(f"{self.name} stopped during a batch"))
-            self._busy_before_s += dispatcher.busy_s
             self._dispatcher = None
             self._lane_down(None)
 
@@ -302,12 +298,12 @@ class Worker:
         """Batches sent to the worker and not answered yet."""
         return len(self._dispatcher.in_flight) if self._dispatcher is not None else 0
 
-    def busy_seconds(self) -> float:
-        """Seconds this worker slot has spent on batches, over all its lives (the live page
-        reads it each second: its utilisation is the increase over the time passed)."""
+    @property
+    def working_since(self) -> float | None:
+        """time.monotonic() since when the worker has been on the batch it is on (None: it is
+        idle); the time it spent on its batches before is told with each batch's end."""
         dispatcher = self._dispatcher
-        return self._busy_before_s + (dispatcher.busy_seconds() if dispatcher is not None
-                                      else 0.0)
+        return dispatcher.working_since if dispatcher is not None else None
 
     def _batch_done(self, jobs: list[Job], result: worker_pb2.PredictResult | None) -> None:
         """A batch's reply was read (``result`` None: the batch failed as a whole)."""
