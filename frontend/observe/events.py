@@ -263,8 +263,8 @@ class Observers:
     def of_model(self, name: str, version: str) -> ModelEvents:
         """The hooks a model version publishes through."""
         key = (name, version)
-        return ModelEvents(_bound(self.batch_formed, key), _bound(self.batch_ended, key),
-                           _bound(self.worker_loaded, key), self.frontend_time)
+        return ModelEvents(_bound(self.batch_formed, key, 1), _bound(self.batch_ended, key, 3),
+                           _bound(self.worker_loaded, key, 3), self.frontend_time)
 
     def registered(self, name: str, version: str) -> None:
         for subscriber in self.model_registered:
@@ -275,16 +275,23 @@ class Observers:
             subscriber((name, version))
 
 
-def _bound(subscribers: list[Callable[..., None]], key: ModelKey) -> Callable[..., None] | None:
-    """One callable that tells each of ``subscribers`` of ``key``'s event (None for none)."""
+def _bound(subscribers: list[Callable[..., None]], key: ModelKey, facts: int
+           ) -> Callable[..., None] | None:
+    """One callable that tells each of ``subscribers`` of ``key``'s event, which carries
+    ``facts`` facts (1 or 3); None for no subscriber."""
     if not subscribers:
         return None
     if len(subscribers) == 1:
         return functools.partial(subscribers[0], key)
     every = tuple(subscribers)
 
-    def publish(*facts: object) -> None:
+    # NOTE: the two arities spelt out: no argument tuple is packed and unpacked per batch.
+    def publish_one(fact: object) -> None:
         for subscriber in every:
-            subscriber(key, *facts)
+            subscriber(key, fact)
 
-    return publish
+    def publish_three(first: object, second: object, third: object) -> None:
+        for subscriber in every:
+            subscriber(key, first, second, third)
+
+    return publish_one if facts == 1 else publish_three

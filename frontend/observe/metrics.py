@@ -35,10 +35,6 @@ from frontend.observe.torchserve_metrics import HOSTNAME as HOSTNAME
 from frontend.observe.torchserve_metrics import METRICS_MODES as METRICS_MODES
 from frontend.observe.torchserve_metrics import TorchServeMetrics
 
-#: What begins a metric line in a TorchServe worker's output. No line is read as a metric here
-#: (``frontend/serving/launcher.py`` says why); a worker that prints one is told so once.
-METRICS_MARK = "[METRICS]"
-
 
 class ServerMetrics:
     """One server's metrics (see the module docstring)."""

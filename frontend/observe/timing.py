@@ -183,9 +183,13 @@ class PhaseMetrics:
         histogram.observe_n(keys[4], inference_s, count)
 
     def call_ended(self, call: CallFacts) -> None:
-        """The frontend's own time of a request a worker answered."""
-        key, batch = call.key, call.job.batch
-        if key is None or batch is None or not batch.answered or not call.answered():
+        """The frontend's own time of a request a worker answered (``frontend_s``, inline:
+        this runs for every request)."""
+        key, job = call.key, call.job
+        batch = job.batch
+        if key is None or batch is None or not batch.answered or call.error is not None \
+                or not call.status:
             return
-        self.histogram.observe(self._of(key)[6],
-                               frontend_s(call.job.queue_wait_s, batch, call.latency_s))
+        # Its time less its wait in the queue and its batch's round trip.
+        own_s = call.latency_s - (batch.ended_at - job.enqueued_at)
+        self.histogram.observe(self._of(key)[6], own_s if own_s > 0 else 0.0)

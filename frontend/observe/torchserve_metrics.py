@@ -182,11 +182,15 @@ class TorchServeMetrics:
         series = self._request_series.get((key[0], call.version))
         if series is None:
             series = self._new_request_series(key[0], call.version)
-        answered = call.answered()
+        # Its wait in the queue when a worker answered it (``CallFacts.answered``, inline:
+        # this runs for every request), else None.
+        job = call.job
+        batch = job.batch
+        queue_s = batch.left_at - job.enqueued_at if (
+            batch is not None and call.error is None and call.status) else None
         if series.fast:  # TorchServe's default: three Prometheus counters, added to in place
             series.count[0] += 1.0  # type: ignore[index]
-            if answered:
-                queue_s = call.job.queue_wait_s
+            if queue_s is not None:
                 series.latency[0] += call.latency_s * 1e6  # type: ignore[index]
                 series.queue[0] += queue_s * 1e6  # type: ignore[index]
                 queue_time = self._queue_time_value
@@ -197,8 +201,7 @@ class TorchServeMetrics:
                     self._queue_time_value = ts_families.gauge_value(self._queue_time,
                                                                      _HOST_LABELS)
             return
-        self._record_request_slowly(series.labels, call.latency_s,
-                                    call.job.queue_wait_s if answered else None)
+        self._record_request_slowly(series.labels, call.latency_s, queue_s)
 
     def _record_request_slowly(self, labels: tuple[str, ...], latency_s: float,
                                queue_s: float | None) -> None:

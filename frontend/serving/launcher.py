@@ -29,7 +29,7 @@ import psutil
 from frontend.errors import GatewayTimeout, InternalError, WorkerDied
 from frontend.observe.events import NO_EVENTS, ModelEvents
 from frontend.observe.logs import log_output, output_lines
-from frontend.observe.metrics import METRICS_MARK
+from frontend.observe.model_metrics import METRICS_MARK
 from frontend.processes import python_module, worker_environment
 from frontend.serving.connection import WorkerConnection, WorkerProcess
 from frontend.serving.forkserver import ForkOrder, ForkServer, ForkUnavailable
