@@ -47,20 +47,23 @@ class Histogram:
             series = self.series[key] = Series(len(self.bounds))
         return series
 
+    # NOTE: the observations look their series up themselves (``of`` only for a new one):
+    # they run for every request, and a call is most of what they cost.
+
     def observe(self, key: tuple[str, ...], value: float) -> None:
-        series = self.of(key)
+        series = self.series.get(key) or self.of(key)
         series.counts[bisect.bisect_left(self.bounds, value)] += 1
         series.total += value
 
     def observe_n(self, key: tuple[str, ...], value: float, count: int) -> None:
         """Observe ``value`` ``count`` times (the requests of one batch)."""
-        series = self.of(key)
+        series = self.series.get(key) or self.of(key)
         series.counts[bisect.bisect_left(self.bounds, value)] += count
         series.total += value * count
 
     def observe_all(self, key: tuple[str, ...], values: Iterable[float]) -> None:
         """Observe each of ``values`` (one series lookup for them all)."""
-        series, bounds = self.of(key), self.bounds
+        series, bounds = self.series.get(key) or self.of(key), self.bounds
         counts, total = series.counts, 0.0
         for value in values:
             counts[bisect.bisect_left(bounds, value)] += 1

@@ -168,7 +168,7 @@ class PhaseMetrics:
         waited, the worker's and the handler's as the batch took them."""
         if not batch.answered:
             return
-        keys = self._of(key)
+        keys = self._keys.get(key) or self._of(key)
         histogram = self.histogram
         left, since = batch.left_at, batch.since
         enqueued = [job.enqueued_at for job in jobs]
@@ -192,4 +192,5 @@ class PhaseMetrics:
             return
         # Its time less its wait in the queue and its batch's round trip.
         own_s = call.latency_s - (batch.ended_at - job.enqueued_at)
-        self.histogram.observe(self._of(key)[6], own_s if own_s > 0 else 0.0)
+        keys = self._keys.get(key) or self._of(key)
+        self.histogram.observe(keys[6], own_s if own_s > 0 else 0.0)
