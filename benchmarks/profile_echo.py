@@ -15,7 +15,8 @@ Printed per tree and round: the requests wrk counted in the window, the seconds 
 (cProfile's ``tottime`` summed over every function, C builtins included) and their µs per
 request, of which the event path's (every function of frontend/observe/: the metrics, logs,
 phases, traces, the facts; and the plane's end, with what was the batcher's and the
-exchange's timing before issue 32: ``_EVENT_PATH``); the trees' ratio round by round; then the
+exchange's timing before issue 32: ``_EVENT_PATH``) and its share of the window (a window on a
+slow minute of the machine is slow everywhere alike); the trees' ratio round by round; then the
 functions whose µs per request differ most between the trees (by module and name). cProfile
 inflates small calls: compare the trees with each other, not with wrk's throughput.
 """
@@ -31,15 +32,13 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-from benchmarks.echo import build_echo
-from benchmarks.wrk_echo import LUA, _source_at
+from benchmarks.wrk_echo import _source_at, echo_setup
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Run by each tree's server process: the profiled foreground server.
@@ -149,10 +148,14 @@ _EVENT_PATH = {("plane.py", "end"), ("batching.py", "answer"), ("batching.py", "
 
 def _event_path_us(window: Window) -> float:
     """µs per request of the event path: every function of frontend/observe/ (metrics, logs,
-    timing, traces, the facts), and ``_EVENT_PATH``."""
+    timing, traces, the facts' properties and notes), and ``_EVENT_PATH``. Not the facts'
+    constructors (observe/events.py: who asked, the call, a batch): they replace the plane's
+    own Origin and Call and the batcher's BatchTiming, which the tree before did not count."""
     spent = 0.0
     for (path, _, name), row in window.stats.stats.items():  # type: ignore[attr-defined]
-        if "/frontend/observe/" in path or (Path(path).name, name) in _EVENT_PATH:
+        if ("/frontend/observe/" in path and not (path.endswith("/observe/events.py")
+                                                  and name == "__init__")) \
+                or (Path(path).name, name) in _EVENT_PATH:
             spent += row[2]
     return spent / window.requests * 1e6
 
@@ -177,12 +180,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per window")
     parser.add_argument("--top", type=int, default=12, help="functions listed")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-profile-"))
-    script = work / "post.lua"
-    script.write_text(LUA)
-    store = work / "store"
-    store.mkdir()
-    build_echo(store)
+    work, script, store = echo_setup("bench-profile-")
     trees = [("this tree", ROOT), (args.baseline, _source_at(args.baseline, work))]
     servers = [ProfiledServer(label, tree, store, work / f"server{index}")
                for index, (label, tree) in enumerate(trees)]
@@ -195,7 +193,8 @@ def main() -> int:
                 print(f"round {round_number + 1}: {server.label}: {window.requests} requests, "
                       f"{window.python_s:.2f} s of Python, "
                       f"{window.us_per_request:.1f} µs/request (the event path "
-                      f"{_event_path_us(window):.1f})", flush=True)
+                      f"{_event_path_us(window):.1f}: "
+                      f"{_event_path_us(window) / window.us_per_request:.1%})", flush=True)
     finally:
         for server in servers:
             server.close()
@@ -203,9 +202,13 @@ def main() -> int:
     for label, _ in trees:
         values = [window.us_per_request for window in windows[label]]
         path = [_event_path_us(window) for window in windows[label]]
+        shares = [_event_path_us(window) / window.us_per_request for window in windows[label]]
         print(f"{label}: median {statistics.median(values):.1f} µs/request "
               f"({', '.join(f'{value:.1f}' for value in values)}); the event path "
-              f"{statistics.median(path):.1f} ({', '.join(f'{value:.1f}' for value in path)})")
+              f"{statistics.median(path):.1f} ({', '.join(f'{value:.1f}' for value in path)}), "
+              f"its share of each window (the machine's speed cancels out) "
+              f"{statistics.median(shares):.1%} "
+              f"({', '.join(f'{share:.1%}' for share in shares)})")
     ratios = [ours.us_per_request / theirs.us_per_request
               for ours, theirs in zip(*(windows[label] for label, _ in trees), strict=True)]
     print(f"this tree / {args.baseline}, round by round: "
