@@ -149,6 +149,18 @@ def _self_signed(work: Path) -> str:
             f"private_key_file={work / 'key.pem'}\n")
 
 
+def echo_setup(prefix: str) -> tuple[Path, Path, Path]:
+    """A fresh work folder, wrk's POST script in it and a model store holding the echo model:
+    (folder, script, store)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    script = work / "post.lua"
+    script.write_text(LUA)
+    store = work / "store"
+    store.mkdir()
+    build_echo(store)
+    return work, script, store
+
+
 def _source_at(revision: str, work: Path) -> Path:
     """The project's source as of ``revision`` (git archive), unpacked under ``work``."""
     tree = work / "baseline"
@@ -232,12 +244,7 @@ def main() -> int:
                 args.variant]
     if shutil.which("wrk") is None:
         raise SystemExit("needs wrk: apt-get install -y wrk")
-    work = Path(tempfile.mkdtemp(prefix="bench-wrk-"))
-    script = work / "post.lua"
-    script.write_text(LUA)
-    store = work / "store"
-    store.mkdir()
-    build_echo(store)
+    work, script, store = echo_setup("bench-wrk-")
     started = time.time()
     with contextlib.ExitStack() as stack:
         servers = [("batchserve", stack.enter_context(Batchserve(store)))]

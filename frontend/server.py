@@ -26,19 +26,18 @@ from frontend.api.http.app import serve_http
 from frontend.config import Address, ServerConfig
 from frontend.errors import ConfigError, ServeError
 from frontend.models.loader import ModelLoader, RegisterRequest
-from frontend.models.model import BatchRecorder
-from frontend.models.model import Model as LoadedModel
 from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots, restore_requests
 from frontend.models.startup import model_store_lister, startup_entries
-from frontend.observe.logs import ServerLogs
+from frontend.observe.dashboard import BusyTime, Dashboard
+from frontend.observe.events import Observers
+from frontend.observe.logs import AccessLog, ServerLogs
 from frontend.observe.metric_specs import load_metrics_config
-from frontend.observe.metrics import Model, ServerMetrics
+from frontend.observe.metrics import ServerMetrics
+from frontend.observe.status import ModelStatus, Statuses
 from frontend.ops.auth import TokenAuthority
-from frontend.ops.dashboard import Dashboard
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
-from frontend.serving.batching import Job
 from frontend.serving.capacity import HostLimits, worker_caps
 from frontend.serving.forkserver import Launch
 from frontend.serving.placement import CpuAssigner, GpuAssigner, Placement
@@ -47,7 +46,6 @@ from frontend.tls import load_certificate
 from frontend.workflows import archive as workflow_archives
 from frontend.workflows.loader import WorkflowLoader
 from frontend.workflows.registry import WorkflowRegistry
-from protos import worker_pb2
 
 if TYPE_CHECKING:  # imported only when tracing is on (start_tracing)
     from frontend.observe.tracing import Tracing
@@ -95,7 +93,16 @@ def startup_workflows(config: ServerConfig, entries: tuple[str, ...]
     return startup_entries(entries, "load_workflows", store)
 
 
-def server_metrics(config: ServerConfig, models: Iterable[Model], gpu_count: int,
+def statuses(registry: ModelRegistry) -> Statuses:
+    """What the observers read of the registered model versions now, when they look."""
+
+    def now() -> Iterable[ModelStatus]:
+        return [model.status() for model in registry]
+
+    return now
+
+
+def server_metrics(config: ServerConfig, models: Statuses, gpu_count: int,
                    named_loggers: bool = False) -> ServerMetrics:
     """The server's metrics, as its configuration says. Their log files go where TorchServe
     puts them: ``$METRICS_LOCATION`` when set (as TorchServe's log4j configuration), else the
@@ -107,7 +114,7 @@ def server_metrics(config: ServerConfig, models: Iterable[Model], gpu_count: int
         log_dir=Path(location) if location else config.log_location,
         system_metrics=not config.disable_system_metrics, gpu_count=gpu_count,
         interval_s=config.metric_time_interval_s, named_loggers=named_loggers,
-        phases=config.request_phases)
+        phases=config.request_phases, dispatch_stats=config.dispatch_stats)
 
 
 def start_tracing(config: ServerConfig) -> Tracing:
@@ -121,18 +128,21 @@ def start_tracing(config: ServerConfig) -> Tracing:
     return start(config, os.environ)
 
 
-def traced_batches(record: BatchRecorder, tracing: Tracing | None) -> BatchRecorder:
-    """What each batch's reply is told to: the metrics, and the tracing when it is on (when
-    off, the metrics' own recorder: the batches pay nothing for tracing)."""
-    if tracing is None:
-        return record
-
-    def record_and_trace(model: LoadedModel, jobs: list[Job],
-                         result: worker_pb2.PredictResult | None) -> None:
-        record(model, jobs, result)
-        tracing.batch(model, jobs, result)
-
-    return record_and_trace
+def observers(metrics: ServerMetrics, access: AccessLog | None, busy: BusyTime | None,
+              tracing: Tracing | None) -> Observers:
+    """Who is told what the serving core does (frontend/observe/events.py): the metrics (the
+    phases, reasons and fill only as the configuration keeps them), the access log when there
+    is one, the live page's busy time, and the traces when they are on. What nobody is
+    subscribed to costs nothing where it happens."""
+    subscribed = Observers()
+    metrics.subscribe(subscribed)
+    if access is not None:
+        subscribed.call_ended.append(access.call_ended)
+    if busy is not None:
+        subscribed.batch_ended.append(busy.batch_ended)
+    if tracing is not None:
+        tracing.subscribe(subscribed)
+    return subscribed
 
 
 class Server:
@@ -182,23 +192,25 @@ class Server:
         run_dir.chmod(0o700)
         registry = ModelRegistry()
         gpus = GpuAssigner.detect(config.number_of_gpu, config.visible_gpus)
-        metrics = server_metrics(config, registry, gpus.count, self.named_loggers)
+        metrics = server_metrics(config, statuses(registry), gpus.count, self.named_loggers)
         cpus = CpuAssigner.detect(config.cpu_cores_per_worker) if config.cpu_affinity else None
         logs = ServerLogs(config.log_location, config.enable_access_log, self.named_loggers,
                           phases=config.request_phases, extended=config.access_log_extended)
+        busy = BusyTime()
+        subscribed = observers(metrics, logs.access if config.enable_access_log else None,
+                               busy, tracing)
         placement = Placement(gpus, cpus, registry.worker_count)
         caps = placement.caps = worker_caps(config, HostLimits.detect(placement.cores,
                                                                       gpus.count))
-        loader = ModelLoader(config, run_dir, registry, placement,
-                             traced_batches(metrics.record_batch, tracing), logs.model,
-                             events=metrics, forkserver=self._forkserver)
+        loader = ModelLoader(config, run_dir, registry, placement, subscribed, logs.model,
+                             forkserver=self._forkserver)
         auth = None
         if not config.disable_token_authorization:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
-        plane = InferencePlane(registry, metrics, logs.access, config.server_timing, tracing)
+        plane = InferencePlane(registry, subscribed, logs.access, config.server_timing)
         workflows = WorkflowLoader(config, loader, WorkflowRegistry(), run_dir / "workflows")
-        dashboard = Dashboard(registry, metrics, gpu_count=gpus.count)
+        dashboard = Dashboard(statuses(registry), metrics, busy=busy, gpu_count=gpus.count)
         self.services = Services(config, registry, loader, metrics, auth, snapshots, plane,
                                  workflows, dashboard)
         grpc_servers = GrpcServers(

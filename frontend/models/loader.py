@@ -26,13 +26,14 @@ from frontend.errors import BadRequest, Forbidden, InternalError, quoted
 from frontend.models import archive as archives
 from frontend.models.dependencies import NO_ENVIRONMENT, DependencyInstaller, ModelEnvironment
 from frontend.models.download import download_archive
-from frontend.models.model import BatchRecorder, Model, TensorMetadata
+from frontend.models.model import Model, TensorMetadata
 from frontend.models.registry import ModelRegistry
+from frontend.observe.events import Observers
 from frontend.observe.metric_specs import DEFAULT_METRICS_CONFIG
 from frontend.processes import worker_environment
 from frontend.serving.forkserver import ForkServer, Launch, fork_unsupported
 from frontend.serving.placement import Placement
-from frontend.serving.workers import WorkerEvents, WorkerLaunch, start_failures
+from frontend.serving.workers import WorkerLaunch, start_failures
 from frontend.settings import FIELDS, ModelSettings, SettingsLayer, Source, read_layer, resolve
 from model_archiver import names
 from protos import worker_pb2
@@ -151,19 +152,17 @@ class ModelLoader:
     """Registers and unregisters model versions for one server."""
 
     def __init__(self, config: ServerConfig, run_dir: Path, registry: ModelRegistry,
-                 placement: Placement, record_batch: BatchRecorder,
-                 model_log: logging.Logger, *, events: WorkerEvents | None = None,
+                 placement: Placement, observers: Observers, model_log: logging.Logger, *,
                  forkserver: Launch | None = None) -> None:
         self.config = config
-        #: Told when a worker loaded its model, of the frontend's time on each batch, and of
-        #: metrics the workers print (the server's metrics).
-        self._events = events
+        #: Who is told what each model version's batches and workers do, and of each version
+        #: registered and removed (the server's observers: frontend/observe/events.py).
+        self._observers = observers
         self.run_dir = run_dir
         self.archive_dir = run_dir / "models"
         self.archive_dir.mkdir(mode=0o700, exist_ok=True)
         self.registry = registry
         self._placement = placement
-        self._record_batch = record_batch
         self._model_log = model_log
         self._dependencies = DependencyInstaller(
             run_dir / "envs", config.install_py_dep_per_model, config.install_py_dep_timeout_s,
@@ -317,11 +316,11 @@ class ModelLoader:
         model = Model(name, version, unpacked, plan.handler, settings,
                       self._launch(name, version, unpacked, plan.handler, settings,
                                    environment, request.workflow_function),
-                      self._placement, self._record_batch, self._model_log,
-                      request.loaded_at_startup, plan.tensors, environment,
-                      request.workflow, dispatch_stats=self.config.dispatch_stats)
+                      self._placement, self._model_log, request.loaded_at_startup,
+                      plan.tensors, environment, request.workflow)
         self.registry.add(model,
                           make_default=self._configured(name, version).is_default_version)
+        self._observers.registered(name, version)
         log_model_config(name, version, unpacked.model_config)
         logger.info("registered model %s version %s (batch_size=%d, max_batch_delay=%d ms, "
                     "workers=%d)", name, version, settings.batch_size,
@@ -350,7 +349,7 @@ class ModelLoader:
                 dependency_dirs=environment.dependency_dirs,
                 metrics_config=str(config.metrics_config or DEFAULT_METRICS_CONFIG),
             ),
-            events=self._events,
+            events=self._observers.of_model(name, version),
             run_dir=self.run_dir,
             startup_timeout_s=settings.startup_timeout_s,
             response_timeout_s=settings.response_timeout_s,
@@ -389,6 +388,7 @@ class ModelLoader:
 
     async def _remove(self, model: Model, drain_timeout_s: float | None) -> None:
         self.registry.remove(model)
+        self._observers.removed(model.name, model.version)
         await model.stop(drain_timeout_s)
         archives.remove_unpacked(model.archive, self.archive_dir)
         await asyncio.to_thread(model.environment.remove)  # a venv can be large

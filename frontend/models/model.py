@@ -2,33 +2,31 @@
 
 A ``Model`` is built by the loader (frontend/models/loader.py) and looked up through the
 registry; it owns every change to itself (scaling changes its worker settings with its
-workers). What it records about batches goes to an injected callback (the server's metrics).
+workers). It keeps no record of its batches: they publish what happened to them through the
+hooks its launch carries (``WorkerLaunch.events``, frontend/observe/events.py), and what it is
+doing now is ``status()``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from frontend.errors import ServiceUnavailable
 from frontend.models import archive as archives
 from frontend.models.dependencies import NO_ENVIRONMENT, ModelEnvironment
-from frontend.serving.batching import Batcher, DispatchStats, Job
+from frontend.observe.status import ModelStatus, WorkerStatus
+from frontend.serving.batching import Batcher, Job
 from frontend.serving.placement import Placement
 from frontend.serving.policies import make_policy
 from frontend.serving.sequences import SequenceBatcher
 from frontend.serving.workers import Worker, WorkerLaunch
 from frontend.settings import ModelSettings
 from protos import worker_pb2
-
-#: Called after each batch: the model, its jobs and the worker's result (None: it failed).
-BatchRecorder = Callable[["Model", list[Job], "worker_pb2.PredictResult | None"], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +49,11 @@ class Model:
         settings: ModelSettings,
         launch: WorkerLaunch,
         placement: Placement,
-        record_batch: BatchRecorder,
         model_log: logging.Logger,
         loaded_at_startup: bool = False,
         tensors: TensorMetadata = TensorMetadata(),
         environment: ModelEnvironment = NO_ENVIRONMENT,
         workflow: str | None = None,
-        dispatch_stats: bool = True,
     ) -> None:
         self.name = name
         #: The workflow this model is a node of (registered and removed with it), or None.
@@ -65,6 +61,8 @@ class Model:
         #: A workflow's function node (its handler is a function of the workflow's file).
         self.is_workflow_function = launch.load.workflow_function
         self.version = version
+        #: (name, version): what its observers know it by.
+        self.key = (name, version)
         self.archive = unpacked
         self.handler = handler
         self.settings = settings
@@ -74,12 +72,9 @@ class Model:
         self.loaded_at_startup = loaded_at_startup
         self.launch = launch
         self._placement = placement
-        self._record = record_batch
         self._model_log = model_log
         policy = functools.partial(make_policy, settings.batch_policy, settings.batch_size,
                                    settings.max_batch_delay_ms / 1000)
-        #: Why its batches left the queue and how full they were (docs/batches.md).
-        self.dispatch = DispatchStats(enabled=dispatch_stats)
         #: A stateful model's queue (its sequences, a lane per worker); None otherwise.
         self.sequences: SequenceBatcher | None = None
         self.batcher: Batcher | SequenceBatcher
@@ -90,29 +85,24 @@ class Model:
                 max_waiting=settings.max_sequence_job_queue_size,
                 max_idle_s=settings.sequence_max_idle_ms / 1000,
                 max_duration_s=settings.sequence_timeout_ms / 1000 or None,
-                stats=self.dispatch)
+                on_formed=launch.events.formed)
         else:
             self.batcher = Batcher(max_batch_size=settings.batch_size,
                                    capacity=settings.job_queue_size, policy=policy(),
-                                   stats=self.dispatch)
+                                   on_formed=launch.events.formed)
         self.workers: list[Worker] = []
         #: Set when a worker fails: all of them may be down (only then is it worked out).
         self._maybe_down = False
-        self.recent_batch_sizes: collections.deque[int] = collections.deque(maxlen=64)
-        self.batches_total = 0
-        self.requests_total = 0
 
     def restarts_total(self) -> int:
         return sum(worker.restarts for worker in self.workers)
 
-    def _record_batch(self, jobs: list[Job], result: worker_pb2.PredictResult | None) -> None:
-        """A worker's batch came back (before the worker takes its next one)."""
-        if self.sequences is not None:
-            self.sequences.finished(jobs, result.responses if result is not None else None)
-        self.recent_batch_sizes.append(len(jobs))
-        self.batches_total += 1
-        self.requests_total += len(jobs)
-        self._record(self, jobs, result)
+    def _sequences_go_on(self, jobs: list[Job], result: worker_pb2.PredictResult | None
+                         ) -> None:
+        """A stateful model's batch came back (before the worker takes its next one): its
+        sequences go on."""
+        assert self.sequences is not None
+        self.sequences.finished(jobs, result.responses if result is not None else None)
 
     def submit(self, job: Job) -> None:
         if not self.workers:
@@ -153,7 +143,8 @@ class Model:
             worker = Worker(self.launch, batcher, self._placement.worker_id(),
                             self._placement.gpu(self.settings.device_ids)
                             if self.uses_gpus else None,
-                            self._placement.cpus(), threads, self._record_batch,
+                            self._placement.cpus(), threads,
+                            self._sequences_go_on if self.sequences is not None else None,
                             self._worker_down, self._model_log, lane)
             self.workers.append(worker)
             started.append(worker)
@@ -220,3 +211,15 @@ class Model:
         so that a replica takes its share of traffic only with all of its batch capacity."""
         up = sum(1 for worker in self.workers if worker.is_up)
         return up >= max(1, self.settings.min_workers)
+
+    def status(self) -> ModelStatus:
+        """What it and its workers are doing now, as plain facts (for the observers)."""
+        settings = self.settings
+        return ModelStatus(
+            self.name, self.version, self.health(), settings.batch_policy.value,
+            settings.batch_size, settings.max_batch_delay_ms, self.batcher.depth,
+            self.batcher.capacity,
+            tuple(WorkerStatus(worker.id, worker.state.value, worker.is_up, worker.in_flight,
+                               worker.restarts, worker.pid, worker.gpu_id,
+                               worker.working_since)
+                  for worker in self.workers))

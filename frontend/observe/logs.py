@@ -44,8 +44,9 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from frontend.errors import grpc_code
+from frontend.observe.events import WORKFLOW_VERSION, Batch, CallFacts
 from frontend.observe.log4j_pattern import translate
-from frontend.observe.timing import Timing, log_fields
+from frontend.observe.timing import log_fields
 
 #: TorchServe's file names (its log4j2.xml's appenders).
 SERVER_LOG = "ts_log.log"
@@ -267,9 +268,10 @@ class AccessLog(BufferedLog):
 
     def write(self, client: str, method: str, path: str, protocol: str, status: int,
               latency_s: float, model: str, version: str, queue_wait_s: float,
-              batch_size: int, form_s: float = 0.0, timing: Timing | None = None) -> None:
-        """Record one prediction; called on the event loop, costs a tuple and a list append
-        (its phases are worked out when the line is written)."""
+              batch_size: int, form_s: float = 0.0, batch: Batch | None = None) -> None:
+        """Record one prediction (``batch``: the facts of the batch it rode in); called on the
+        event loop, costs a tuple and a list append (its phases are worked out when the line
+        is written)."""
         if not self._on:
             return
         pending = self._pending
@@ -279,7 +281,7 @@ class AccessLog(BufferedLog):
         elif self._with_phases:
             pending.append((time.time(), client, method, path, protocol, status,
                             latency_s * 1000, model, version, queue_wait_s * 1000, batch_size,
-                            form_s, timing))
+                            form_s, batch))
         else:
             pending.append((time.time(), client, method, path, protocol, status,
                             latency_s * 1000, model, version, queue_wait_s * 1000, batch_size))
@@ -287,6 +289,31 @@ class AccessLog(BufferedLog):
             self._schedule()
         elif len(pending) == FLUSH_ENTRIES:
             self._flush_soon()
+
+    def call_ended(self, call: CallFacts) -> None:
+        """A prediction ended: its line (a workflow node's call has one only in the extended
+        log), and its origin knows it is written. Subscribed only to a server with an access
+        log."""
+        origin = call.origin
+        if origin.node and not self._extended:
+            return
+        origin.recorded = True
+        if not self._on:
+            return
+        if not self._extended:  # TorchServe's line: what most servers write, kept short
+            self._pending.append((time.time(), origin.peer, origin.method, origin.uri,
+                                  origin.protocol, call.status, call.latency_s * 1000))
+            if self._flush_handle is None:
+                self._schedule()
+            elif len(self._pending) == FLUSH_ENTRIES:
+                self._flush_soon()
+            return
+        job, key, workflow = call.job, call.key, call.workflow
+        name, version = key if key is not None else \
+            (workflow, WORKFLOW_VERSION) if workflow is not None else ("-", "-")
+        self.write(origin.peer, origin.method, origin.uri, origin.protocol, call.status,
+                   call.latency_s, name, version, job.queue_wait_s, job.batch_size,
+                   job.form_s, job.batch)
 
     def request(self, client: str, method: str, path: str, protocol: str, status: int,
                 latency_s: float) -> None:

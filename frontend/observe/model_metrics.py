@@ -4,7 +4,8 @@ for another metric, or grow the page without bound.
 
 Values come only in the worker's frames (the ``metrics`` of a batch's ``PredictResult`` and of
 ``Loaded``), never from the text a worker prints: a handler that prints what a client sent
-would let the client write a metric line (``frontend/serving/workers.py``).
+would let the client write a metric line (``frontend/serving/launcher.py``, which tells a
+worker that prints TorchServe's ``METRICS_MARK`` so, once).
 
 A metric is kept only under TorchServe's rules for its name, unit and dimensions
 (``metric_specs.handler_problem``), and only under a name that no other metric takes on the
@@ -45,6 +46,9 @@ from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
 
+#: What begins a metric line in a TorchServe worker's output. No line is read as a metric here
+#: (see the module docstring); a worker that prints one is told so once.
+METRICS_MARK = "[METRICS]"
 #: Metrics handlers may add to the configuration's (``model_metrics_auto_detect``).
 MAX_AUTO_DETECTED = 100
 #: Refused metrics remembered (and logged); past them, a refusal is neither.

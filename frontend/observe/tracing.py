@@ -2,20 +2,21 @@
 ``OTEL_TRACES_EXPORTER=otlp``), with the ``otel`` extra installed (docs/batches.md, "Traces").
 
 Only ``server.py`` imports this module, and only when tracing is on: a server without it
-imports no OpenTelemetry module, and its hot path pays one ``is None`` check per request (the
-plane's ``end``); its batches pay nothing (the server hands the workers the metrics' batch
-recorder itself).
+imports no OpenTelemetry module and subscribes no tracing to any event, so neither its
+requests nor its batches pay anything for it.
 
-The spans are made after the fact, from the times the plane and the batcher keep anyway, so
-nothing is timed twice and no span is open while a request waits:
+The spans are made after the fact, from the facts the serving core publishes
+(frontend/observe/events.py), so nothing is timed twice and no span is open while a request
+waits:
 
-* when a batch's reply is read, its own span ``batch {model}`` (a root: a batch serves requests of
-  many traces) from the moment it left the queue to its reply; each of its jobs notes it;
-* when a request ends (``InferencePlane.end``), its span (kind SERVER; a child of the
-  caller's context when its headers or gRPC metadata carry a W3C ``traceparent``, with its
-  ``tracestate``), linked to its batch's span, with three children: ``queue`` (waiting to be
-  dispatched), ``batch`` (its time in its batch: sent to the worker until the reply is read)
-  and ``worker`` (the handler's time on the batch, as the worker reports it, ending at the
+* when a batch ended with a reply (``batch_ended``), its own span ``batch {model}`` (a root: a
+  batch serves requests of many traces) from the moment it left the queue to its reply; what
+  it was is kept by the batch (weakly) for its requests' spans;
+* when a request ends (``call_ended``), its span (kind SERVER; a child of the caller's context
+  when its headers or gRPC metadata carry a W3C ``traceparent``, with its ``tracestate``),
+  linked to its batch's span, with three children: ``queue`` (waiting to be dispatched),
+  ``batch`` (its time in its batch: sent to the worker until the reply is read) and
+  ``worker`` (the handler's time on the batch, as the worker reports it, ending at the
   reply).
 
 Spans leave through the SDK's ``BatchSpanProcessor``: a background thread exports them over
@@ -30,9 +31,10 @@ import random
 import re
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -52,6 +54,7 @@ from opentelemetry.trace import (
 
 from frontend import __version__
 from frontend.errors import ConfigError
+from frontend.observe.events import Batch, CallFacts, JobFacts, ModelKey, Observers
 from protos import worker_pb2
 
 if TYPE_CHECKING:
@@ -74,31 +77,9 @@ STATUS = "batchserve.response.status"
 HANDLER_MS = "batchserve.handler_time_ms"
 
 
-class TracedModel(Protocol):
-    """What a span says of a model (``frontend.models.model.Model``)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def version(self) -> str: ...
-
-
-class TracedJob(Protocol):
-    """What the spans read of a request's job (``frontend.serving.batching.Job``)."""
-
-    request: worker_pb2.Request
-    enqueued_at: float
-    queue_wait_s: float
-    dispatched: bool
-    batch_size: int
-    batch_id: str
-    trace: object
-
-
 @dataclass(frozen=True, slots=True)
 class BatchTrace:
-    """A batch's span and times, as each of its jobs notes them (``Job.trace``)."""
+    """A batch's span and times, as its requests' spans read them."""
 
     #: Its span (None: not sampled, so its requests link to nothing, and still show their
     #: time in it).
@@ -172,6 +153,9 @@ class Tracing:
         self._sampler = provider.sampler
         self._scope = InstrumentationScope(SCOPE, __version__)
         self._processor = BatchSpanProcessor(exporter)
+        #: What each batch's span was, for its requests' spans, while the batch is alive.
+        self._batches: weakref.WeakKeyDictionary[Batch, BatchTrace] = \
+            weakref.WeakKeyDictionary()
         _quieten_drops()
 
     def _sampled(self, parent: SpanContext | None, trace_id: int, name: str,
@@ -185,7 +169,7 @@ class Tracing:
             if parent is not None else None, trace_id, name, kind)
         return decision.decision is Decision.RECORD_AND_SAMPLE, decision.trace_state
 
-    def _sampled_caller(self, job: TracedJob, name: str) -> bool:
+    def _sampled_caller(self, job: JobFacts, name: str) -> bool:
         """Whether the job's request is sampled for its caller's sake (a caller that traces
         gets the batch its request rode in, whatever the sampler says of batches)."""
         if "traceparent" not in job.request.headers:
@@ -201,92 +185,80 @@ class Tracing:
             name, context, parent, self._resource, attributes, (), links, kind, None, status,
             start_ns, end_ns, self._scope))
 
-    def batch(self, model: TracedModel, jobs: Sequence[TracedJob],
-              result: worker_pb2.PredictResult | None) -> None:
-        """A batch's reply was read (``result`` None: it failed as a whole): its span, noted
-        on each of its jobs for their own spans. (Never raises: it runs in the middle of the
-        batch's accounting, where an error would read as a broken worker.)"""
+    def subscribe(self, observers: Observers) -> None:
+        """Trace every batch that ended with a reply, and every call."""
+        observers.batch_ended.append(self.batch_ended)
+        observers.call_ended.append(self.call_ended)
+
+    def batch_ended(self, key: ModelKey, batch: Batch, jobs: Sequence[JobFacts],
+                    result: worker_pb2.PredictResult | None) -> None:
+        """A batch ended (``result`` None: it failed as a whole): its span when its worker
+        replied, kept by the batch for its requests' spans. (Never raises: it runs as the
+        batch's answers are delivered.)"""
         try:
             # A describe (the server's own request, no client's) is no prediction to trace.
-            if jobs and not jobs[0].request.describe:
-                self._batch(model, jobs, result)
+            if batch.replied and jobs and not jobs[0].request.describe:
+                self._batch(key, batch, jobs, result)
         except Exception:
-            logger.exception("tracing a batch of %s failed", model.name)
+            logger.exception("tracing a batch of %s failed", key[0])
 
-    def _batch(self, model: TracedModel, jobs: Sequence[TracedJob],
+    def _batch(self, key: ModelKey, batch: Batch, jobs: Sequence[JobFacts],
                result: worker_pb2.PredictResult | None) -> None:
         clock = _Clock()
         first = jobs[0]
         trace_id = _new_trace_id()
-        name = f"batch {model.name}"
+        name = f"batch {key[0]}"
         sampled, state = self._sampled(None, trace_id, name, SpanKind.INTERNAL)
-        # Every job of a batch left the queue at once: enqueued_at + queue_wait_s is that time.
-        sent_ns = clock.of_monotonic(first.enqueued_at + first.queue_wait_s)
+        sent_ns = clock.of_monotonic(batch.left_at)
+        replied_ns = clock.of_monotonic(batch.ended_at)
         handler_ms = result.handler_time_ms if result is not None else 0.0
         context = None
         if sampled or any(self._sampled_caller(job, name) for job in jobs):
             context = SpanContext(trace_id, _new_span_id(), False, _SAMPLED, state)
-            self._emit(name, context, None, SpanKind.INTERNAL, sent_ns, clock.wall_ns, {
-                MODEL: model.name, VERSION: model.version, BATCH_ID: first.batch_id,
-                BATCH_SIZE: first.batch_size, BATCH_REQUESTS: len(jobs),
-                HANDLER_MS: handler_ms},
+            self._emit(name, context, None, SpanKind.INTERNAL, sent_ns, replied_ns, {
+                MODEL: key[0], VERSION: key[1], BATCH_ID: first.batch_id,
+                BATCH_SIZE: batch.items, BATCH_REQUESTS: len(jobs), HANDLER_MS: handler_ms},
                 status=_UNSET if result is not None else
                 Status(StatusCode.ERROR, "the batch failed as a whole"))
-        noted = BatchTrace(context, sent_ns, clock.wall_ns, handler_ms)
-        for job in jobs:
-            job.trace = noted
+        self._batches[batch] = BatchTrace(context, sent_ns, replied_ns, handler_ms)
 
-    def request(self, job: TracedJob, model: TracedModel | None, *, started: float,
-                latency_s: float, method: str, path: str, protocol: str, status: int) -> None:
-        """A request ended (``started``: its time.perf_counter() at its start; ``status``:
-        its answer's HTTP status, 0 when the client left first): its span and children.
-        (Never raises: the request is answered already.)"""
+    def call_ended(self, call: CallFacts) -> None:
+        """A request ended (its status 0 when the client left first): its span and children.
+        (Never raises: the request is answered already.) A workflow's request has no span of
+        its own: its node calls have theirs."""
+        if call.workflow is not None:
+            return
         try:
-            self._request(job, model, started, latency_s, method, path, protocol, status)
+            self._request(call)
         except Exception:
             logger.exception("tracing a request failed")
 
-    def _request(self, job: TracedJob, model: TracedModel | None, started: float,
-                 latency_s: float, method: str, path: str, protocol: str, status: int) -> None:
+    def _request(self, call: CallFacts) -> None:
+        job, key, origin, status = call.job, call.key, call.origin, call.status
         request = job.request
         parent = caller_context(request.headers) if "traceparent" in request.headers else None
         trace_id = parent.trace_id if parent is not None else _new_trace_id()
         # Named by method and path once the path named a model (a name the server knows, not
         # whatever a client sent), else by the method alone: few names, as OpenTelemetry asks.
-        name = f"{method} {path}" if model is not None else method
+        method = origin.method
+        name = f"{method} {origin.path}" if key is not None else method
         sampled, state = self._sampled(parent, trace_id, name, SpanKind.SERVER)
         if not sampled:
             return
         clock = _Clock()
-        start_ns = clock.of_perf(started)
-        end_ns = clock.of_perf(started + latency_s)
-        noted = job.trace if isinstance(job.trace, BatchTrace) else None
+        start_ns = clock.of_perf(call.started)
+        end_ns = clock.of_perf(call.started + call.latency_s)
+        batch = job.batch
+        noted = self._batches.get(batch) if batch is not None else None
         links = (Link(noted.context),) if noted is not None and noted.context else ()
-        attributes: dict[str, Any] = {STATUS: status}
-        if method == "gRPC":
-            attributes["rpc.system"] = "grpc"
-        else:
-            attributes["http.request.method"] = method
-            attributes["url.path"] = path
-            attributes["network.protocol.version"] = protocol.removeprefix("HTTP/")
-            if status:
-                attributes["http.response.status_code"] = status
-        if model is not None:
-            attributes[MODEL] = model.name
-            attributes[VERSION] = model.version
-        if request.request_id:
-            attributes[REQUEST_ID] = request.request_id
-        if job.dispatched:
-            attributes[BATCH_ID] = job.batch_id
-            attributes[BATCH_SIZE] = job.batch_size
+        attributes = _request_attributes(call)
         context = SpanContext(trace_id, _new_span_id(), False, _SAMPLED, state)
         self._emit(name, context, parent, SpanKind.SERVER, start_ns, end_ns, attributes, links,
                    _UNSET if 0 < status < 500 else Status(
                        StatusCode.ERROR, "the client left before its answer" if status == 0
                        else f"answered {status}"))
         if job.enqueued_at:
-            left_ns = (clock.of_monotonic(job.enqueued_at + job.queue_wait_s)
-                       if job.dispatched else end_ns)
+            left_ns = clock.of_monotonic(batch.left_at) if batch is not None else end_ns
             self._child("queue", context, clock.of_monotonic(job.enqueued_at), left_ns, {})
         if noted is not None:
             self._child("batch", context, noted.sent_ns, noted.replied_ns,
@@ -342,6 +314,29 @@ class _OncePerInterval(logging.Filter):
             record.msg = f"{record.msg} ({self._held} more spans dropped since the last warning)"
         self._last, self._held = now, 0
         return True
+
+
+def _request_attributes(call: CallFacts) -> dict[str, Any]:
+    """The attributes of a request's span: its answer, its HTTP request or RPC, its model
+    version, its id and its batch."""
+    origin, status, job = call.origin, call.status, call.job
+    attributes: dict[str, Any] = {STATUS: status}
+    if origin.method == "gRPC":
+        attributes["rpc.system"] = "grpc"
+    else:
+        attributes["http.request.method"] = origin.method
+        attributes["url.path"] = origin.path
+        attributes["network.protocol.version"] = origin.protocol.removeprefix("HTTP/")
+        if status:
+            attributes["http.response.status_code"] = status
+    if call.key is not None:
+        attributes[MODEL], attributes[VERSION] = call.key
+    if job.request.request_id:
+        attributes[REQUEST_ID] = job.request.request_id
+    if job.batch is not None:
+        attributes[BATCH_ID] = job.batch_id
+        attributes[BATCH_SIZE] = job.batch_size
+    return attributes
 
 
 def _quieten_drops() -> None:

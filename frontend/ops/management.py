@@ -23,6 +23,7 @@ import psutil
 from frontend.errors import BadRequest, Forbidden, InternalError, MethodNotAllowed, quoted
 from frontend.models.loader import RegisterRequest
 from frontend.models.model import Model
+from frontend.observe.batches import BatchRecords, ModelBatches
 from frontend.ops.params import bool_param, int_param
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
@@ -43,6 +44,8 @@ class ManagementOps:
         self.loader = services.loader
         self.plane = services.plane
         self.snapshots = services.snapshots
+        #: What is kept of each model version's batches (its describe's ``batching``).
+        self.records = services.metrics.records
 
     def _require_model_api(self) -> None:
         if not self.config.enable_model_api:
@@ -75,7 +78,7 @@ class ManagementOps:
                 if worker.gpu_id is not None}
         usage = dict(zip(gpus, await asyncio.gather(*(gpu_usage(gpu) for gpu in gpus)),
                          strict=True))
-        descriptions = [describe_model(model, usage) for model in models]
+        descriptions = [describe_model(model, self.records, usage) for model in models]
         if customized:
             for model, description in zip(models, descriptions, strict=True):
                 description["customizedMetadata"] = await _customized_metadata(self.plane,
@@ -188,13 +191,15 @@ def _registered_message(model: Model, synchronous: bool) -> str:
     return text
 
 
-def describe_model(model: Model, gpu_usage: Mapping[int, str] | None = None
-                   ) -> dict[str, object]:
+def describe_model(model: Model, records: BatchRecords,
+                   gpu_usage: Mapping[int, str] | None = None) -> dict[str, object]:
     """TorchServe 0.12's describe body for one model version (its fields in its order), with
-    our ``batching`` section; ``gpu_usage`` maps GPU ids to each worker's ``gpuUsage``."""
+    our ``batching`` section (what ``records`` kept of its batches); ``gpu_usage`` maps GPU ids
+    to each worker's ``gpuUsage``."""
     s = model.settings
-    sizes = list(model.recent_batch_sizes)
-    reasons, fill = model.dispatch.recent_summary()
+    batches = records.of(model.name, model.version) or ModelBatches(records.dispatch_stats)
+    sizes = list(batches.recent_sizes)
+    reasons, fill = batches.dispatch.recent_summary()
     return {
         "modelName": model.name,
         "modelVersion": model.version,
@@ -224,8 +229,8 @@ def describe_model(model: Model, gpu_usage: Mapping[int, str] | None = None
             "policy": s.batch_policy.value,
             "queueDepth": model.batcher.depth,
             "inFlightBatches": sum(w.in_flight for w in model.workers),
-            "batchesTotal": model.batches_total,
-            "requestsTotal": model.requests_total,
+            "batchesTotal": batches.batches_total,
+            "requestsTotal": batches.requests_total,
             "recentBatchSizes": sizes,
             "meanBatchSize": round(sum(sizes) / len(sizes), 3) if sizes else 0.0,
             # Why the recent batches left the queue, and how full they were (docs/batches.md).

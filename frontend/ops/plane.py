@@ -15,7 +15,8 @@ plane in the same two phases, so the order of the steps cannot be got wrong:
   never dispatched after it); a stateful model's request is named by its sequence first (a
   new one when it names none), which ``call.sequence_id`` holds for the transport to return;
 * ``outcome`` awaits the answer (a transport in callbacks adds one to ``call.job.future``);
-* ``end`` records the request's metrics and access-log line, exactly once.
+* ``end`` tells the call's observers that it ended (its metrics, access-log line and trace:
+  whoever the server subscribed to ``call_ended``), exactly once.
 
 A workflow's request (``/wfpredict``) is a call too, whose DAG runs elsewhere
 (frontend/ops/workflow_runs.py) as calls of the nodes' models: ``end`` records it as the
@@ -32,14 +33,16 @@ import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from frontend.errors import BadRequest, ModelNotFound, QueueFull, ServeError, expired, quoted
+from frontend.errors import BadRequest, ModelNotFound, ServeError, expired, quoted
 from frontend.models.model import Model as Model
 from frontend.models.registry import ModelRegistry
 from frontend.observe import timing
+from frontend.observe.events import WORKFLOW_VERSION as WORKFLOW_VERSION
+from frontend.observe.events import CallFacts, Observers
+from frontend.observe.events import Origin as Origin
 from frontend.observe.logs import AccessLog
-from frontend.observe.metrics import ServerMetrics
 from frontend.observe.timing import SERVER_TIMING as SERVER_TIMING
 from frontend.ops.ids import new_request_id
 from frontend.serving.batching import Job
@@ -48,20 +51,14 @@ from frontend.serving.sequences import name_sequence
 from frontend.serving.streams import ResponseStream as ResponseStream
 from protos import worker_pb2
 
-if TYPE_CHECKING:  # imported by the server only when tracing is on
-    from frontend.observe.tracing import Tracing
-
-# NOTE: Model, SEQUENCE_ID_HEADER, ResponseStream and SERVER_TIMING are imported "as"
-# themselves: the transports take them from here (the model a call resolved to, the header
-# that names a sequence, a streamed answer, the header or trailing metadata that says where
-# its time went), as they import nothing below ops/.
+# NOTE: Model, Origin, SEQUENCE_ID_HEADER, ResponseStream and SERVER_TIMING are imported "as"
+# themselves: the transports take them from here (the model a call resolved to, who asked,
+# the header that names a sequence, a streamed answer, the header or trailing metadata that
+# says where its time went), as they import nothing below ops/.
 
 #: A client's own deadline for its prediction, in seconds (HTTP header, lower case).
 REQUEST_TIMEOUT_HEADER = "x-request-timeout"
 _REQUEST_TIMEOUT_NAME = REQUEST_TIMEOUT_HEADER.encode()
-#: The access log's version field on a workflow's own line (its nodes' lines name their
-#: models and versions).
-WORKFLOW_VERSION = "workflow"
 #: The header TorchServe's handlers look at to explain instead of predict ("True").
 EXPLAIN_HEADER = "explain"
 #: What a job holds until its request is built.
@@ -70,83 +67,27 @@ _NO_REQUEST = worker_pb2.Request()
 Answer = worker_pb2.Response | ResponseStream
 
 
-class Origin:
-    """Who asked, for the access log and the traces. (A plain class: one is made per
-    request.)"""
+class Call(CallFacts):
+    """One prediction in the plane, from ``begin`` to ``end`` (what its observers are told of
+    it: ``CallFacts``)."""
 
-    __slots__ = ("count_status", "method", "node", "path", "peer", "protocol", "recorded",
-                 "uri")
-
-    def __init__(self, peer: str, method: str, path: str, protocol: str,
-                 count_status: bool = False, uri: str | None = None,
-                 node: bool = False) -> None:
-        #: The client's address as TorchServe's access log writes it: ``/127.0.0.1:41696``.
-        self.peer = peer
-        #: "POST", "PUT", ... or "gRPC".
-        self.method = method
-        #: The path (a trace's), decoded.
-        self.path = path
-        #: "HTTP/1.1", "HTTP/1.0", "HTTP/2.0" (gRPC).
-        self.protocol = protocol
-        #: Whether ``end`` counts the answer in Requests2XX/4XX/5XX (gRPC's; an HTTP
-        #: response is counted by its connection, like every other HTTP response).
-        self.count_status = count_status
-        #: What the access log writes of the request: the request line's target as it came
-        #: (with its query), or the RPC's ``<service>/<method>``; by default the path.
-        self.uri = path if uri is None else uri
-        #: Its access-log line is written (by the plane, or a workflow's run).
-        self.recorded = False
-        #: A workflow node's call for a request: TorchServe's access log has a line for the
-        #: request only; the extended one has a line for each node call too.
-        self.node = node
-
-    def for_nodes(self) -> Origin:
-        """The origin of the node calls a workflow makes for this request."""
-        return Origin(self.peer, self.method, self.path, self.protocol, self.count_status,
-                      self.uri, node=True)
-
-
-class Call:
-    """One prediction in the plane, from ``begin`` to ``end``."""
-
-    __slots__ = ("ended", "error", "job", "model", "origin", "sequence_id", "started",
-                 "status", "timer", "version", "wants_timing", "workflow")
+    __slots__ = ("ended", "model", "sequence_id", "timer", "wants_timing")
+    job: Job
 
     def __init__(self, origin: Origin, job: Job) -> None:
-        self.origin = origin
-        self.job = job
-        self.started = time.perf_counter()
+        super().__init__(origin, job, time.perf_counter())
         self.model: Model | None = None
-        #: The version the request named (None: the model's default; TorchServe's metrics
-        #: label it "default").
-        self.version: str | None = None
         self.timer: asyncio.TimerHandle | None = None
-        #: The status it was answered with (0: the client left before its answer).
-        self.status = 500
-        #: The error it was answered with, if any (``fail``).
-        self.error: ServeError | None = None
         self.ended = False
         #: A stateful model's request: its sequence (the transport returns it to the client).
         self.sequence_id: str | None = None
         #: Its answer carries Server-Timing (``server_timing``; the request asked, or always).
         self.wants_timing = False
-        #: The workflow it runs (a ``/wfpredict`` request): recorded as the workflow's.
-        self.workflow: str | None = None
 
     def fail(self, error: ServeError) -> None:
         """Answered with ``error``: its status, and why (for the refusal metrics)."""
         self.status = error.http_status
         self.error = error
-
-    def refusal(self) -> str | None:
-        """Why it was answered without running, for ``batchserve_refused_requests``: a full
-        queue (503), no worker to take it (503), or its deadline passed in the queue (504);
-        None when it ran, or was answered otherwise."""
-        if self.status not in (503, 504) or self.job.dispatched:
-            return None
-        if isinstance(self.error, QueueFull):
-            return "queue_full"
-        return "deadline" if self.status == 504 else "unavailable"
 
 
 def parse_timeout(value: str) -> float:
@@ -175,18 +116,18 @@ def request_timeout(headers: Iterable[tuple[bytes, bytes]]) -> float | None:
 class InferencePlane:
     """Resolve, build, queue, await, record: see the module's docstring."""
 
-    def __init__(self, registry: ModelRegistry, metrics: ServerMetrics,
-                 access: AccessLog, server_timing: str = timing.OFF,
-                 tracing: Tracing | None = None) -> None:
+    def __init__(self, registry: ModelRegistry, observers: Observers,
+                 access: AccessLog, server_timing: str = timing.OFF) -> None:
         self.registry = registry
-        self.metrics = metrics
+        #: Told of each call as it ends (``observers.call_ended``: the metrics, the access
+        #: log, the traces, as the server subscribed them).
+        self._ended = observers.call_ended
+        #: The access log, for the transports' lines of what is no prediction.
         self.access = access
         #: ``server_timing`` (config.properties, parsed): off, request (a request may ask)
         #: or always.
         self.server_timing = server_timing
         self._timing_on = self.server_timing != timing.OFF
-        #: OpenTelemetry spans of each call (None: tracing is off, and nothing is traced).
-        self.tracing = tracing
 
     # -- the two phases ---------------------------------------------------------------------
 
@@ -197,6 +138,7 @@ class InferencePlane:
         """Phase one, before the body is read: the model the call names (ModelNotFound), and
         a refusal (503) now if its queue has no room."""
         model = call.model = self.registry.get(name, version or None)
+        call.key = model.key
         call.version = version or None
         model.batcher.refuse_if_full()
         return model
@@ -225,7 +167,7 @@ class InferencePlane:
         if not self.registry.holds(model):
             raise ModelNotFound(f"Model {model.name} version {model.version} is no longer "
                                 "registered")
-        call.model = model
+        call.model, call.key = model, model.key
         call.version = None
         model.batcher.refuse_if_full()
         return model
@@ -321,35 +263,16 @@ class InferencePlane:
                 call.timer.cancel()
 
     def end(self, call: Call) -> None:
-        """The call's metrics and access-log line (once, whatever its outcome)."""
+        """The call ended (once, whatever its outcome): its time is taken and its observers
+        are told."""
         if call.ended:
             return
         call.ended = True
         if call.timer is not None:
             call.timer.cancel()
-        latency_s = time.perf_counter() - call.started
-        model, job, origin, workflow = call.model, call.job, call.origin, call.workflow
-        if workflow is not None:
-            self.metrics.record_workflow(workflow, call.status, latency_s)
-            name, version = workflow, WORKFLOW_VERSION
-        else:
-            # Answered by a worker (not refused, expired or failed as a whole): what
-            # TorchServe counts in its latency metrics.
-            answered = job if job.dispatched and call.error is None and call.status else None
-            self.metrics.record_request(model, latency_s, call.refusal(), version=call.version,
-                                        answered=answered)
-            name, version = (model.name, model.version) if model else ("-", "-")
-        if origin.count_status and call.status:
-            self.metrics.count_response(call.status)
-        if not origin.node or self.access.extended:
-            origin.recorded = True
-            self.access.write(origin.peer, origin.method, origin.uri, origin.protocol,
-                              call.status, latency_s, name, version, job.queue_wait_s,
-                              job.batch_size, job.form_s, job.timing)
-        if self.tracing is not None and workflow is None:
-            self.tracing.request(job, model, started=call.started, latency_s=latency_s,
-                                 method=origin.method, path=origin.path,
-                                 protocol=origin.protocol, status=call.status)
+        call.latency_s = time.perf_counter() - call.started
+        for observer in self._ended:
+            observer(call)
 
     @staticmethod
     def timing_header(call: Call) -> str | None:
@@ -357,15 +280,13 @@ class InferencePlane:
         not want one)."""
         if not call.wants_timing:
             return None
-        job = call.job
-        return timing.header(job.queue_wait_s, job.form_s, job.timing,
-                             time.perf_counter() - call.started)
+        return timing.job_header(call.job, time.perf_counter() - call.started)
 
     async def ask(self, model: Model, request: worker_pb2.Request) -> Answer:
         """Send one request of the server's own (a describe) through the model's queue,
         unrecorded: it is not a client's prediction."""
         call = self.begin(Origin("-", "-", "-", "-"), asyncio.get_running_loop())
-        call.model, call.job.request = model, request
+        call.model, call.key, call.job.request = model, model.key, request
         self._submit(call, None, asyncio.get_running_loop())
         return await self.outcome(call)
 

@@ -9,9 +9,9 @@ from frontend.config import ServerConfig
 from frontend.models.loader import ModelLoader
 from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots
+from frontend.observe.dashboard import Dashboard
 from frontend.observe.metrics import ServerMetrics
 from frontend.ops.auth import TokenAuthority
-from frontend.ops.dashboard import Dashboard
 from frontend.ops.plane import InferencePlane
 from frontend.workflows.loader import WorkflowLoader
 

@@ -20,6 +20,7 @@ snapshots (as TorchServe).
 from __future__ import annotations
 
 from frontend.errors import MethodNotAllowed
+from frontend.observe.batches import BatchRecords
 from frontend.ops.management import describe_model, page_limit
 from frontend.ops.params import int_param
 from frontend.ops.services import Services
@@ -39,6 +40,7 @@ class WorkflowOps:
         self.config = services.config
         self.loader = services.workflows
         self.registry = services.workflows.registry
+        self.records = services.metrics.records
 
     def _require_model_api(self) -> None:
         if not self.config.enable_model_api:
@@ -71,7 +73,7 @@ class WorkflowOps:
         return body
 
     def describe(self, name: str) -> list[dict[str, object]]:
-        return [describe_workflow(self.registry.get(name))]
+        return [describe_workflow(self.registry.get(name), self.records)]
 
     async def unregister(self, name: str) -> dict[str, object]:
         self._require_model_api()
@@ -79,12 +81,12 @@ class WorkflowOps:
         return {"status": f'Workflow "{name}" unregistered'}
 
 
-def describe_workflow(workflow: Workflow) -> dict[str, object]:
+def describe_workflow(workflow: Workflow, records: BatchRecords) -> dict[str, object]:
     """TorchServe's describe body for a workflow, with each node's model and workers."""
     spec = workflow.spec
     nodes = []
     for name, node in workflow.nodes.items():
-        model = describe_model(node.model)
+        model = describe_model(node.model, records)
         nodes.append({
             "name": name,
             "type": node.spec.kind.value,

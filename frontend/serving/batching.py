@@ -7,20 +7,33 @@ every worker is busy. *When* a batch is
 released is decided by a small pure policy object, so other policies plug in without touching
 the queue. Time comes in through two seams, a ``clock`` and a ``call_later`` timer, so tests and
 frontend/serving/simulation.py drive the same batcher with simulated time.
+
+It keeps no record for anyone to read: each batch that leaves is a ``Batch`` of raw facts
+(why, how many items, when), shared by its jobs and told to ``on_formed``
+(frontend/observe/events.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from frontend.errors import QueueFull, ServeError, ServiceUnavailable, expired
+from frontend.observe.events import (
+    ADAPTIVE,
+    DEADLINE,
+    FULL,
+    MAX_DELAY,
+    SEQUENCE,
+    SLOT_FREE,
+    Batch,
+    JobFacts,
+)
 from frontend.serving.policies import BatchPolicy
 from frontend.serving.streams import ResponseStream
 from protos import worker_pb2
@@ -32,25 +45,6 @@ logger = logging.getLogger(__name__)
 #: clock's resolution (1 ns) early.
 MIN_WAIT_S = 1e-9
 
-# Why a batch left the queue (docs/batches.md; ``batchserve_dispatch_total``'s reason label).
-#: It held max_batch_size items when a worker waiting for it took it.
-FULL = "full"
-#: The wait ran out: max_batch_delay after the batch's first job was found.
-MAX_DELAY = "max_delay"
-#: The adaptive policy let it go early: nobody else was expected soon enough to pay.
-ADAPTIVE = "adaptive"
-#: A queued job's deadline would have passed before the policy's wait ended.
-DEADLINE = "deadline"
-#: A worker with a batch in flight took a full batch as soon as it had room for a second
-#: (batches_in_flight).
-SLOT_FREE = "slot_free"
-#: A stateful model's batch (sequence batching), whatever the policy decided.
-SEQUENCE = "sequence"
-REASONS = (FULL, MAX_DELAY, ADAPTIVE, DEADLINE, SLOT_FREE, SEQUENCE)
-#: Bounds of the batch fill histogram (size / batch_size).
-FILL_BUCKETS = (0.125, 0.25, 0.5, 0.75, 1.0)
-#: Batches whose reason and fill ``DispatchStats.recent`` keeps (as describe's batch sizes).
-RECENT_BATCHES = 64
 #: Weight of one completed batch in the service-time estimate a deadline keeps in reserve.
 SERVICE_ALPHA = 0.2
 #: A batch leaves this many expected service times before a queued job's deadline (a batch
@@ -60,146 +54,22 @@ DEADLINE_RESERVE = 2.0
 DEADLINE_MIN_RESERVE_S = 0.001
 
 
-class BatchTiming:
-    """What one dispatched batch shares with each of its jobs (``Job.timing``): why it left,
-    its size, and once its worker answered, where its time went (seconds). A plain class with
-    slots: one is made per batch, none per request."""
-
-    __slots__ = ("answered", "dispatched_at", "inference_s", "postprocess_s", "preprocess_s",
-                 "reason", "round_s", "size", "steps", "worker_s")
-
-    def __init__(self, reason: str, size: int, dispatched_at: float) -> None:
-        self.reason = reason
-        self.size = size
-        #: The batcher's clock when it left the queue.
-        self.dispatched_at = dispatched_at
-        #: Its worker answered it (the fields below are set).
-        self.answered = False
-        #: From leaving the queue to the worker's reply being read.
-        self.round_s = 0.0
-        #: Of ``round_s``, what was not the handler's timed steps: sending, waiting in the worker
-        #: behind the batch ahead, decoding, encoding, the reply's way back.
-        self.worker_s = 0.0
-        #: The handler's steps had their own times (else ``inference_s`` is its whole time).
-        self.steps = False
-        self.preprocess_s = 0.0
-        self.inference_s = 0.0
-        self.postprocess_s = 0.0
-
-    def answer(self, round_s: float, handler_time_ms: float,
-               phases: worker_pb2.HandlerPhases | None) -> None:
-        """The worker answered after ``round_s``: split that time (``phases``: the worker's
-        account of its handler, None from a worker that sends none)."""
-        if phases is not None and (phases.steps or phases.inference_ms):
-            self.steps = phases.steps
-            self.preprocess_s = phases.preprocess_ms / 1000
-            self.inference_s = phases.inference_ms / 1000
-            self.postprocess_s = phases.postprocess_ms / 1000
-        else:
-            self.inference_s = handler_time_ms / 1000
-        handler_s = self.preprocess_s + self.inference_s + self.postprocess_s
-        if handler_s > round_s:  # preprocessing ahead overlapped the wait: never more than all
-            scale = round_s / handler_s if handler_s > 0 else 0.0
-            self.preprocess_s *= scale
-            self.inference_s *= scale
-            self.postprocess_s *= scale
-            handler_s = round_s
-        self.round_s = round_s
-        self.worker_s = round_s - handler_s
-        self.answered = True
-
-
-class DispatchStats:
-    """Why a model's batches left and how full they were: totals since it was registered (for
-    the metrics page) and the last ``RECENT_BATCHES`` (for describe). Shared by every batcher of
-    a model (a stateful model's lanes)."""
-
-    __slots__ = ("batches", "enabled", "fill_counts", "fill_sum", "reasons", "recent")
-    #: The fill histogram's bucket bounds.
-    bounds = FILL_BUCKETS
-
-    def __init__(self, enabled: bool = True) -> None:
-        #: False (``dispatch_stats=false``): nothing is counted, every count stays 0.
-        self.enabled = enabled
-        self.reasons: dict[str, int] = dict.fromkeys(REASONS, 0)
-        #: Batches per fill bucket (``FILL_BUCKETS``, then above the last: an oversized
-        #: KServe request), their count and the sum of their fills.
-        self.fill_counts = [0] * (len(FILL_BUCKETS) + 1)
-        self.batches = 0
-        self.fill_sum = 0.0
-        #: (reason, fill) of the last batches.
-        self.recent: collections.deque[tuple[str, float]] = collections.deque(
-            maxlen=RECENT_BATCHES)
-
-    def add(self, reason: str, fill: float) -> None:
-        if not self.enabled:
-            return
-        self.reasons[reason] += 1
-        self.fill_counts[bisect.bisect_left(FILL_BUCKETS, fill)] += 1
-        self.batches += 1
-        self.fill_sum += fill
-        self.recent.append((reason, fill))
-
-    def recent_summary(self) -> tuple[dict[str, int], dict[str, object]]:
-        """Describe's ``dispatchReasons`` (reason -> batches, of the recent ones) and
-        ``batchFill`` (their mean fill, and how many fell in each fill bucket: "le" bounds as
-        the metrics page's)."""
-        recent = list(self.recent)
-        reasons = {reason: 0 for reason in REASONS}
-        buckets = {f"{bound:g}": 0 for bound in FILL_BUCKETS}
-        labels = list(buckets)
-        over = 0
-        for reason, fill in recent:
-            reasons[reason] += 1
-            index = bisect.bisect_left(FILL_BUCKETS, fill)
-            if index < len(labels):
-                buckets[labels[index]] += 1
-            else:
-                over += 1
-        fills = [fill for _, fill in recent]
-        summary: dict[str, object] = {
-            "batches": len(recent),
-            "mean": round(sum(fills) / len(fills), 3) if fills else 0.0,
-            "buckets": buckets,
-        }
-        if over:
-            summary["over"] = over
-        return {reason: count for reason, count in reasons.items() if count}, summary
-
-
 @dataclass(slots=True, eq=False)
-class Job:
-    """One client request waiting for its response."""
+class Job(JobFacts):
+    """One client request waiting for its response (what is known of its trip: ``JobFacts``)."""
 
-    request: worker_pb2.Request
     #: Resolves to the Response, or to a ResponseStream once a first intermediate part came.
     future: asyncio.Future[worker_pb2.Response | ResponseStream]
-    #: time.monotonic() (the Batcher's clock) when the job entered the queue.
-    enqueued_at: float = 0.0
     #: time.monotonic() after which the answer is no use to the client.
     deadline: float = float("inf")
     #: The seconds from submission to ``deadline`` (for the 504's text).
     budget_s: float = float("inf")
-    #: wall-clock seconds the job waited in the queue, set when it is dispatched.
-    queue_wait_s: float = field(default=0.0)
     stream: ResponseStream | None = None
-    #: True once the job left the queue for a worker.
+    #: True once the job left the queue for a worker (in ``batch``).
     dispatched: bool = False
-    #: Size of the batch the job rode in (0 until dispatched).
-    batch_size: int = 0
     #: Items this job adds to a batch: 1 for a request, its instance count for KServe
     #: instance-level batching (a batch holds up to max_batch_size items).
     weight: int = 1
-    #: Which batch the job rode in (KServe's batchId), set by the worker.
-    batch_id: str = ""
-    #: Of ``queue_wait_s``, the time a free worker spent collecting its batch (the rest: no
-    #: worker was free for it).
-    form_s: float = 0.0
-    #: Its batch's reason, size and times (every job of a batch shares one), once dispatched.
-    timing: BatchTiming | None = None
-    #: What tracing noted of its batch (frontend/observe/tracing.py); None when tracing is
-    #: off, or before the batch's reply.
-    trace: object = None
 
     def add_part(self, part: worker_pb2.Response) -> None:
         """An intermediate response: the first one turns the answer into a stream."""
@@ -263,7 +133,7 @@ class Batcher:
         policy: BatchPolicy,
         clock: Callable[[], float] = time.monotonic,
         call_later: CallLater = loop_call_later,
-        stats: DispatchStats | None = None,
+        on_formed: Callable[[Batch], None] | None = None,
         sequence: bool = False,
     ) -> None:
         if max_batch_size < 1:
@@ -273,12 +143,11 @@ class Batcher:
         self.max_batch_size = max_batch_size
         self.capacity = capacity
         self.policy = policy
-        #: Why its batches left, how full (shared with the model's other batchers, if any).
-        self.stats = stats if stats is not None else DispatchStats()
+        #: Told of each batch as it leaves the queue (None: nobody listens).
+        self._on_formed = on_formed
         #: A stateful model's lane: every batch's reason is ``SEQUENCE``.
         self._sequence = sequence
         #: The batcher's clock (monotonic seconds), which its jobs' times are read on.
-        self.clock = clock
         self._clock = clock
         self._call_later = call_later
         self._queue: collections.deque[Job] = collections.deque()
@@ -543,17 +412,13 @@ class Batcher:
             batch.append(job)
         self._queued_weight -= items
         self._earliest_stale = True
-        if self._sequence:
-            reason = SEQUENCE
-        timing = BatchTiming(reason, items, now)
-        self.stats.add(reason, items / self.max_batch_size)
+        facts = Batch(SEQUENCE if self._sequence else reason, items, self.max_batch_size,
+                      now, since)
         for job in batch:
-            enqueued = job.enqueued_at
-            job.queue_wait_s = now - enqueued
-            job.form_s = now - (since if since > enqueued else enqueued)
-            job.timing = timing
+            job.batch = facts
             job.dispatched = True
-            job.batch_size = items
+        if self._on_formed is not None:
+            self._on_formed(facts)
         if not self._queue:
             self._emptied.set()
         if self._room_waiters:
@@ -573,8 +438,7 @@ class Batcher:
         before running them)."""
         for job in reversed(jobs):
             job.dispatched = False
-            job.batch_size = 0
-            job.timing = None
+            job.batch = None
             if job.is_live():
                 self._queue.appendleft(job)
                 self._queued_weight += job.weight

@@ -75,6 +75,16 @@ class InFlight:
         """Its batch items (a KServe request weighs as many as it has instances)."""
         return sum(job.weight for job in self.jobs)
 
+    def ended(self, now: float) -> float:
+        """Its reply came, or it was given up, at ``now``: the seconds the worker had it,
+        noted on its facts (``Batch``) with ``now``."""
+        service_s = now - (self.started if self.started is not None else now)
+        facts = self.jobs[0].batch if self.jobs else None
+        if facts is not None:
+            facts.ended_at = now
+            facts.service_s = service_s
+        return service_s
+
 
 class Exchange(Protocol):
     """What a batch says to the worker and what its reply means (``exchange.PredictExchange``)."""
@@ -88,6 +98,10 @@ class Exchange(Protocol):
         """Account for a batch's reply (the worker spent ``service_s`` on it); what delivers
         its answers (None: answered already). Raises WorkerDied when the reply breaks the
         protocol."""
+        ...
+
+    def lost(self, jobs: list[Job]) -> None:
+        """A batch got no reply (timed out, its worker died); its jobs are answered."""
         ...
 
     def bound(self, response: worker_pb2.Response) -> worker_pb2.Response:
@@ -123,9 +137,6 @@ class Dispatcher:
         self._call_later = call_later
         self._clock = clock
         self.in_flight: collections.deque[InFlight] = collections.deque()
-        #: Seconds the worker spent on the batches answered so far (each from when it could
-        #: start it to its reply): the live page's utilisation, one addition per batch.
-        self.busy_s = 0.0
         self._parked: Take | None = None
         self._stopping = False
         self._done = False
@@ -142,10 +153,10 @@ class Dispatcher:
         return (DispatchState.FULL if len(self.in_flight) >= self._max_in_flight
                 else DispatchState.BUSY)
 
-    def busy_seconds(self) -> float:
-        """Seconds the worker has been busy so far, the batch it is on included."""
-        head = self.in_flight[0].started if self.in_flight else None
-        return self.busy_s + (self._clock() - head if head is not None else 0.0)
+    @property
+    def working_since(self) -> float | None:
+        """clock() since when the worker has been on the batch it is on (None: it has none)."""
+        return self.in_flight[0].started if self.in_flight else None
 
     # -- events -----------------------------------------------------------------------------
 
@@ -239,14 +250,13 @@ class Dispatcher:
             return  # abandoned or timed out already
         self.in_flight.popleft()
         self._forget(batch)
-        now = self._clock()
-        service_s = now - (batch.started if batch.started is not None else now)
-        self.busy_s += service_s
+        service_s = batch.ended(self._clock())
         if self.in_flight:
             self._begin(self.in_flight[0])
         if isinstance(outcome, BaseException):
             fail_jobs(batch.jobs, WorkerDied(
                 f"{outcome} while handling a batch of {len(batch.jobs)}"))
+            self._exchange.lost(batch.jobs)
             if not self.in_flight:
                 self._unpark()
                 self._finish(outcome)
@@ -279,11 +289,11 @@ class Dispatcher:
             return
         self.in_flight.popleft()
         self._forget(batch)
-        if batch.started is not None:
-            self.busy_s += self._clock() - batch.started
+        batch.ended(self._clock())
         error = GatewayTimeout(f"{self.name} did not answer within the response timeout of "
                                f"{self._timeout_s:g} s")
         fail_jobs(batch.jobs, error)
+        self._exchange.lost(batch.jobs)
         self._connection.forget_replies()
         self._connection.kill()  # a hung worker must not be reused
         self._fail_in_flight(WorkerDied(f"{self.name} was killed: a batch ahead of this one "

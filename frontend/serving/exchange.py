@@ -1,7 +1,12 @@
 """The PREDICT exchange with one worker, in one place, as TorchServe's ``BatchAggregator``
 both builds a batch and maps its reply: the batch's frame, the reply read back (a result, an
 error, or a broken protocol), each response bounded by ``max_response_size``, and each job
-resolved or failed. The ``Dispatcher`` decides when batches go; this decides what they say."""
+resolved or failed. The ``Dispatcher`` decides when batches go; this decides what they say.
+
+What happened to each batch is noted on its facts (``Batch``: the worker it went to, what the
+reply said of the handler's time) and, once its answers are delivered, told to the model's
+``ended`` hook (frontend/observe/events.py); the exchange keeps no record of its own.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +15,13 @@ import time
 from collections.abc import Callable, Sequence
 
 from frontend.errors import InternalError, WorkerDied, worker_error
+from frontend.observe.events import NO_EVENTS, Batch, ModelEvents
 from frontend.serving.batching import Batcher, Job, fail_jobs
 from protos import worker_pb2
 from protos.framing import Frame, Kind
 
-#: Frames whose replies are awaited, at most (a worker holds a batch or two at a time).
-_MAX_OPEN_FRAMES = 64
 #: Told of each batch's reply (None: the batch failed as a whole), before its jobs are
-#: answered.
+#: answered and before its worker takes another batch.
 BatchDone = Callable[[list[Job], "worker_pb2.PredictResult | None"], None]
 
 
@@ -25,34 +29,33 @@ class PredictExchange:
     """Frames and replies of one worker's batches (see the module docstring)."""
 
     def __init__(self, name: str, worker_id: str, batcher: Batcher, max_response_bytes: int,
-                 on_batch: BatchDone, on_overhead: Callable[[float], None] | None = None
-                 ) -> None:
+                 on_batch: BatchDone, events: ModelEvents = NO_EVENTS) -> None:
         self.name = name
         self._worker_id = worker_id
         self._batcher = batcher
         self._max_bytes = max_response_bytes
         self._on_batch = on_batch
         self._batch_ids = itertools.count(1)
-        #: Told the frontend's own time on each batch, in ms (TorchServe's WorkerThreadTime):
-        #: building its frame, reading its reply and answering its requests.
-        self._on_overhead = on_overhead
-        #: id(jobs) -> seconds its frame took, until its reply (bounded: a dead worker's
-        #: batches never get one).
-        self._frame_s: dict[int, float] = {}
+        #: Told of each batch once it ended (None: nobody listens).
+        self._ended = events.ended
+        #: The frontend's own time on each batch is read (TorchServe's WorkerThreadTime): its
+        #: frame, and its reply until its answers are delivered, are marked.
+        self._marks = events.frontend_time
 
     def frame(self, jobs: list[Job]) -> Frame:
         """The PREDICT frame of a batch of ``jobs`` (each learns its batch's name)."""
-        start = time.perf_counter()
+        began = time.perf_counter() if self._marks else 0.0
         batch = worker_pb2.PredictBatch(batch_id=next(self._batch_ids))
         batch.requests.extend(job.request for job in jobs)
         batch_name = f"{self._worker_id}-{batch.batch_id}"
         for job in jobs:
             job.batch_id = batch_name
         frame = Frame(Kind.PREDICT, batch.SerializeToString())
-        if self._on_overhead is not None:
-            if len(self._frame_s) >= _MAX_OPEN_FRAMES:
-                self._frame_s.pop(next(iter(self._frame_s)))
-            self._frame_s[id(jobs)] = time.perf_counter() - start
+        facts = jobs[0].batch
+        if facts is not None:
+            facts.worker = self._worker_id
+            if self._marks:
+                facts.frontend_marks = [began, time.perf_counter()]
         return frame
 
     def finish(self, jobs: list[Job], reply: Frame, service_s: float
@@ -61,15 +64,16 @@ class PredictExchange:
         delivers its answers (the caller runs it once the next batch is on its way), or None
         when the jobs are answered already. Raises WorkerDied when the reply breaks the
         protocol."""
-        start = time.perf_counter()
+        began = time.perf_counter() if self._marks else 0.0
         result = (worker_pb2.PredictResult.FromString(reply.payload)
                   if reply.kind is Kind.PREDICTED else None)
-        if result is not None and jobs:
-            timing = jobs[0].timing  # one per batch, shared by its jobs
-            if timing is not None:
-                timing.answer(self._batcher.clock() - timing.dispatched_at,
-                              result.handler_time_ms,
-                              result.phases if result.HasField("phases") else None)
+        facts = jobs[0].batch if jobs else None
+        if facts is not None:
+            facts.replied = True
+            if result is not None:
+                facts.note_reply(result)
+            if facts.frontend_marks is not None:
+                facts.frontend_marks.append(began)
         self._on_batch(jobs, result)
         if result is not None:
             self._batcher.completed(sum(job.weight for job in jobs), service_s)
@@ -77,31 +81,42 @@ class PredictExchange:
                 fail_jobs(jobs, InternalError(
                     f"{self.name} returned {len(result.responses)} responses for a batch of "
                     f"{len(jobs)} requests"))
-                self._overhead(jobs, start)
+                self._end(facts, jobs, result)
                 return None
             responses = result.responses
-            if self._on_overhead is None:
+            if self._ended is None and not self._marks:
                 return lambda: self._resolve(jobs, responses)
 
             def deliver() -> None:
                 self._resolve(jobs, responses)
-                self._overhead(jobs, start)
+                self._end(facts, jobs, result)
 
             return deliver
-        self._overhead(jobs, start)
         if reply.kind is Kind.ERROR:
             error = worker_pb2.Error.FromString(reply.payload)
             fail_jobs(jobs, worker_error(error.code, error.message))
+            self._end(facts, jobs, None)
             return None
         fail_jobs(jobs, InternalError(f"{self.name} sent {reply.kind.name} to a batch"))
+        self._end(facts, jobs, None)
         raise WorkerDied(f"{self.name} broke the protocol")
 
-    def _overhead(self, jobs: list[Job], reply_start: float) -> None:
-        """Report the frontend's time on the batch of ``jobs``: its frame, and its reply
-        from ``reply_start`` until now."""
-        frame_s = self._frame_s.pop(id(jobs), 0.0)
-        if self._on_overhead is not None:
-            self._on_overhead((frame_s + time.perf_counter() - reply_start) * 1000)
+    def lost(self, jobs: list[Job]) -> None:
+        """The batch of ``jobs`` got no reply (it timed out, its worker died): its jobs are
+        answered already; its end is told."""
+        facts = jobs[0].batch if jobs else None
+        if facts is not None and self._ended is not None:
+            self._ended(facts, jobs, None)
+
+    def _end(self, facts: Batch | None, jobs: Sequence[Job],
+             result: worker_pb2.PredictResult | None) -> None:
+        """The batch's answers are delivered: its end is marked and told."""
+        if facts is None:
+            return
+        if facts.frontend_marks is not None:
+            facts.frontend_marks.append(time.perf_counter())
+        if self._ended is not None:
+            self._ended(facts, jobs, result)
 
     def bound(self, response: worker_pb2.Response) -> worker_pb2.Response:
         """A response (or a streamed part) within ``max_response_size`` (``bounded``)."""

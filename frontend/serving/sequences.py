@@ -43,10 +43,10 @@ from frontend.errors import (
     ServeError,
     ServiceUnavailable,
 )
+from frontend.observe.events import Batch
 from frontend.serving.batching import (
     Batcher,
     CallLater,
-    DispatchStats,
     Job,
     Timer,
     fail_jobs,
@@ -167,7 +167,7 @@ class SequenceBatcher:
         max_duration_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         call_later: CallLater = loop_call_later,
-        stats: DispatchStats | None = None,
+        on_formed: Callable[[Batch], None] | None = None,
     ) -> None:
         if max_sequences < 1 or max_waiting < 1:
             raise ValueError(f"need max_sequences and max_waiting >= 1, got {max_sequences} "
@@ -181,8 +181,8 @@ class SequenceBatcher:
         self.max_idle_s = max_idle_s
         self.max_duration_s = max_duration_s
         self._policy = policy
-        #: Why the lanes' batches left (``SEQUENCE``) and how full, for the whole model.
-        self.stats = stats if stats is not None else DispatchStats()
+        #: Told of each batch as it leaves a lane (for the whole model; None: nobody listens).
+        self._on_formed = on_formed
         self._clock = clock
         self._call_later = call_later
         self._sequences: dict[str, Sequence] = {}
@@ -321,7 +321,8 @@ class SequenceBatcher:
         """A new worker's lane (it binds sequences once the worker comes up)."""
         lane = SequenceLane(self, Batcher(
             max_batch_size=self.max_batch_size, capacity=sys.maxsize, policy=self._policy(),
-            clock=self._clock, call_later=self._call_later, stats=self.stats, sequence=True))
+            clock=self._clock, call_later=self._call_later, on_formed=self._on_formed,
+            sequence=True))
         self._lanes.append(lane)
         return lane
 

@@ -10,6 +10,7 @@ I/O; it answers each batch ``service_s(items)`` after it could start it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
 import math
@@ -156,6 +157,10 @@ class SimulatedWorker:
         return lambda: self._answer(jobs)
 
     @staticmethod
+    def lost(jobs: list[Job]) -> None:
+        """Never called: a simulated batch is always answered."""
+
+    @staticmethod
     def bound(response: worker_pb2.Response) -> worker_pb2.Response:
         return response
 
@@ -204,8 +209,10 @@ def simulate(
         raise ValueError("rate_per_s must be > 0")
     rng = random.Random(seed)
     time = SimulatedTime()
+    reasons: collections.Counter[str] = collections.Counter()
     batcher = Batcher(max_batch_size=max_batch_size, capacity=sys.maxsize, policy=policy,
-                      clock=time, call_later=time.call_later)
+                      clock=time, call_later=time.call_later,
+                      on_formed=lambda batch: reasons.update((batch.reason,)))
     request, response = worker_pb2.Request(), worker_pb2.Response(status=200)
     latencies: list[float] = []
     ended: list[BaseException | None] = []
@@ -249,7 +256,7 @@ def simulate(
     if ended:
         raise RuntimeError(f"a simulated worker stopped: {ended[0]!r}")
     return _summary(latencies, sum(worker.batches for worker in simulated), last_answer,
-                    {reason: count for reason, count in batcher.stats.reasons.items() if count})
+                    dict(reasons))
 
 
 def _summary(latencies: list[float], batches: int, last_answer_s: float,

@@ -79,7 +79,8 @@ def test_predict_in_process_reaches_a_real_worker_and_is_counted(
             assert _requests_total(services, "echo") == 2
             assert _requests_2xx(services) == 2
             model = services.registry.get("echo")
-            assert describe_model(model)["batching"]["requestsTotal"] == 2  # type: ignore[index]
+            described = describe_model(model, services.metrics.records)
+            assert described["batching"]["requestsTotal"] == 2  # type: ignore[index]
 
             with pytest.raises(ModelNotFound):
                 await _predict(services, "nope", b"x")
@@ -106,7 +107,8 @@ def test_concurrent_predictions_in_process_are_batched(
                                                  for data in inputs))
                 assert [answer.body for answer in answers] == inputs
 
-            batching = describe_model(services.registry.get("echo"))["batching"]
+            batching = describe_model(services.registry.get("echo"),
+                                      services.metrics.records)["batching"]
             assert batching["recentBatchSizes"] == [4, 4]  # type: ignore[index]
             assert batching["batchesTotal"] == 2  # type: ignore[index]
             assert batching["requestsTotal"] == 8  # type: ignore[index]

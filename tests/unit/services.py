@@ -22,6 +22,7 @@ from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
+from frontend.server import observers, statuses
 from frontend.serving.placement import GpuAssigner, Placement
 from frontend.workflows.loader import WorkflowLoader
 from frontend.workflows.registry import WorkflowRegistry
@@ -57,14 +58,15 @@ def make_services(tmp_path: Path, model_store: Path | None = None,
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700, exist_ok=True)
     registry = ModelRegistry()
-    metrics = ServerMetrics(registry, mode=config.metrics_mode, system_metrics=False)
+    metrics = ServerMetrics(statuses(registry), mode=config.metrics_mode, system_metrics=False,
+                            phases=config.request_phases, dispatch_stats=config.dispatch_stats)
+    access = AccessLog(None)
+    subscribed = observers(metrics, access, None, None)
     loader = ModelLoader(config, run_dir, registry,
-                         NoWorkers(GpuAssigner(0), None, registry.worker_count),
-                         metrics.record_batch,
+                         NoWorkers(GpuAssigner(0), None, registry.worker_count), subscribed,
                          logging.getLogger(f"tests.unit.model{next(_servers)}"))
     snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
-    access = AccessLog(None)
-    plane = InferencePlane(registry, metrics, access)
+    plane = InferencePlane(registry, subscribed, access)
     workflows = WorkflowLoader(config, loader, WorkflowRegistry(), run_dir / "workflows")
     return Services(config, registry, loader, metrics, None, snapshots, plane, workflows)
 

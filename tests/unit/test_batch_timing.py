@@ -1,6 +1,7 @@
-"""Why each batch leaves the queue (the reasons the Batcher records), where a request's time
-goes (BatchTiming, the Server-Timing and access-log renderings), and how the backend times a
-handler's steps (backend/service/phases.py).
+"""Why each batch leaves the queue (the reasons the Batcher gives its batches, and what
+BatchRecords keeps of them), where a request's time goes (the split of a batch's facts, the
+Server-Timing and access-log renderings), and how the backend times a handler's steps
+(backend/service/phases.py).
 
 The reasons are checked on the real Batcher in simulated time (frontend/serving/simulation.py):
 whole workloads through real Dispatchers, and single decisions driven by hand.
@@ -9,6 +10,7 @@ whole workloads through real Dispatchers, and single decisions driven by hand.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,19 +21,10 @@ import pytest
 from backend.service.phases import instrument
 from frontend.config import parse_timing_mode
 from frontend.observe import timing
+from frontend.observe.batches import BatchRecords, DispatchStats
+from frontend.observe.events import ADAPTIVE, DEADLINE, FULL, MAX_DELAY, SEQUENCE, SLOT_FREE, Batch
 from frontend.observe.logs import FLUSH_ENTRIES, AccessLog
-from frontend.serving.batching import (
-    ADAPTIVE,
-    DEADLINE,
-    FULL,
-    MAX_DELAY,
-    SEQUENCE,
-    SLOT_FREE,
-    Batcher,
-    BatchTiming,
-    DispatchStats,
-    Job,
-)
+from frontend.serving.batching import Batcher, Job
 from frontend.serving.policies import AdaptivePolicy, BatchPolicy, FixedPolicy
 from frontend.serving.simulation import SimulatedTime, linear_service, simulate
 from protos import worker_pb2
@@ -102,7 +95,7 @@ class Rig:
         return jobs
 
     def reasons(self) -> list[str]:
-        return [jobs[0].timing.reason for _, jobs in self.taken if jobs[0].timing]
+        return [jobs[0].batch.reason for _, jobs in self.taken if jobs[0].batch]
 
 
 def test_a_parked_worker_takes_a_batch_full_or_at_max_delay(
@@ -118,7 +111,7 @@ def test_a_parked_worker_takes_a_batch_full_or_at_max_delay(
     assert rig.reasons() == [FULL, MAX_DELAY]
     # The wait was the batch's forming, not the queue: a free worker was collecting it.
     assert job.form_s == pytest.approx(1.0) and job.queue_wait_s == pytest.approx(1.0)
-    assert job.timing is not None and job.timing.size == 1
+    assert job.batch is not None and job.batch.items == 1
 
 
 def test_a_job_queued_while_no_worker_was_free_waited_in_the_queue(
@@ -164,22 +157,25 @@ def test_a_busy_worker_takes_a_full_batch_when_a_slot_comes_free(
     rig = Rig(loop, FixedPolicy(4, 1.0))
     rig.submit(8)
     taken = rig.batcher.take_full()
-    assert taken is not None and taken[0].timing is not None
-    assert taken[0].timing.reason == SLOT_FREE
+    assert taken is not None and taken[0].batch is not None
+    assert taken[0].batch.reason == SLOT_FREE
     parked: list[list[Job]] = []
     rig.batcher.park_for_full(lambda outcome: parked.append(outcome))  # type: ignore[arg-type]
-    assert len(parked) == 1 and parked[0][0].timing is not None
-    assert parked[0][0].timing.reason == FULL  # waited for the batch to fill, slot free already
+    assert len(parked) == 1 and parked[0][0].batch is not None
+    assert parked[0][0].batch.reason == FULL  # waited for the batch to fill, slot free already
 
 
 def test_a_sequence_lane_counts_every_batch_as_sequence(
         loop: asyncio.AbstractEventLoop) -> None:
-    stats = DispatchStats()
-    rig = Rig(loop, FixedPolicy(4, 0.0), stats=stats, sequence=True)
+    records = BatchRecords()
+    records.registered(("m", "1.0"))
+    rig = Rig(loop, FixedPolicy(4, 0.0), on_formed=functools.partial(
+        records.batch_formed, ("m", "1.0")), sequence=True)
     rig.park()
     rig.submit()
     assert rig.reasons() == [SEQUENCE]
-    assert stats.reasons[SEQUENCE] == 1
+    stats = records.of("m", "1.0")
+    assert stats is not None and stats.dispatch.reasons[SEQUENCE] == 1
 
 
 def test_dispatch_stats_keep_totals_and_the_recent_batches() -> None:
@@ -204,27 +200,35 @@ def test_dispatch_stats_keep_totals_and_the_recent_batches() -> None:
 
 
 def _answered(round_s: float, phases: worker_pb2.HandlerPhases | None,
-              handler_ms: float = 0.0) -> BatchTiming:
-    batch = BatchTiming(MAX_DELAY, 2, 0.0)
-    batch.answer(round_s, handler_ms, phases)
+              handler_ms: float = 0.0) -> Batch:
+    """The facts of a batch of 2 answered ``round_s`` after it left the queue."""
+    batch = Batch(MAX_DELAY, 2, 4, 0.0, 0.0)
+    batch.ended_at = round_s
+    batch.replied = True
+    result = worker_pb2.PredictResult(handler_time_ms=handler_ms)
+    if phases is not None:
+        result.phases.CopyFrom(phases)
+    batch.note_reply(result)
     return batch
 
 
 def test_the_worker_phase_is_the_round_trip_less_the_handler_steps() -> None:
     batch = _answered(0.2, worker_pb2.HandlerPhases(
         steps=True, preprocess_ms=20, inference_ms=60, postprocess_ms=30))
-    assert (batch.preprocess_s, batch.inference_s, batch.postprocess_s) == \
-        pytest.approx((0.02, 0.06, 0.03))
-    assert batch.worker_s == pytest.approx(0.09)
+    worker_s, preprocess_s, inference_s, postprocess_s = timing.batch_split(batch)
+    assert (preprocess_s, inference_s, postprocess_s) == pytest.approx((0.02, 0.06, 0.03))
+    assert worker_s == pytest.approx(0.09)
     # A handler without steps: its whole time is inference.
     plain = _answered(0.2, None, handler_ms=150)
-    assert not plain.steps and plain.inference_s == pytest.approx(0.15)
-    assert plain.worker_s == pytest.approx(0.05)
+    worker_s, _, inference_s, _ = timing.batch_split(plain)
+    assert not plain.steps and inference_s == pytest.approx(0.15)
+    assert worker_s == pytest.approx(0.05)
     # Preprocessing done ahead overlapped the wait: the parts never exceed the round trip.
     ahead = _answered(0.1, worker_pb2.HandlerPhases(
         steps=True, preprocess_ms=80, inference_ms=40, postprocess_ms=0))
-    assert ahead.worker_s == 0.0
-    assert ahead.preprocess_s + ahead.inference_s == pytest.approx(0.1)
+    worker_s, preprocess_s, inference_s, _ = timing.batch_split(ahead)
+    assert worker_s == 0.0
+    assert preprocess_s + inference_s == pytest.approx(0.1)
 
 
 _PART = re.compile(r'^(\w+);dur=([0-9.]+)(?:;desc="(\w+)")?$')

@@ -144,8 +144,8 @@ def test_a_deadline_sends_the_batch_a_worker_collects_before_it_passes(
     gone.future.cancel()
     r.time.run_until(0.05)  # the deadline would pass while the worker collects: it goes first
     assert worker.batches == [["expiring", "live"]]
-    assert not expiring.future.done() and expiring.timing is not None
-    assert expiring.timing.reason == "deadline" and expiring.queue_wait_s < 0.03
+    assert not expiring.future.done() and expiring.batch is not None
+    assert expiring.batch.reason == "deadline" and expiring.queue_wait_s < 0.03
     assert r.batcher.depth == 0
 
 

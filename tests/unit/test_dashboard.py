@@ -1,6 +1,7 @@
 """The live page's pieces without a server: the ring of samples, percentiles from histogram
-buckets, the sampler over the server's real metrics (with stand-ins for models and workers,
-and simulated time), and the page's routes and headers through the management app."""
+buckets, the sampler over the server's real metrics and busy time, told of calls and batches
+as the serving core tells them (with stand-ins for the models' and workers' status, and
+simulated time), and the page's routes and headers through the management app."""
 
 from __future__ import annotations
 
@@ -13,15 +14,18 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from frontend.api.http.dashboard import PAGE_FILE, page_headers
 from frontend.api.http.management import ManagementApp
+from frontend.errors import QueueFull
+from frontend.observe.dashboard import MAX_MODELS, RESCAN_S, BusyTime, Dashboard
+from frontend.observe.events import Batch, CallFacts, JobFacts, ModelEvents, Observers, Origin
 from frontend.observe.exposition import Family
 from frontend.observe.metrics import ServerMetrics
+from frontend.observe.status import ModelStatus, Statuses, WorkerStatus
 from frontend.observe.timeseries import (
     Buckets,
     Ring,
@@ -32,8 +36,7 @@ from frontend.observe.timeseries import (
     read_histograms,
 )
 from frontend.ops.auth import TokenAuthority
-from frontend.ops.dashboard import MAX_MODELS, RESCAN_S, Dashboard
-from frontend.serving.batching import DispatchStats
+from frontend.server import statuses
 from protos import worker_pb2
 from tests.unit.services import call, make_services
 
@@ -75,10 +78,10 @@ def test_a_reading_minus_the_one_before_is_what_was_observed_in_between() -> Non
 
 
 def test_our_histograms_and_counters_read_back_from_their_families() -> None:
-    metrics = ServerMetrics([], system_metrics=False)
-    model = SimpleNamespace(name="m", version="1.0")
+    metrics = ServerMetrics(system_metrics=False)
+    observers = _subscribed(metrics)
     for latency_s in (0.002, 0.003, 0.2):
-        metrics.record_request(model, latency_s)  # type: ignore[arg-type]
+        _end(observers, _call(("m", "1.0"), latency_s))
     series = read_histograms(metrics.latency.family())
     (labels, only), = series.items()
     assert dict(labels) == {"model_name": "m", "model_version": "1.0"}
@@ -107,39 +110,97 @@ class Clock:
 
 
 class FakeWorker:
-    """A worker slot as the sampler reads it (frontend.serving.workers.Worker)."""
+    """A worker slot as the sampler reads it (its ``WorkerStatus``)."""
 
     def __init__(self, worker_id: str) -> None:
         self.id = worker_id
-        self.busy = 0.0
         self.in_flight = 0
         self.is_up = True
         self.restarts = 0
         self.pid = 4242
         self.gpu_id = None
-        self.state = SimpleNamespace(value="READY")
+        self.working_since: float | None = None
 
-    def busy_seconds(self) -> float:
-        return self.busy
-
-
-def fake_model(name: str, workers: int = 2) -> Any:
-    settings = SimpleNamespace(batch_policy=SimpleNamespace(value="adaptive"), batch_size=4,
-                               max_batch_delay_ms=50)
-    return SimpleNamespace(
-        name=name, version="1.0", settings=settings,
-        batcher=SimpleNamespace(depth=3, capacity=100),
-        workers=[FakeWorker(str(i)) for i in range(workers)], recent_batch_sizes=[4, 4, 2],
-        batches_total=3, requests_total=10, health=lambda: "Healthy", restarts_total=lambda: 0,
-        dispatch=DispatchStats())
+    def status(self) -> WorkerStatus:
+        return WorkerStatus(self.id, "READY", self.is_up, self.in_flight, self.restarts,
+                            self.pid, self.gpu_id, self.working_since)
 
 
-def page_only_model(name: str) -> Any:
+class FakeModel:
+    """A model version as the sampler reads it (its ``ModelStatus``)."""
+
+    def __init__(self, name: str, workers: int = 2) -> None:
+        self.name, self.version = name, "1.0"
+        self.key = (name, self.version)
+        self.workers = [FakeWorker(str(i)) for i in range(workers)]
+
+    def status(self) -> ModelStatus:
+        return ModelStatus(self.name, self.version, "Healthy", "adaptive", 4, 50, 3, 100,
+                           tuple(worker.status() for worker in self.workers))
+
+
+def listed(*models: FakeModel) -> Statuses:
+    return lambda: [model.status() for model in models]
+
+
+def fake_model(name: str, workers: int = 2) -> FakeModel:
+    return FakeModel(name, workers)
+
+
+def registered(metrics: ServerMetrics, *models: FakeModel) -> ServerMetrics:
+    """``metrics`` with ``models`` registered (their records start: dispatch stats of their
+    own; then three batches of 4, 4 and 2 come back)."""
+    for model in models:
+        metrics.records.registered(model.key)
+        for size in (4, 4, 2):
+            batch = Batch("full", size, 4, 0.0, 0.0)
+            batch.replied = True
+            metrics.records.batch_ended(model.key, batch, [_job(0.0)] * size, None)
+    return metrics
+
+
+def page_only_model(name: str) -> FakeModel:
     """A model whose batch fill and dispatch reasons are only on the metrics page (no
-    ``DispatchStats`` of its own to read them from)."""
-    model = fake_model(name, workers=1)
-    del model.dispatch
-    return model
+    ``DispatchStats`` of its own to read them from: the metrics keep no records of it)."""
+    return FakeModel(name, workers=1)
+
+
+def _subscribed(metrics: ServerMetrics) -> Observers:
+    """The events the metrics observe, subscribed as the server subscribes them."""
+    observers = Observers()
+    metrics.subscribe(observers)
+    return observers
+
+
+def _call(key: tuple[str, str], latency_s: float, error: QueueFull | None = None
+          ) -> CallFacts:
+    """A prediction of ``key`` that ended after ``latency_s``: answered, or refused with
+    ``error``."""
+    call = CallFacts(Origin("/127.0.0.1:1", "POST", "/predictions/m", "HTTP/1.1"),
+                     JobFacts(worker_pb2.Request()), 0.0)
+    call.key, call.latency_s = key, latency_s
+    call.status, call.error = (error.http_status, error) if error is not None else (200, None)
+    return call
+
+
+def _end(observers: Observers, call: CallFacts) -> None:
+    for observer in observers.call_ended:
+        observer(call)
+
+
+def _job(wait_s: float) -> JobFacts:
+    """A request that waited ``wait_s`` in the queue before its batch left (at 1.0)."""
+    return JobFacts(worker_pb2.Request(), enqueued_at=1.0 - wait_s)
+
+
+def _batch_back(events: ModelEvents, size: int, wait_s: float, worker: str = "0",
+                service_s: float = 0.0) -> None:
+    """A batch of ``size`` requests, each ``wait_s`` in the queue, came back from ``worker``
+    after ``service_s`` (its handler's steps not timed: no phases)."""
+    batch = Batch("full", size, 4, 1.0, 1.0)
+    batch.worker, batch.service_s, batch.replied = worker, service_s, True
+    assert events.ended is not None
+    events.ended(batch, [_job(wait_s)] * size, worker_pb2.PredictResult())
 
 
 #: The families of issue 26's timing and reasons part, which the page finds by name.
@@ -152,7 +213,7 @@ class WithIssue26Families(ServerMetrics):
     by ``extra`` (set by the test, as the page finds them: by name, on the metrics page)."""
 
     def __init__(self, extra: list[Family]) -> None:
-        super().__init__([], system_metrics=False)
+        super().__init__(system_metrics=False)
         self.extra = extra
 
     def families(self) -> Iterator[Family]:
@@ -161,23 +222,28 @@ class WithIssue26Families(ServerMetrics):
         yield from self.extra
 
 
-def _job(wait_s: float) -> Any:
-    return SimpleNamespace(queue_wait_s=wait_s, form_s=0.0, timing=None)
+def _observed(metrics: ServerMetrics, busy: BusyTime, model: FakeModel
+              ) -> tuple[Observers, ModelEvents]:
+    """The events the metrics and the busy time observe, and ``model``'s hooks."""
+    observers = _subscribed(metrics)
+    observers.batch_ended.append(busy.batch_ended)
+    return observers, observers.of_model(*model.key)
 
 
 def test_a_sample_holds_the_rates_percentiles_and_utilisation_of_the_second_before_it(
 ) -> None:
-    clock, model = Clock(), fake_model("m")
-    metrics = ServerMetrics([model], system_metrics=False)
-    dashboard = Dashboard([model], metrics, clock=clock, monotonic=clock)
+    clock, model, busy = Clock(), fake_model("m"), BusyTime()
+    metrics = registered(ServerMetrics(listed(model), system_metrics=False), model)
+    observers, events = _observed(metrics, busy, model)
+    dashboard = Dashboard(listed(model), metrics, busy=busy, clock=clock, monotonic=clock)
     assert dashboard.tick() is None  # the baseline
     clock.now += 2.0
     for _ in range(10):
-        metrics.record_request(model, 0.004)
-    metrics.record_request(model, 0.001, refused="queue_full")
-    metrics.record_batch(model, [_job(0.001)] * 4, worker_pb2.PredictResult())
-    metrics.record_batch(model, [_job(0.001)] * 2, worker_pb2.PredictResult())
-    model.workers[0].busy = 1.5  # busy 1.5 s of the 2, the other idle
+        _end(observers, _call(model.key, 0.004))
+    _end(observers, _call(model.key, 0.001, error=QueueFull(100)))
+    # Worker 0 busy 1.5 s of the 2 (on both batches), the other idle.
+    _batch_back(events, 4, 0.001, worker="0", service_s=1.0)
+    _batch_back(events, 2, 0.001, worker="0", service_s=0.5)
     sample = dashboard.tick()
     assert sample is not None and sample["t"] == clock.now
     (row,) = sample["models"]  # type: ignore[misc]
@@ -205,7 +271,7 @@ def test_the_phases_fill_and_reasons_show_once_the_server_keeps_them() -> None:
     fill = Family("batchserve_batch_fill", "", "histogram")
     reasons = Family("batchserve_dispatch_total", "", "counter")
     metrics = WithIssue26Families([fill, reasons])
-    dashboard = Dashboard([model], metrics, clock=clock, monotonic=clock)
+    dashboard = Dashboard(listed(model), metrics, clock=clock, monotonic=clock)
 
     def set_counts(count: float) -> None:
         for family in (fill, reasons):
@@ -238,7 +304,8 @@ def test_the_fill_and_reasons_come_from_the_models_own_stats_without_building_th
 ) -> None:
     # Building the metrics page each second would hold the event loop for milliseconds.
     clock, model = Clock(), fake_model("m", workers=1)
-    metrics = ServerMetrics([model], system_metrics=False)
+    metrics = registered(ServerMetrics(listed(model), system_metrics=False), model)
+    events = _subscribed(metrics).of_model(*model.key)
     built = []
     original = metrics.families
 
@@ -247,10 +314,11 @@ def test_the_fill_and_reasons_come_from_the_models_own_stats_without_building_th
         return original()
 
     metrics.families = families  # type: ignore[method-assign]
-    dashboard = Dashboard([model], metrics, clock=clock, monotonic=clock)
+    dashboard = Dashboard(listed(model), metrics, clock=clock, monotonic=clock)
     dashboard.tick()
-    for reason, fill in (("full", 1.0), ("full", 1.0), ("adaptive", 0.25), ("deadline", 0.5)):
-        model.dispatch.add(reason, fill)
+    assert events.formed is not None
+    for reason, items in (("full", 4), ("full", 4), ("adaptive", 1), ("deadline", 2)):
+        events.formed(Batch(reason, items, 4, 0.0, 0.0))
     clock.now += 2.0
     (row,) = dashboard.tick()["models"]  # type: ignore[index]
     assert row["reasons"]["full"] == 1.0 and row["reasons"]["adaptive"] == 0.5
@@ -265,7 +333,7 @@ def test_a_family_found_later_starts_its_rates_from_the_next_sample() -> None:
     clock, model = Clock(), page_only_model("m")
     reasons = Family("batchserve_dispatch_total", "", "counter")
     metrics = WithIssue26Families([])
-    dashboard = Dashboard([model], metrics, clock=clock, monotonic=clock)
+    dashboard = Dashboard(listed(model), metrics, clock=clock, monotonic=clock)
     dashboard.tick()  # searched: not there
     reasons.add(("model_name", "reason"), ("m", "full"), 500.0)  # the server counted them all along
     metrics.extra.append(reasons)
@@ -284,8 +352,8 @@ def test_a_family_found_later_starts_its_rates_from_the_next_sample() -> None:
 
 def test_the_history_is_bounded_and_served_since_a_time() -> None:
     clock, models = Clock(), [fake_model(f"m{i:02}", workers=1) for i in range(MAX_MODELS + 3)]
-    metrics = ServerMetrics(models, system_metrics=False)
-    dashboard = Dashboard(models, metrics, window_s=5, clock=clock, monotonic=clock)
+    metrics = registered(ServerMetrics(listed(*models), system_metrics=False), *models)
+    dashboard = Dashboard(listed(*models), metrics, window_s=5, clock=clock, monotonic=clock)
     for _ in range(9):
         dashboard.tick()
         clock.now += 1.0
@@ -307,7 +375,7 @@ def test_the_history_is_bounded_and_served_since_a_time() -> None:
 
 
 def test_samples_are_taken_on_the_interval_boundaries_never_twice_in_a_moment() -> None:
-    dashboard = Dashboard([], ServerMetrics([], system_metrics=False))
+    dashboard = Dashboard(listed(), ServerMetrics(system_metrics=False))
     assert dashboard.next_delay_s(100.25) == pytest.approx(0.75)
     assert dashboard.next_delay_s(100.0) == pytest.approx(1.0)
     # A timer that woke a millisecond early waits for the next boundary but one.
@@ -316,7 +384,7 @@ def test_samples_are_taken_on_the_interval_boundaries_never_twice_in_a_moment() 
 
 def test_gpu_readings_join_each_sample() -> None:
     clock, model = Clock(), fake_model("m", workers=1)
-    metrics = ServerMetrics([model], system_metrics=False)
+    metrics = registered(ServerMetrics(listed(model), system_metrics=False), model)
 
     def gpus(count: int) -> list[tuple[str, tuple[str, ...], float]]:
         assert count == 1
@@ -324,7 +392,7 @@ def test_gpu_readings_join_each_sample() -> None:
                 ("GPUMemoryUsed", ("Host", "0"), 5120.0), ("GPUUtilization", ("Host", "0"), 37.0)]
 
     async def run() -> dict[str, Any]:
-        dashboard = Dashboard([model], metrics, gpu_count=1, clock=clock, monotonic=clock,
+        dashboard = Dashboard(listed(model), metrics, gpu_count=1, clock=clock, monotonic=clock,
                               gpu_reader=gpus, interval_s=0.01, gpu_interval_s=0.01)
         dashboard.start()
         try:
@@ -367,7 +435,7 @@ def test_the_page_is_package_data_and_its_csp_allows_only_its_own_script_and_sty
 def _dashboard_services(tmp_path: Path, auth: TokenAuthority | None = None) -> Any:
     services = make_services(tmp_path)
     return dataclasses.replace(services, auth=auth, dashboard=Dashboard(
-        services.registry, services.metrics))
+        statuses(services.registry), services.metrics))
 
 
 def test_without_token_authorization_the_data_needs_no_key(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from frontend.errors import GatewayTimeout, ServiceUnavailable, WorkerDied
+from frontend.observe.dashboard import BusyTime
+from frontend.observe.events import BatchEnded
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.dispatch import Dispatcher, DispatchState
 from frontend.serving.policies import FixedPolicy
@@ -59,13 +61,18 @@ class FakeConnection:
 
 class EchoExchange:
     """The rig's exchange: a batch's frame holds its requests; a reply's responses answer its
-    jobs in order, and the worker's time on each batch is noted."""
+    jobs in order, and the worker's time on each batch is noted. As the real one, it notes
+    which worker a batch went to, and tells ``on_ended`` of each batch that ended (answered,
+    or lost with its worker)."""
 
     def __init__(self, service_times: list[float]) -> None:
         self.service_times = service_times
+        self.on_ended: BatchEnded | None = None
 
     @staticmethod
     def frame(jobs: list[Job]) -> Frame:
+        assert jobs[0].batch is not None
+        jobs[0].batch.worker = "W-test"
         batch = worker_pb2.PredictBatch(requests=[job.request for job in jobs])
         return Frame(Kind.PREDICT, batch.SerializeToString())
 
@@ -76,8 +83,16 @@ class EchoExchange:
         def deliver() -> None:
             for job, response in zip(jobs, result.responses, strict=True):
                 job.resolve(response)
+            self._ended(jobs)
 
         return deliver
+
+    def lost(self, jobs: list[Job]) -> None:
+        self._ended(jobs)
+
+    def _ended(self, jobs: list[Job]) -> None:
+        if self.on_ended is not None and jobs[0].batch is not None:
+            self.on_ended(("m", "1.0"), jobs[0].batch, jobs, None)
 
     @staticmethod
     def bound(response: worker_pb2.Response) -> worker_pb2.Response:
@@ -90,6 +105,7 @@ class Rig:
     clock: SimulatedTime
     batcher: Batcher
     connection: FakeConnection
+    exchange: EchoExchange
     dispatcher: Dispatcher
     done: list[BaseException | None]
     service_times: list[float]
@@ -115,10 +131,11 @@ def rig(loop: asyncio.AbstractEventLoop, *, batch_size: int = 2, max_in_flight: 
     done: list[BaseException | None] = []
     service_times: list[float] = []
 
+    exchange = EchoExchange(service_times)
     dispatcher = Dispatcher("W-test", batcher, connection, timeout_s=TIMEOUT_S,
-                            max_in_flight=max_in_flight, exchange=EchoExchange(service_times),
+                            max_in_flight=max_in_flight, exchange=exchange,
                             on_done=done.append, call_later=clock.call_later, clock=clock)
-    return Rig(loop, clock, batcher, connection, dispatcher, done, service_times)
+    return Rig(loop, clock, batcher, connection, exchange, dispatcher, done, service_times)
 
 
 def scenario(test: Callable[[Rig], None], **options: int) -> None:
@@ -162,24 +179,36 @@ def test_idle_then_busy_then_full_then_back() -> None:
 
 def test_busy_time_counts_the_worker_on_its_batches_once_with_two_in_flight() -> None:
     """The live page's utilisation: busy while a batch is on the worker (the one it is on
-    counted as it goes), idle time not, and two batches in flight not counted twice."""
+    counted as it goes), idle time not, and two batches in flight not counted twice. The
+    dispatcher notes each batch's time on the worker (``BusyTime`` adds them up as they end)
+    and since when the worker is on the batch it is on."""
     def test(r: Rig) -> None:
+        busy = BusyTime()
+        r.exchange.on_ended = busy.batch_ended
+
+        def ended_s() -> float:
+            return busy.seconds.get("W-test", 0.0)
+
+        def busy_seconds() -> float:
+            since = r.dispatcher.working_since
+            return ended_s() + (r.clock.now - since if since is not None else 0.0)
+
         r.dispatcher.start()
         r.clock.advance(5)  # idle
-        assert r.dispatcher.busy_seconds() == 0.0
+        assert busy_seconds() == 0.0
         r.submit("a", "b", "c", "d")  # two full batches in flight
         r.clock.advance(1.5)
-        assert r.dispatcher.busy_seconds() == pytest.approx(1.5)  # on the first, so far
+        assert busy_seconds() == pytest.approx(1.5)  # on the first, so far
         r.connection.answer()
         r.clock.advance(1)
-        assert r.dispatcher.busy_s == pytest.approx(1.5)
-        assert r.dispatcher.busy_seconds() == pytest.approx(2.5)
+        assert ended_s() == pytest.approx(1.5)
+        assert busy_seconds() == pytest.approx(2.5)
         r.connection.answer()
         r.clock.advance(4)  # idle again
-        assert r.dispatcher.busy_seconds() == pytest.approx(2.5)
+        assert busy_seconds() == pytest.approx(2.5)
         r.submit("e", "f")
         r.clock.advance(TIMEOUT_S)  # a batch that times out counts its time too
-        assert r.dispatcher.busy_s == pytest.approx(2.5 + TIMEOUT_S)
+        assert ended_s() == pytest.approx(2.5 + TIMEOUT_S)
 
     scenario(test)
 

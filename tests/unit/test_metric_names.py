@@ -81,7 +81,7 @@ def test_the_servers_own_names_are_refused_in_every_mode(
     config = tmp_path / "m.yaml"
     config.write_text("ts_metrics: {counter: [{name: Requests2XX, unit: Count, "
                       "dimensions: [Level]}]}\n")
-    metrics = ServerMetrics([], mode=mode, config=load_metrics_config(config),
+    metrics = ServerMetrics(mode=mode, config=load_metrics_config(config),
                             auto_detect=True, system_metrics=False)
     with caplog.at_level(logging.WARNING):
         for _ in range(2):
@@ -97,7 +97,7 @@ def test_the_servers_own_names_are_refused_in_every_mode(
 
 def test_handler_metrics_prometheus_reads_as_one_are_kept_once(
         caplog: pytest.LogCaptureFixture) -> None:
-    metrics = ServerMetrics([], auto_detect=True, system_metrics=False)
+    metrics = ServerMetrics(auto_detect=True, system_metrics=False)
     with caplog.at_level(logging.WARNING):
         metrics.record_model_metrics([
             _metric("Pair", 1), _metric("Pair_total", 5, "gauge"), _metric("Pair", 5, "gauge"),
@@ -136,14 +136,14 @@ def test_a_configuration_whose_metrics_collide_or_break_the_rules_stops_the_star
         path.write_text(text)
         for mode in METRICS_MODES:
             with pytest.raises(ConfigError, match=message):
-                ServerMetrics([], mode=mode, config=load_metrics_config(path),
+                ServerMetrics(mode=mode, config=load_metrics_config(path),
                               system_metrics=False)
-    ServerMetrics([], system_metrics=False)  # TorchServe's default configuration is fine
+    ServerMetrics(system_metrics=False)  # TorchServe's default configuration is fine
 
 
 def test_the_servers_own_families_all_begin_with_the_reserved_prefix() -> None:
     """The prefix handlers may not use covers every family that is ours, not TorchServe's."""
-    metrics = ServerMetrics([], system_metrics=False)
+    metrics = ServerMetrics(system_metrics=False)
     torchserve = set(metrics.config.ts_metrics) | set(metrics.config.model_metrics)
     ours = [family.name for family in metrics.families() if family.name not in torchserve]
     assert ours and all(name.startswith(SERVER_PREFIX) for name in ours), ours
@@ -151,7 +151,7 @@ def test_the_servers_own_families_all_begin_with_the_reserved_prefix() -> None:
 
 def test_label_values_are_cut_and_label_sets_bounded(caplog: pytest.LogCaptureFixture) -> None:
     """1,000 label values of 20 kB made a 20 MB page."""
-    metrics = ServerMetrics([], auto_detect=True, system_metrics=False)
+    metrics = ServerMetrics(auto_detect=True, system_metrics=False)
     with caplog.at_level(logging.WARNING):
         metrics.record_model_metrics(
             [_metric("Flood", 1, "gauge", dims=(("Value", f"{i:05d}" + "v" * 20_000),))
@@ -169,7 +169,7 @@ def test_label_values_are_cut_and_label_sets_bounded(caplog: pytest.LogCaptureFi
 
 def test_all_handler_metrics_together_take_a_bounded_part_of_the_page(
         caplog: pytest.LogCaptureFixture) -> None:
-    metrics = ServerMetrics([], auto_detect=True, system_metrics=False)
+    metrics = ServerMetrics(auto_detect=True, system_metrics=False)
     before = len(metrics.exposition())
     with caplog.at_level(logging.WARNING):
         for number in range(model_metrics.MAX_AUTO_DETECTED + 5):
@@ -190,7 +190,7 @@ def test_the_page_parses_whatever_handlers_report() -> None:
     labels = [*names, "Tag", "Hostname"]
     values = ['q"uote', "back\\slash\\", "new\nline", "}} 1.0\nforged 2.0", "\u2028\x00\r",
               "\x1b[2J", "", ",", "=", "\\n", "\\\""]
-    metrics = ServerMetrics([], auto_detect=True, system_metrics=False)
+    metrics = ServerMetrics(auto_detect=True, system_metrics=False)
     reported = []
     for kind in ("counter", "gauge", "histogram"):
         for name in names:
@@ -209,7 +209,7 @@ def test_the_page_parses_whatever_handlers_report() -> None:
 
 
 def test_a_value_cannot_add_a_dimension_or_a_host_to_a_metric_log_line(tmp_path: Path) -> None:
-    metrics = ServerMetrics([], mode="log", auto_detect=True, system_metrics=False,
+    metrics = ServerMetrics(mode="log", auto_detect=True, system_metrics=False,
                             log_dir=tmp_path)
 
     async def report() -> None:

@@ -16,11 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from frontend.errors import ConfigError
 from frontend.observe import families
+from frontend.observe.events import Batch, CallFacts, JobFacts, Observers, Origin
 from frontend.observe.exposition import Family, java_double, render
+from frontend.observe.histograms import Histogram as _Histogram
 from frontend.observe.metric_specs import MetricSpec, load_metrics_config
-from frontend.observe.metrics import HOSTNAME, ServerMetrics, _Histogram
+from frontend.observe.metrics import HOSTNAME, ServerMetrics
+from frontend.observe.status import ModelStatus
 from frontend.observe.system import SystemSampler, parse_nvidia_smi
-from frontend.serving.batching import DispatchStats
 from protos import worker_pb2
 
 BOUNDS = (0.001, 0.01, 0.1, 1.0)
@@ -103,20 +105,33 @@ TORCHSERVE_FAMILIES = {
 SAMPLE = re.compile(r'^(\w+)\{((?:\w+="[^"]*",)+)\} (\S+)$')
 
 
-class _Model:
-    name, version = "m", "1.0"
-    batcher = type("Depth", (), {"depth": 0})()
-    workers: list[object] = []
-    dispatch = DispatchStats()
-
-    def restarts_total(self) -> int:
-        return 0
+#: The model version the tests record for, and what its gauges read of it.
+KEY = ("m", "1.0")
+STATUS = ModelStatus("m", "1.0", "Healthy", "adaptive", 1, 0, 0, 100)
 
 
-class _Job:
-    queue_wait_s = 0.0042
-    form_s = 0.0
-    timing = None
+def _subscribed(metrics: ServerMetrics) -> Observers:
+    """The events the metrics observe, subscribed as the server subscribes them, with m 1.0
+    registered."""
+    observers = Observers()
+    metrics.subscribe(observers)
+    observers.registered(*KEY)
+    return observers
+
+
+def _answered(latency_s: float, version: str | None = None) -> CallFacts:
+    """A prediction of m 1.0 (naming ``version``) a worker answered, 4.2 ms in the queue."""
+    job = JobFacts(worker_pb2.Request(), enqueued_at=0.0,
+                   batch=Batch("full", 1, 1, 0.0042, 0.0))
+    call = CallFacts(Origin("/127.0.0.1:1", "POST", "/predictions/m", "HTTP/1.1"), job, 0.0)
+    call.key, call.version, call.latency_s, call.status = KEY, version, latency_s, 200
+    return call
+
+
+def _record_request(metrics: ServerMetrics, call: CallFacts) -> None:
+    """Tell the metrics a call ended, as the inference plane tells its observers."""
+    for observer in _subscribed(metrics).call_ended:
+        observer(call)
 
 
 def _metric(name: str, value: float, kind: str = "counter", unit: str = "Count",
@@ -127,10 +142,9 @@ def _metric(name: str, value: float, kind: str = "counter", unit: str = "Count",
 
 
 def test_every_torchserve_family_with_its_type_unit_and_label_order() -> None:
-    metrics = ServerMetrics([_Model()], system_metrics=False)
-    model = _Model()
-    metrics.record_request(model, 0.01, answered=_Job())
-    metrics.record_request(model, 0.01, version="1.0", answered=_Job())
+    metrics = ServerMetrics(lambda: [STATUS], system_metrics=False)
+    _record_request(metrics, _answered(0.01))
+    _record_request(metrics, _answered(0.01, version="1.0"))
     metrics.count_response(200)
     metrics.count_response(404)
     metrics.count_response(503)
@@ -188,14 +202,14 @@ def test_label_values_are_escaped_and_a_family_without_labels_has_none() -> None
 
 def test_handler_metrics_not_declared_are_kept_only_with_auto_detect(
         caplog: pytest.LogCaptureFixture) -> None:
-    strict = ServerMetrics([], system_metrics=False)
+    strict = ServerMetrics(system_metrics=False)
     with caplog.at_level(logging.WARNING):
         for _ in range(3):
             strict.record_model_metrics([_metric("Undeclared", 1, Level="Model")])
     assert b"Undeclared" not in strict.exposition()
     assert sum("Undeclared" in r.getMessage() for r in caplog.records) == 1
 
-    detecting = ServerMetrics([], system_metrics=False, auto_detect=True)
+    detecting = ServerMetrics(system_metrics=False, auto_detect=True)
     detecting.record_model_metrics([_metric("Undeclared", 1, Level="Model"),
                                     _metric("Undeclared", 2, Level="Model"),
                                     _metric("bad name", 1), _metric("Typeless", 1, kind="")])
@@ -205,7 +219,7 @@ def test_handler_metrics_not_declared_are_kept_only_with_auto_detect(
 
 
 def test_updates_a_metric_cannot_keep_are_refused() -> None:
-    metrics = ServerMetrics([], system_metrics=False)
+    metrics = ServerMetrics(system_metrics=False)
     # Declared [ModelName, Level] (+ Hostname): a value per dimension, or nothing.
     metrics.record_model_metrics([_metric("HandlerTime", 1.0, "gauge", ModelName="m")])
     assert b"\nHandlerTime{" not in metrics.exposition()
@@ -243,7 +257,8 @@ def test_histograms_use_simpleclients_default_buckets() -> None:
 
 
 def test_legacy_mode_shows_only_the_three_ts_counters(tmp_path: Path) -> None:
-    metrics = ServerMetrics([_Model()], mode="legacy", system_metrics=False, log_dir=tmp_path)
+    metrics = ServerMetrics(lambda: [STATUS], mode="legacy", system_metrics=False,
+                            log_dir=tmp_path)
     asyncio.run(_start_and_close(metrics, lambda: _record_some(metrics)))
     names = {f.name for f in text_string_to_metric_families(metrics.exposition().decode())}
     assert names == {"ts_inference_requests", "ts_inference_latency_microseconds",
@@ -254,7 +269,8 @@ def test_legacy_mode_shows_only_the_three_ts_counters(tmp_path: Path) -> None:
 
 
 def test_log_mode_writes_torchserve_lines(tmp_path: Path) -> None:
-    metrics = ServerMetrics([_Model()], mode="log", system_metrics=False, log_dir=tmp_path)
+    metrics = ServerMetrics(lambda: [STATUS], mode="log", system_metrics=False,
+                            log_dir=tmp_path)
     asyncio.run(_start_and_close(metrics, lambda: _record_some(metrics)))
     assert b"Requests2XX" not in metrics.exposition()
     stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{3} - "
@@ -280,7 +296,7 @@ def test_log_mode_writes_torchserve_lines(tmp_path: Path) -> None:
 
 def _record_some(metrics: ServerMetrics) -> None:
     metrics.count_response(200)
-    metrics.record_request(_Model(), 0.01, answered=_Job())
+    _record_request(metrics, _answered(0.01))
     metrics.record_model_metrics([
         _metric("HandlerTime", 3.25, "gauge", "Milliseconds", ModelName="m", Level="Model")])
 
@@ -316,8 +332,8 @@ def test_a_metrics_config_is_read_with_torchserves_rules(tmp_path: Path) -> None
         load_metrics_config(tmp_path / "none.yaml")
     path.write_text("ts_metrics: {gauge: [{name: bad-name, unit: c, dimensions: []}]}")
     with pytest.raises(ConfigError, match="not a Prometheus metric name"):
-        ServerMetrics([], config=load_metrics_config(path), system_metrics=False)
-    ServerMetrics([], mode="log", config=load_metrics_config(path), system_metrics=False)
+        ServerMetrics(config=load_metrics_config(path), system_metrics=False)
+    ServerMetrics(mode="log", config=load_metrics_config(path), system_metrics=False)
 
 
 def test_gpu_readings_degrade_cleanly() -> None:
@@ -345,9 +361,9 @@ ts_metrics:
     - {name: ts_inference_requests_total, unit: Count,
        dimensions: [model_name, model_version, hostname]}
 """)
-    metrics = ServerMetrics([], config=load_metrics_config(path), system_metrics=False)
+    metrics = ServerMetrics(config=load_metrics_config(path), system_metrics=False)
     for _ in range(2):
-        metrics.record_request(_Model(), 0.01, answered=_Job())
+        _record_request(metrics, _answered(0.01))
         metrics.count_response(200)  # Requests2XX is not declared: not counted
     text = metrics.exposition().decode()
     parsed = {sample.name: sample.value for family in text_string_to_metric_families(text)
@@ -359,20 +375,20 @@ ts_metrics:
 
 
 def test_phases_and_dispatch_stats_off_give_no_samples() -> None:
-    from frontend.serving.batching import BatchTiming
-
-    class _Off(_Model):
-        dispatch = DispatchStats(enabled=False)
-
-    model = _Off()
-    metrics = ServerMetrics([model], system_metrics=False, phases=False)
-    batch = BatchTiming("full", 1, 0.0)
-    batch.answer(0.01, 5.0, None)
-    job = _Job()
-    job.timing = batch  # type: ignore[assignment]
-    model.dispatch.add("full", 1.0)
-    metrics.record_batch(model, [job], worker_pb2.PredictResult(handler_time_ms=5.0))
-    metrics.record_request(model, 0.02, answered=job)
+    metrics = ServerMetrics(lambda: [STATUS], system_metrics=False, phases=False,
+                            dispatch_stats=False)
+    observers = _subscribed(metrics)
+    events = observers.of_model(*KEY)
+    assert events.formed is None  # nobody is told of a batch leaving its queue
+    call = _answered(0.02)
+    batch, result = call.job.batch, worker_pb2.PredictResult(handler_time_ms=5.0)
+    assert batch is not None and events.ended is not None
+    metrics.records.batch_formed(KEY, batch)  # told anyway: counts nothing
+    batch.replied, batch.ended_at = True, batch.left_at + 0.01
+    batch.note_reply(result)
+    events.ended(batch, [call.job], result)
+    for observer in observers.call_ended:
+        observer(call)
     page = metrics.exposition().decode()
     assert "batchserve_request_latency_seconds_count" in page
     for family in ("batchserve_request_phase_seconds", "batchserve_dispatch_total",

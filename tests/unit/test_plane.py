@@ -35,6 +35,7 @@ from frontend.errors import (
 from frontend.models.archive import UnpackedArchive
 from frontend.models.model import Model
 from frontend.models.registry import ModelRegistry
+from frontend.observe.events import Observers
 from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
 from frontend.ops.plane import (
@@ -44,9 +45,10 @@ from frontend.ops.plane import (
     InferencePlane,
     Origin,
 )
+from frontend.server import observers, statuses
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.placement import GpuAssigner, Placement
-from frontend.serving.workers import Worker, WorkerLaunch
+from frontend.serving.workers import Worker, WorkerLaunch, WorkerState
 from frontend.settings import ModelSettings, PolicyName
 from model_archiver.manifest import Manifest
 from protos import worker_pb2
@@ -66,11 +68,20 @@ T = TypeVar("T")
 class StandInWorker:
     """Takes batches from the model's batcher (``take``: one batch if the policy would send
     it now) and answers them: each request with its own "body" input. The metrics read
-    ``restarts`` of every worker; nothing else of a Worker is used when no process runs."""
+    what a model's status says of its workers; nothing else of a Worker is used when no
+    process runs."""
 
     batcher: Batcher
     batches: list[list[Job]] = field(default_factory=list)
     restarts: int = 0
+    id: str = "0"
+    state: WorkerState = WorkerState.READY
+    is_up: bool = True
+    is_unhealthy: bool = False
+    in_flight: int = 0
+    pid: int | None = None
+    gpu_id: int | None = None
+    working_since: float | None = None
 
     def take(self) -> list[Job]:
         jobs = self.batcher.take_ready()
@@ -132,6 +143,7 @@ class Rig:
     registry: ModelRegistry
     metrics: ServerMetrics
     access: AccessLog
+    observers: Observers
     plane: InferencePlane
 
     def add_model(self, name: str = "m", version: str = "1.0", *, batch_size: int = 1,
@@ -147,10 +159,11 @@ class Rig:
                                  startup_timeout_s=120, job_queue_size=job_queue_size,
                                  batch_policy=PolicyName.FIXED)
         launch = WorkerLaunch(worker_pb2.LoadModel(model_name=name, model_version=version),
-                              self.tmp_path, 120, response_timeout_s)
+                              self.tmp_path, 120, response_timeout_s,
+                              events=self.observers.of_model(name, version))
         model = Model(name, version, unpacked, "echo.py", settings, launch,
                       Placement(GpuAssigner(0), None, self.registry.worker_count, cores=1),
-                      self.metrics.record_batch, logging.getLogger(__name__))
+                      logging.getLogger(__name__))
         worker = StandInWorker(model.batcher)
         model.workers.append(cast(Worker, worker))
         self.registry.add(model, make_default=make_default)
@@ -185,10 +198,12 @@ class Rig:
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
     registry = ModelRegistry()
-    metrics = ServerMetrics(registry, system_metrics=False)
+    metrics = ServerMetrics(statuses(registry), system_metrics=False)
     access = AccessLog(tmp_path / "access_log.log", extended=True)  # the plane's fields
     access.open()
-    yield Rig(tmp_path, registry, metrics, access, InferencePlane(registry, metrics, access))
+    subscribed = observers(metrics, access, None, None)
+    yield Rig(tmp_path, registry, metrics, access, subscribed,
+              InferencePlane(registry, subscribed, access))
     access.close()
 
 
@@ -657,7 +672,7 @@ def test_a_timeout_in_a_worker_is_not_a_refusal(rig: Rig,
 def test_server_timing_is_given_as_the_server_key_and_the_request_say(
         rig: Rig, loop: asyncio.AbstractEventLoop, mode: str, asked: bool,
         wanted: bool) -> None:
-    rig.plane = InferencePlane(rig.registry, rig.metrics, rig.access, mode)
+    rig.plane = InferencePlane(rig.registry, rig.observers, rig.access, mode)
     rig.add_model()
     headers = [(b"x-server-timing", b"true")] if asked else []
     call = _sent(rig, loop, headers, _body(b"x"))
@@ -674,7 +689,8 @@ def test_a_workflow_node_call_has_an_access_line_only_in_the_extended_log(rig: R
     _, worker = rig.add_model()
     plain = AccessLog(rig.tmp_path / "plain.log")
     plain.open()
-    planes = [rig.plane, InferencePlane(rig.registry, rig.metrics, plain)]
+    planes = [rig.plane, InferencePlane(rig.registry, observers(rig.metrics, plain, None, None),
+                                        plain)]
     node = HTTP.for_nodes()
     assert (node.peer, node.method, node.uri, node.node, HTTP.node) == (
         HTTP.peer, HTTP.method, HTTP.uri, True, False)

@@ -25,6 +25,7 @@ from frontend.models.archive import UnpackedArchive
 from frontend.models.loader import ModelLoader, RegisterRequest, tensor_metadata
 from frontend.models.model import Model
 from frontend.models.registry import ModelRegistry
+from frontend.observe.events import Observers
 from frontend.serving.capacity import WorkerCaps
 from frontend.serving.placement import GpuAssigner, Placement
 from frontend.serving.workers import Worker, WorkerLaunch
@@ -52,7 +53,7 @@ def _model(name: str, version: str, tmp_path: Path, workflow: str | None = None)
                           tmp_path, 120, 120)
     return Model(name, version, unpacked, "echo.py", SETTINGS, launch,
                  Placement(GpuAssigner(0), None, lambda: 0, cores=1),
-                 lambda *_: None, logging.getLogger(__name__), workflow=workflow)
+                 logging.getLogger(__name__), workflow=workflow)
 
 
 @pytest.fixture
@@ -280,7 +281,7 @@ def _loader(tmp_path: Path, gpus: int = 0, **config: Any) -> ModelLoader:
     # NoWorkers: a test that would start a worker process fails at once.
     return ModelLoader(ServerConfig(**config), run_dir, registry,
                        NoWorkers(GpuAssigner(gpus), None, registry.worker_count, cores=CORES),
-                       lambda *_: None, logging.getLogger(__name__))
+                       Observers(), logging.getLogger(__name__))
 
 
 def test_settings_layer_defaults_properties_yaml_and_request(tmp_path: Path) -> None:
@@ -342,11 +343,11 @@ def test_server_defaults_workers_stay_within_the_caps(tmp_path: Path, running: i
     placement = NoWorkers(GpuAssigner(0), None, lambda: running, cores=CORES,
                           caps=WorkerCaps(per_model=2, per_server=5))
     loader = ModelLoader(ServerConfig(), run_dir, ModelRegistry(), placement,
-                         lambda *_: None, logging.getLogger(__name__))
+                         Observers(), logging.getLogger(__name__))
     assert loader.server_defaults()["min_workers"] == expected
     # Asked for by the operator, it is not cut: a registration beyond the cap is refused.
     asked = ModelLoader(ServerConfig(default_workers_per_model=CORES), run_dir,
-                        ModelRegistry(), placement, lambda *_: None, logging.getLogger(__name__))
+                        ModelRegistry(), placement, Observers(), logging.getLogger(__name__))
     assert asked.server_defaults()["min_workers"] == CORES
 
 

@@ -1,6 +1,7 @@
 """frontend/observe/tracing.py on its own: the W3C traceparent as Trace Context reads it, and
-what is (not) exported for unsampled callers, failed batches and clients that left. The
-spans' structure against a real server and receiver: tests/integration/test_traces.py."""
+what is (not) exported for unsampled callers, failed batches and clients that left, told of
+batches and calls as the serving core tells its observers. The spans' structure against a
+real server and receiver: tests/integration/test_traces.py."""
 
 from __future__ import annotations
 
@@ -17,17 +18,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from frontend.observe import tracing as tracing_module
+from frontend.observe.events import Batch, CallFacts, ModelKey, Origin
 from frontend.observe.tracing import Tracing, caller_context
 from frontend.serving.batching import Job
 from protos import worker_pb2
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"
-
-
-class _Model:
-    name = "m"
-    version = "1.0"
+#: The model version the batches and requests are of.
+KEY = ("m", "1.0")
 
 
 @pytest.mark.parametrize(("value", "sampled"), [
@@ -61,12 +60,45 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 def _job(loop: asyncio.AbstractEventLoop, traceparent: str | None = None) -> Job:
+    """A request that came 10 ms ago and left the queue 4 ms later, alone in batch 1-1."""
     request = worker_pb2.Request(request_id="r1")
     if traceparent is not None:
         request.headers["traceparent"] = traceparent
     job = Job(request, loop.create_future(), enqueued_at=time.monotonic() - 0.01,
-              queue_wait_s=0.004, dispatched=True, batch_size=1, batch_id="1-1")
+              batch_id="1-1")
+    _batched(job)
     return job
+
+
+def _batched(*jobs: Job) -> Batch:
+    """``jobs`` left the queue together, 4 ms after the first came, and their batch's reply
+    was just read."""
+    left = jobs[0].enqueued_at + 0.004
+    batch = Batch("full", len(jobs), 8, left, left)
+    batch.ended_at, batch.replied = time.monotonic(), True
+    for job in jobs:
+        job.batch, job.dispatched = batch, True
+    return batch
+
+
+def _batch_ended(tracing: Tracing, jobs: list[Job],
+                 result: worker_pb2.PredictResult | None) -> None:
+    """The batch of ``jobs`` ended (``result`` None: it failed as a whole)."""
+    batch = _batched(*jobs)
+    if result is not None:
+        batch.note_reply(result)
+    tracing.batch_ended(KEY, batch, jobs, result)
+
+
+def _call_ended(tracing: Tracing, job: Job, key: ModelKey | None = KEY, *,
+                method: str = "POST", path: str = "/predictions/m",
+                protocol: str = "HTTP/1.1", status: int = 200, latency_s: float = 0.01
+                ) -> None:
+    """A request of ``job`` ended, ``latency_s`` after it began."""
+    call = CallFacts(Origin("/127.0.0.1:1", method, path, protocol), job,
+                     time.perf_counter() - latency_s)
+    call.key, call.status, call.latency_s = key, status, latency_s
+    tracing.call_ended(call)
 
 
 def _exported(run: object) -> list[ReadableSpan]:
@@ -82,9 +114,8 @@ def test_an_unsampled_caller_exports_nothing_of_its_request(
     job = _job(loop, f"00-{TRACE}-{SPAN}-00")
 
     def run(tracing: Tracing) -> None:
-        tracing.batch(_Model(), [job], worker_pb2.PredictResult(handler_time_ms=1.0))
-        tracing.request(job, _Model(), started=time.perf_counter() - 0.01, latency_s=0.01,
-                        method="POST", path="/predictions/m", protocol="HTTP/1.1", status=200)
+        _batch_ended(tracing, [job], worker_pb2.PredictResult(handler_time_ms=1.0))
+        _call_ended(tracing, job)
 
     assert [span.name for span in _exported(run)] == ["batch m"]  # a trace of its own
 
@@ -93,9 +124,8 @@ def test_errors_a_failed_batch_and_a_client_that_left(loop: asyncio.AbstractEven
     job = _job(loop)
 
     def run(tracing: Tracing) -> None:
-        tracing.batch(_Model(), [job], None)
-        tracing.request(job, _Model(), started=time.perf_counter() - 0.01, latency_s=0.01,
-                        method="gRPC", path="/m", protocol="HTTP/2.0", status=0)
+        _batch_ended(tracing, [job], None)
+        _call_ended(tracing, job, method="gRPC", path="/m", protocol="HTTP/2.0", status=0)
 
     spans = {span.name: span for span in _exported(run)}
     # A failed batch reports no handler time: no worker child.
@@ -114,9 +144,8 @@ def test_a_request_refused_before_its_model_is_named_by_its_method(
     job = Job(worker_pb2.Request(), loop.create_future())
 
     def run(tracing: Tracing) -> None:
-        tracing.request(job, None, started=time.perf_counter(), latency_s=0.001,
-                        method="POST", path="/predictions/\x1bnot-a-model", protocol="HTTP/1.1",
-                        status=404)
+        _call_ended(tracing, job, None, path="/predictions/\x1bnot-a-model", status=404,
+                    latency_s=0.001)
 
     [span] = _exported(run)
     assert span.name == "POST" and span.status.status_code is StatusCode.UNSET
@@ -128,9 +157,8 @@ def test_the_sampler_of_opentelemetrys_variables_is_asked(
     job = _job(loop, f"00-{TRACE}-{SPAN}-01")
 
     def run(tracing: Tracing) -> None:
-        tracing.batch(_Model(), [job], worker_pb2.PredictResult(handler_time_ms=1.0))
-        tracing.request(job, _Model(), started=time.perf_counter() - 0.01, latency_s=0.01,
-                        method="POST", path="/predictions/m", protocol="HTTP/1.1", status=200)
+        _batch_ended(tracing, [job], worker_pb2.PredictResult(handler_time_ms=1.0))
+        _call_ended(tracing, job)
 
     assert _exported(run) == []
 
@@ -156,10 +184,7 @@ def test_spans_dropped_by_a_full_queue_warn_once_not_per_span(
     try:
         with caplog.at_level(logging.WARNING, logger=tracing_module._DROPS_LOGGER):
             for _ in range(50):
-                job = _job(loop)
-                tracing.request(job, _Model(), started=time.perf_counter(), latency_s=0.001,
-                                method="POST", path="/predictions/m", protocol="HTTP/1.1",
-                                status=200)
+                _call_ended(tracing, _job(loop), latency_s=0.001)
     finally:
         release.set()
         tracing.close()
@@ -177,12 +202,10 @@ def test_a_batch_is_kept_when_a_caller_of_its_asks_for_sampling(
 
     def run(tracing: Tracing) -> None:
         result = worker_pb2.PredictResult(handler_time_ms=1.0)
-        tracing.batch(_Model(), [traced, untraced], result)
-        tracing.batch(_Model(), [alone], result)
+        _batch_ended(tracing, [traced, untraced], result)
+        _batch_ended(tracing, [alone], result)
         for job in (traced, untraced, alone):
-            tracing.request(job, _Model(), started=time.perf_counter() - 0.01, latency_s=0.01,
-                            method="POST", path="/predictions/m", protocol="HTTP/1.1",
-                            status=200)
+            _call_ended(tracing, job)
 
     spans = _exported(run)
     [batch] = [span for span in spans if span.name == "batch m"]
@@ -203,9 +226,7 @@ def test_closing_waits_for_a_receiver_that_is_away_only_so_long(
             return SpanExportResult.FAILURE
 
     tracing = Tracing(Away())
-    job = _job(loop)
-    tracing.request(job, _Model(), started=time.perf_counter(), latency_s=0.001, method="POST",
-                    path="/predictions/m", protocol="HTTP/1.1", status=200)
+    _call_ended(tracing, _job(loop), latency_s=0.001)
     start = time.monotonic()
     try:
         tracing.close(timeout_s=0.5)

@@ -25,8 +25,8 @@ import re
 from frontend.api.http import common
 from frontend.api.http.routes import Target
 from frontend.errors import BadRequest, MethodNotAllowed, ServiceUnavailable
+from frontend.observe.dashboard import Dashboard
 from frontend.ops.auth import KeyKind, TokenAuthority
-from frontend.ops.dashboard import Dashboard
 
 PAGE_FILE = "dashboard.html"
 HTML = b"text/html; charset=utf-8"

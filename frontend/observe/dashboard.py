@@ -4,12 +4,13 @@ is doing now, and a per-second history of the last minutes.
 A sampler task, started with the server, takes one sample a second from what the server
 counts anyway: the metrics' histograms and counters (request latency, batch sizes, refusals;
 and, where the server keeps them, the request phases, batch fill and dispatch reasons, found
-by their names), each model's queue depth and batches in flight, each worker's busy time
-(``Worker.busy_seconds``: one addition per batch), the host's CPU and, where there are GPUs,
-their utilisation and memory (read in a thread, every few seconds). Nothing else runs on
-a request's path. A sample holds rates and percentiles over the second before it; the last
-``window_s`` of them are kept in a ring (bounded memory; at most ``MAX_MODELS`` models are
-followed).
+by their names), each model version's status (its queue depth, its workers and their batches
+in flight: ``ModelStatus``), each worker's busy time (``BusyTime``: one addition per batch
+that ended, from the serving core's events, and the batch it is on now), the host's CPU and,
+where there are GPUs, their utilisation and memory (read in a thread, every few seconds).
+Nothing else runs on a request's path. A sample holds rates and percentiles over the second
+before it; the last ``window_s`` of them are kept in a ring (bounded memory; at most
+``MAX_MODELS`` models are followed).
 """
 
 from __future__ import annotations
@@ -20,25 +21,27 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psutil
 
-from frontend.models.model import Model
 from frontend.observe import timeseries
+from frontend.observe.batches import ModelBatches
+from frontend.observe.events import Batch, JobFacts, ModelKey
 from frontend.observe.metrics import ServerMetrics
+from frontend.observe.status import ModelStatus, Statuses
 from frontend.observe.system import Reading, read_gpus
 from frontend.observe.timeseries import Buckets, ByModel, Ring
-from frontend.serving.batching import DispatchStats
+from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
 
 #: Our families the page reads (those of the request phases, the batch fill and the dispatch
 #: reasons exist where the server keeps them; until then their plots say "no data yet"). The
-#: fill and the reasons are read from each model's own ``DispatchStats`` where it has them,
-#: which is what the metrics page writes them from: building the page each second would
-#: hold the event loop for milliseconds.
+#: fill and the reasons are read from each model's own ``DispatchStats`` where the metrics
+#: have them, which is what the metrics page writes them from: building the page each second
+#: would hold the event loop for milliseconds.
 LATENCY = "batchserve_request_latency_seconds"
 BATCH_SIZE = "batchserve_batch_size"
 PHASES = "batchserve_request_phase_seconds"
@@ -82,21 +85,40 @@ class _Reading:
     busy_s: dict[str, float] = field(default_factory=dict)
 
 
-def _histogram(readings: ByModel[Buckets], model: Model) -> Buckets | None:
+def _histogram(readings: ByModel[Buckets], model: ModelStatus) -> Buckets | None:
     return next((value for _, value in
                  timeseries.of_model(readings, model.name, model.version)), None)
+
+
+class BusyTime:
+    """Seconds each worker slot has spent on batches, over all its lives: each batch that
+    ended adds the time its worker had it (answered, failed or lost). Subscribed to the batch
+    events by the server; the batch a worker is on now is its status's ``working_since``."""
+
+    def __init__(self) -> None:
+        #: Worker id -> seconds.
+        self.seconds: dict[str, float] = {}
+
+    def batch_ended(self, key: ModelKey, batch: Batch, jobs: Sequence[JobFacts],
+                    result: worker_pb2.PredictResult | None) -> None:
+        if batch.worker:
+            self.seconds[batch.worker] = self.seconds.get(batch.worker, 0.0) + batch.service_s
 
 
 class Dashboard:
     """Samples the server once a ``interval_s`` and answers the page's data requests."""
 
-    def __init__(self, models: Iterable[Model], metrics: ServerMetrics, *, gpu_count: int = 0,
+    def __init__(self, models: Statuses, metrics: ServerMetrics, *,
+                 busy: BusyTime | None = None, gpu_count: int = 0,
                  interval_s: float = 1.0, window_s: float = 300.0, gpu_interval_s: float = 2.0,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
                  gpu_reader: Callable[[int], list[Reading]] = read_gpus) -> None:
+        """``models``: the model versions now; ``busy``: the workers' busy time (what the
+        server subscribed to its batches)."""
         self._models = models
         self._metrics = metrics
+        self.busy = busy if busy is not None else BusyTime()
         self.gpu_count = gpu_count
         self.interval_s = interval_s
         self.window_s = window_s
@@ -158,19 +180,23 @@ class Dashboard:
 
     # -- sampling -----------------------------------------------------------------------------
 
-    def followed(self) -> list[Model]:
+    def _statuses(self) -> list[ModelStatus]:
+        """Every model version now, by name and version."""
+        return sorted(self._models(), key=lambda m: (m.name, m.version))
+
+    def followed(self) -> list[ModelStatus]:
         """The models whose history is kept."""
-        models = sorted(self._models, key=lambda m: (m.name, m.version))
-        return models[:MAX_MODELS]
+        return self._statuses()[:MAX_MODELS]
 
     def tick(self) -> Sample | None:
         """Take one sample (the first only sets the baseline: there is no second before it)."""
         now = self._monotonic()
         elapsed = None if self._before_at is None else now - self._before_at
-        histograms, counters = self._read_families()
+        models = self._statuses()
+        histograms, counters = self._read_families(models)
         readings: dict[tuple[str, str], _Reading] = {}
         rows: list[Sample] = []
-        for model in self.followed():
+        for model in models[:MAX_MODELS]:
             key = (model.name, model.version)
             reading = readings[key] = self._read(model, histograms, counters)
             before = self._before.get(key)
@@ -187,22 +213,22 @@ class Dashboard:
         self.samples.append(taken, sample)
         return sample
 
-    def _read_families(self) -> tuple[dict[str, ByModel[Buckets]], dict[str, ByModel[float]]]:
+    def _read_families(self, models: list[ModelStatus]
+                       ) -> tuple[dict[str, ByModel[Buckets]], dict[str, ByModel[float]]]:
         """The families the page reads, by name. The server's histograms kept as ours are
         (latency and batch sizes, in every metrics_mode) are read directly; the others from
         the metrics page, each second once it has them, and every ``RESCAN_S`` until then
         (building the page is what costs)."""
         metrics = self._metrics
-        kept = {name: histogram for histogram in vars(metrics).values()
-                if isinstance(histogram, type(metrics.latency))
-                and (name := histogram.name) in WANTED}
+        kept = {name: histogram for histogram in metrics.histograms()
+                if (name := histogram.name) in WANTED}
         histograms = {name: timeseries.by_model(timeseries.read_kept_histogram(histogram))
                       for name, histogram in kept.items()}
         counters: dict[str, ByModel[float]] = {}
         missing = WANTED - kept.keys()
-        if all(isinstance(getattr(model, "dispatch", None), DispatchStats)
-               for model in self._models):
-            missing -= {FILL, *REASONS}  # read from the models (``_read``)
+        records = metrics.records
+        if all(records.of(model.name, model.version) is not None for model in models):
+            missing -= {FILL, *REASONS}  # read from the models' records (``_read``)
         now = self._monotonic()
         if metrics.mode == "legacy" or not missing or (
                 not missing & self._on_page and now < self._rescan_at):
@@ -219,7 +245,7 @@ class Dashboard:
                 counters[family.name] = timeseries.by_model(timeseries.read_counters(family))
         return histograms, counters
 
-    def _read(self, model: Model, histograms: dict[str, ByModel[Buckets]],
+    def _read(self, model: ModelStatus, histograms: dict[str, ByModel[Buckets]],
               counters: dict[str, ByModel[float]]) -> _Reading:
         reading = _Reading(
             latency=_histogram(histograms.get(LATENCY, {}), model),
@@ -229,8 +255,9 @@ class Dashboard:
         if PHASES in histograms:
             reading.phases = timeseries.by_label(
                 timeseries.of_model(histograms[PHASES], model.name, model.version), "phase")
-        stats = getattr(model, "dispatch", None)
-        if isinstance(stats, DispatchStats):
+        batches = self._metrics.records.of(model.name, model.version)
+        if batches is not None:
+            stats = batches.dispatch
             if stats.enabled:  # dispatch_stats=false: nothing kept, no plot
                 reading.fill = Buckets(tuple(stats.bounds),
                                        tuple(itertools.accumulate(list(stats.fill_counts))),
@@ -245,19 +272,23 @@ class Dashboard:
                     timeseries.of_model(counters[name], model.name, model.version), "reason")
         return self._add_refused_and_busy(model, reading)
 
-    def _add_refused_and_busy(self, model: Model, reading: _Reading) -> _Reading:
+    def _add_refused_and_busy(self, model: ModelStatus, reading: _Reading) -> _Reading:
         refused = self._metrics.refused
         reading.refused = float(sum(count for (name, version, _), count in list(refused.items())
                                     if name == model.name and version == model.version))
-        reading.busy_s = {worker.id: worker.busy_seconds() for worker in model.workers}
+        busy, now = self.busy.seconds, self._monotonic()
+        reading.busy_s = {
+            worker.id: busy.get(worker.id, 0.0) + (
+                now - worker.working_since if worker.working_since is not None else 0.0)
+            for worker in model.workers}
         return reading
 
-    def _row(self, model: Model, now: _Reading, before: _Reading | None,
+    def _row(self, model: ModelStatus, now: _Reading, before: _Reading | None,
              elapsed: float | None) -> Sample:
         """One model's line of a sample: its state now and its rates over ``elapsed``."""
         row: Sample = {
-            "model": model.name, "version": model.version, "queue": model.batcher.depth,
-            "inFlight": sum(worker.in_flight for worker in model.workers),
+            "model": model.name, "version": model.version, "queue": model.queue_depth,
+            "inFlight": model.in_flight,
             "workersUp": sum(1 for worker in model.workers if worker.is_up),
         }
         if before is None or elapsed is None or elapsed <= 0:
@@ -321,28 +352,27 @@ class Dashboard:
             "intervalS": self.interval_s,
             "windowS": self.window_s,
             "gpus": self.gpu_count,
-            "models": [_model_state(model)
-                       for model in sorted(self._models, key=lambda m: (m.name, m.version))],
+            "models": [_model_state(model, self._metrics.records.of(model.name, model.version))
+                       for model in self._statuses()],
             "samples": [sample for _, sample in self.samples.since(since)],
         }
 
 
-def _model_state(model: Model) -> dict[str, object]:
-    settings = model.settings
+def _model_state(model: ModelStatus, batches: ModelBatches | None) -> dict[str, object]:
     return {
         "model": model.name,
         "version": model.version,
-        "status": model.health(),
-        "policy": settings.batch_policy.value,
-        "batchSize": settings.batch_size,
-        "maxBatchDelayMs": settings.max_batch_delay_ms,
-        "queueDepth": model.batcher.depth,
-        "queueCapacity": model.batcher.capacity,
-        "inFlightBatches": sum(worker.in_flight for worker in model.workers),
-        "batchesTotal": model.batches_total,
-        "requestsTotal": model.requests_total,
-        "recentBatchSizes": list(model.recent_batch_sizes),
-        "workers": [{"id": worker.id, "state": worker.state.value, "inFlight": worker.in_flight,
+        "status": model.health,
+        "policy": model.policy,
+        "batchSize": model.batch_size,
+        "maxBatchDelayMs": model.max_batch_delay_ms,
+        "queueDepth": model.queue_depth,
+        "queueCapacity": model.queue_capacity,
+        "inFlightBatches": model.in_flight,
+        "batchesTotal": batches.batches_total if batches is not None else 0,
+        "requestsTotal": batches.requests_total if batches is not None else 0,
+        "recentBatchSizes": list(batches.recent_sizes) if batches is not None else [],
+        "workers": [{"id": worker.id, "state": worker.state, "inFlight": worker.in_flight,
                      "restarts": worker.restarts, "pid": worker.pid, "gpuId": worker.gpu_id}
                     for worker in model.workers],
     }

@@ -1,0 +1,58 @@
+"""What a model version and its workers are doing now, as plain facts: what the metrics page's
+gauges and the live page read each time they look (``Model.status()`` makes one; the server
+hands the observers a function that lists them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """One worker slot now."""
+
+    id: str
+    #: Its state's name (READY, STARTING, RESTARTING, ...).
+    state: str
+    is_up: bool
+    #: Batches sent to it and not answered yet.
+    in_flight: int
+    restarts: int
+    pid: int | None
+    gpu_id: int | None
+    #: time.monotonic() since when it has been on the batch it is on (None: idle).
+    working_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    """One model version now."""
+
+    name: str
+    version: str
+    #: TorchServe's words: Healthy, Partial Healthy or Unhealthy.
+    health: str
+    policy: str
+    batch_size: int
+    max_batch_delay_ms: int
+    queue_depth: int
+    queue_capacity: int
+    workers: tuple[WorkerStatus, ...] = ()
+
+    @property
+    def restarts(self) -> int:
+        return sum(worker.restarts for worker in self.workers)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(worker.in_flight for worker in self.workers)
+
+
+#: Lists the model versions now (the registry's, by the server).
+Statuses = Callable[[], Iterable[ModelStatus]]
+
+
+def no_models() -> Iterable[ModelStatus]:
+    """A server without models (the observers' default)."""
+    return ()
