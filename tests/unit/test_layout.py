@@ -202,15 +202,18 @@ def test_the_floor_check_finds_an_upward_import() -> None:
 #: The most lines a module may have, and a function (its decorators aside).
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
-#: The packages held to those sizes.
-SIZED_PACKAGES = ("backend",)
+#: The packages held to those sizes: every hand-written module of the server and its tools
+#: (issue 32; generated ``*_pb2*`` modules aside).
+SIZED_PACKAGES = ("backend", "frontend", "model_archiver", "workflow_archiver", "protos")
+#: Modules allowed past MAX_MODULE_LINES, and why (their functions are still held to theirs).
+LONG_MODULES = {"frontend/api/http/openapi.py": "the OpenAPI documents: data, not logic"}
 
 
 def _oversized(source: str, name: str) -> list[str]:
     """What of ``source`` (module ``name``) is longer than it may be."""
     found = []
     lines = len(source.splitlines())
-    if lines > MAX_MODULE_LINES:
+    if lines > MAX_MODULE_LINES and name not in LONG_MODULES:
         found.append(f"{name}: {lines} lines")
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno:
@@ -222,10 +225,11 @@ def _oversized(source: str, name: str) -> list[str]:
 
 @pytest.mark.parametrize("package", SIZED_PACKAGES)
 def test_modules_and_functions_stay_within_their_sizes(package: str) -> None:
-    paths = sorted((ROOT / package).rglob("*.py"))
+    paths = sorted(path for path in (ROOT / package).rglob("*.py")
+                   if not path.name.endswith(("_pb2.py", "_pb2_grpc.py")))
     assert paths
     oversized = [found for path in paths
-                 for found in _oversized(path.read_text(), str(path.relative_to(ROOT)))]
+                 for found in _oversized(path.read_text(), path.relative_to(ROOT).as_posix())]
     assert not oversized, "\n".join(oversized)
 
 
@@ -237,6 +241,9 @@ def test_the_size_check_finds_a_long_module_and_a_long_function() -> None:
     module = "x = 1\n" * (MAX_MODULE_LINES + 1)
     assert _oversized(module, "m") == [f"m: {MAX_MODULE_LINES + 1} lines"]
     assert _oversized("x = 1\n" * MAX_MODULE_LINES, "m") == []
+    long_module = next(iter(LONG_MODULES))
+    assert (ROOT / long_module).is_file()
+    assert _oversized(module, long_module) == []
 
 
 def test_every_e2e_module_is_marked_slow() -> None:

@@ -1,7 +1,7 @@
-"""The serving core and its observers stay in bounds (issue 32): no module of
-frontend/serving, frontend/observe or frontend/models over 600 lines, the batcher within 500,
-no function over 80 lines and no class over 400 there (the largest, the two batchers, hold
-a queue's every decision)."""
+"""The serving core and its observers stay in tighter bounds than the rest (issue 32;
+tests/unit/test_layout.py holds every module to 600 lines and every function to 80): the
+batcher within 500 lines, and no class over 400 in frontend/serving, frontend/observe or
+frontend/models (the largest, the two batchers, hold a queue's every decision)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FOLDERS = ("frontend/serving", "frontend/observe", "frontend/models")
-MAX_MODULE_LINES = 600
 MAX_BATCHER_LINES = 500
-MAX_FUNCTION_LINES = 80
 MAX_CLASS_LINES = 400
 
 
@@ -31,13 +29,10 @@ def _lines(node: ast.AST) -> int:
 @pytest.mark.parametrize("path", list(_modules()), ids=lambda path: path.name)
 def test_a_module_is_in_bounds(path: Path) -> None:
     text = path.read_text()
-    limit = MAX_BATCHER_LINES if path.name == "batching.py" else MAX_MODULE_LINES
-    assert len(text.splitlines()) <= limit, f"{path} has more than {limit} lines"
+    if path.name == "batching.py":
+        assert len(text.splitlines()) <= MAX_BATCHER_LINES, f"{path}: over 500 lines"
     for node in ast.walk(ast.parse(text, str(path))):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            assert _lines(node) <= MAX_FUNCTION_LINES, \
-                f"{path}:{node.lineno} {node.name} has {_lines(node)} lines"
-        elif isinstance(node, ast.ClassDef):
+        if isinstance(node, ast.ClassDef):
             assert _lines(node) <= MAX_CLASS_LINES, \
                 f"{path}:{node.lineno} {node.name} has {_lines(node)} lines"
 
