@@ -78,12 +78,26 @@ class LoadModel(_message.Message):
     def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., model_dir: _Optional[str] = ..., handler: _Optional[str] = ..., batch_size: _Optional[int] = ..., gpu_id: _Optional[int] = ..., manifest_json: _Optional[str] = ..., limit_max_image_pixels: _Optional[bool] = ..., worker_id: _Optional[str] = ..., envelope: _Optional[str] = ..., decode_input_request: _Optional[bool] = ..., server_version: _Optional[str] = ..., response_timeout_ms: _Optional[int] = ..., cpu_threads: _Optional[int] = ..., dependency_dirs: _Optional[_Iterable[str]] = ..., metrics_config: _Optional[str] = ..., workflow_function: _Optional[bool] = ...) -> None: ...
 
 class Loaded(_message.Message):
-    __slots__ = ("load_time_ms", "metrics")
+    __slots__ = ("load_time_ms", "metrics", "execution")
     LOAD_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_FIELD_NUMBER: _ClassVar[int]
     load_time_ms: float
     metrics: _containers.RepeatedCompositeFieldContainer[Metric]
-    def __init__(self, load_time_ms: _Optional[float] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
+    execution: Execution
+    def __init__(self, load_time_ms: _Optional[float] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ...) -> None: ...
+
+class Execution(_message.Message):
+    __slots__ = ("batch_buckets", "mode", "fallback_reason", "graph_pool_bytes")
+    BATCH_BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_REASON_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_POOL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    batch_buckets: _containers.RepeatedScalarFieldContainer[int]
+    mode: str
+    fallback_reason: str
+    graph_pool_bytes: int
+    def __init__(self, batch_buckets: _Optional[_Iterable[int]] = ..., mode: _Optional[str] = ..., fallback_reason: _Optional[str] = ..., graph_pool_bytes: _Optional[int] = ...) -> None: ...
 
 class Request(_message.Message):
     __slots__ = ("request_id", "headers", "inputs", "content_types", "describe", "instances", "tensor_format")
