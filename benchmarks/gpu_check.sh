@@ -29,6 +29,7 @@ torch.cuda.is_available(), torch.cuda.get_device_name(0))'
 tail -3 "$OUT/setup.log"
 
 TESTS=${TESTS:-tests/unit/test_images.py tests/unit/test_weights_ipc.py
+tests/unit/test_cuda_graphs.py
 tests/integration/test_forked_workers.py::test_forked_workers_run_on_the_gpu_and_answer_as_a_fresh_one_does
 tests/integration/test_forked_workers.py::test_a_fork_server_that_initialised_cuda_refuses_to_fork
 tests/integration/test_vision.py tests/e2e/test_resnet152.py}
