@@ -58,7 +58,8 @@ class BaseHandler:
     #: false`` (the built-in vision handlers, TorchServe's BaseHandler); a handler of one's
     #: own without it opts in with ``cuda_graphs: true``.
     graphs_by_default = False
-    #: Why this handler's batches cannot be captured, said in describe on CUDA ("": they can).
+    #: Why this handler's batches can be neither padded nor captured, said in describe on
+    #: CUDA ("": they can; the text classifier's cannot).
     graphs_unfit = ""
     #: Runs the model's batches (None: the model is called as it is).
     runner: BatchRunner | None = None

@@ -117,10 +117,12 @@ class _GraphProgram:
     def __call__(self, inputs: torch.Tensor) -> Any:
         count = inputs.shape[0]
         static = self.static_input
-        static[:count].copy_(inputs)
-        if count < static.shape[0]:  # the padding rows: the last row repeated
-            static[count:].copy_(inputs[-1:].expand(static.shape[0] - count, *inputs.shape[1:]))
-        self.graph.replay()
+        with torch.inference_mode():  # the static buffers are inference tensors
+            static[:count].copy_(inputs)
+            if count < static.shape[0]:  # the padding rows: the last row repeated
+                static[count:].copy_(inputs[-1:].expand(static.shape[0] - count,
+                                                        *inputs.shape[1:]))
+            self.graph.replay()
         return self.static_outputs
 
 
@@ -141,6 +143,10 @@ class CUDAGraphCapture:
         self._bytes = 0
 
     def prepare(self, forward: Forward, example: torch.Tensor) -> Program:
+        with torch.inference_mode():  # graphs of inference only: autograd records nothing
+            return self._capture(forward, example)
+
+    def _capture(self, forward: Forward, example: torch.Tensor) -> _GraphProgram:
         device = self._device
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()

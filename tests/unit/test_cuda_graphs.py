@@ -22,17 +22,8 @@ from backend.handlers.graphs import (
     BatchRunner,
     CUDAGraphCapture,
 )
-from tests.unit.test_handlers import (
-    batch,
-    eager_model_dir,
-    handler_of,
-    image,
-    load,
-    manifest,
-    predictions,
-    request,
-    restore_import_state,  # noqa: F401 (an autouse fixture of these tests too)
-)
+from tests.unit import test_handlers as handlers
+from tests.unit.test_handlers import restore_import_state  # noqa: F401 (autouse here too)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -173,21 +164,21 @@ def test_the_image_classifier_captures_its_buckets_at_load(tmp_path: Path) -> No
     eager_dir = tmp_path / "eager"
     graphs_dir.mkdir()
     eager_dir.mkdir()
-    graphs = load(eager_model_dir(graphs_dir), batch_size=4, gpu_id=0)
-    model_dir = eager_model_dir(eager_dir)
+    graphs = handlers.load(handlers.eager_model_dir(graphs_dir), batch_size=4, gpu_id=0)
+    model_dir = handlers.eager_model_dir(eager_dir)
     (model_dir / "model-config.yaml").write_text("handler:\n  cuda_graphs: false\n")
-    value = json.loads(manifest("image_classifier"))
+    value = json.loads(handlers.manifest("image_classifier"))
     value["model"]["configFile"] = "model-config.yaml"
-    eager = load(model_dir, batch_size=4, gpu_id=0, manifest_json=json.dumps(value))
+    eager = handlers.load(model_dir, batch_size=4, gpu_id=0, manifest_json=json.dumps(value))
     execution = graphs.context.execution
     assert execution.mode == MODE_CUDA_GRAPHS, execution.fallback_reason
     assert tuple(execution.batch_buckets) == default_buckets(4)
     assert execution.graph_pool_bytes > 0
     assert eager.context.execution.mode == MODE_PADDED
     assert not eager.context.execution.fallback_reason
-    assert handler_of(graphs).device.type == "cuda"
-    bodies = [request(image(seed)) for seed in range(3)]
-    for got, want in zip(predictions(graphs.predict(batch(*bodies))),
-                         predictions(eager.predict(batch(*bodies))), strict=True):
+    assert handlers.handler_of(graphs).device.type == "cuda"
+    bodies = [handlers.request(handlers.image(seed)) for seed in range(3)]
+    for got, want in zip(handlers.predictions(graphs.predict(handlers.batch(*bodies))),
+                         handlers.predictions(eager.predict(handlers.batch(*bodies))), strict=True):
         assert list(got) == list(want)
         assert got == pytest.approx(want, abs=1e-4)

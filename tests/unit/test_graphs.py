@@ -19,17 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from backend.errors import ModelLoadError
-from backend.handlers.buckets import (
-    MAX_BUCKETS,
-    bucket_for,
-    buckets_run,
-    default_buckets,
-    join_rows,
-    pad_rows,
-    plan_chunks,
-    row_problem,
-    take_rows,
-)
+from backend.handlers import buckets
 from backend.handlers.graphs import (
     MODE_CUDA_GRAPHS,
     MODE_EAGER,
@@ -43,18 +33,8 @@ from backend.handlers.tuning import captured_elsewhere, read_tuning
 from backend.process.worker import Load, WorkerSession
 from protos import worker_pb2
 from protos.framing import Kind
-from tests.unit.test_handlers import (
-    TINY_TEXT_CLASSIFIER,
-    batch,
-    eager_model_dir,
-    handler_of,
-    image,
-    load,
-    manifest,
-    predictions,
-    request,
-    restore_import_state,  # noqa: F401 (an autouse fixture of these tests too)
-)
+from tests.unit import test_handlers as handlers
+from tests.unit.test_handlers import restore_import_state  # noqa: F401 (autouse here too)
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda", 0)  # only looked at, never used, by make_runner
@@ -64,54 +44,57 @@ CUDA = torch.device("cuda", 0)  # only looked at, never used, by make_runner
 
 
 def test_default_buckets_are_the_powers_of_two_then_the_batch_size() -> None:
-    assert default_buckets(1) == (1,)
-    assert default_buckets(6) == (1, 2, 4, 6)
-    assert default_buckets(8) == (1, 2, 4, 8)
-    assert default_buckets(128) == (1, 2, 4, 8, 16, 32, 64, 128)
+    assert buckets.default_buckets(1) == (1,)
+    assert buckets.default_buckets(6) == (1, 2, 4, 6)
+    assert buckets.default_buckets(8) == (1, 2, 4, 8)
+    assert buckets.default_buckets(128) == (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def test_a_batch_runs_in_the_smallest_bucket_that_holds_it() -> None:
-    buckets = (1, 2, 4, 8)
-    assert [bucket_for(size, buckets) for size in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
-    assert bucket_for(3, (4, 16)) == 4
+    sizes = (1, 2, 4, 8)
+    assert [buckets.bucket_for(size, sizes) for size in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    assert buckets.bucket_for(3, (4, 16)) == 4
     with pytest.raises(ValueError, match="larger than the largest bucket"):
-        bucket_for(9, buckets)
+        buckets.bucket_for(9, sizes)
 
 
 def test_a_batch_larger_than_the_largest_bucket_is_split_into_chunks() -> None:
-    assert plan_chunks(3, (1, 2, 4)) == [(0, 3, 4)]
-    assert plan_chunks(11, (1, 2, 4)) == [(0, 4, 4), (4, 8, 4), (8, 11, 4)]
-    assert plan_chunks(9, (1, 2, 4)) == [(0, 4, 4), (4, 8, 4), (8, 9, 1)]
-    assert buckets_run([1, 3, 9], (1, 2, 4)) == [1, 4]
-    assert buckets_run([8], (1, 2, 4)) == [4]
+    assert buckets.plan_chunks(3, (1, 2, 4)) == [(0, 3, 4)]
+    assert buckets.plan_chunks(11, (1, 2, 4)) == [(0, 4, 4), (4, 8, 4), (8, 11, 4)]
+    assert buckets.plan_chunks(9, (1, 2, 4)) == [(0, 4, 4), (4, 8, 4), (8, 9, 1)]
+    assert buckets.buckets_run([1, 3, 9], (1, 2, 4)) == [1, 4]
+    assert buckets.buckets_run([8], (1, 2, 4)) == [4]
 
 
 def test_padding_repeats_the_last_row_and_slicing_takes_the_batch_back() -> None:
     inputs = torch.arange(6.0).reshape(3, 2)
-    padded = pad_rows(inputs, 5)
+    padded = buckets.pad_rows(inputs, 5)
     assert padded.tolist() == [[0, 1], [2, 3], [4, 5], [4, 5], [4, 5]]
-    assert pad_rows(inputs, 3) is inputs
+    assert buckets.pad_rows(inputs, 3) is inputs
     outputs = {"out": padded * 2, "aux": (padded, None), "rows": [padded.sum(1)]}
-    taken = take_rows(outputs, 3, copy=True)
+    taken = buckets.take_rows(outputs, 3, copy=True)
     assert taken["out"].tolist() == (inputs * 2).tolist()
     assert taken["aux"][1] is None and taken["rows"][0].tolist() == [1, 5, 9]
     assert taken["out"].untyped_storage().data_ptr() != padded.untyped_storage().data_ptr()
-    joined = join_rows([take_rows(outputs, 2, copy=False), take_rows(outputs, 1, copy=False)])
+    joined = buckets.join_rows([buckets.take_rows(outputs, 2, copy=False),
+                                buckets.take_rows(outputs, 1, copy=False)])
     assert joined["out"].tolist() == [[0, 2], [4, 6], [0, 2]] and joined["aux"][1] is None
 
 
 def test_an_output_without_the_rows_first_cannot_be_sliced() -> None:
-    assert row_problem((torch.zeros(4, 2), {"x": torch.zeros(4)}), 4) is None
-    assert "first dimension is not the batch's rows" in str(row_problem(torch.zeros(2, 4), 4))
-    assert "holds a str" in str(row_problem([torch.zeros(4), "label"], 4))
-    assert "shape ()" in str(row_problem(torch.tensor(1.0), 4))
+    assert buckets.row_problem((torch.zeros(4, 2), {"x": torch.zeros(4)}), 4) is None
+    assert "first dimension is not the batch's rows" in str(
+        buckets.row_problem(torch.zeros(2, 4), 4))
+    assert "holds a str" in str(buckets.row_problem([torch.zeros(4), "label"], 4))
+    assert "shape ()" in str(buckets.row_problem(torch.tensor(1.0), 4))
 
 
 @pytest.mark.parametrize(("handler", "message"), [
     ({"batch_buckets": [0, 2]}, "batch_buckets must be a list of positive batch sizes"),
     ({"batch_buckets": "1,2"}, "batch_buckets must be a list"),
     ({"batch_buckets": [True]}, "batch_buckets must be a list"),
-    ({"batch_buckets": list(range(1, MAX_BUCKETS + 2))}, f"at most {MAX_BUCKETS} sizes"),
+    ({"batch_buckets": list(range(1, buckets.MAX_BUCKETS + 2))},
+     f"at most {buckets.MAX_BUCKETS} sizes"),
     ({"cuda_graphs": "yes"}, "cuda_graphs must be true or false"),
 ])
 def test_bad_bucket_settings_fail_the_load_naming_the_key(handler: dict[str, Any],
@@ -414,9 +397,14 @@ def test_which_handlers_get_buckets_and_graphs() -> None:
 # --- the handlers and the worker's Loaded frame ----------------------------------------------
 
 
+def _predict(service: Any, *bodies: bytes) -> list[Any]:
+    return handlers.predictions(service.predict(handlers.batch(
+        *(handlers.request(body) for body in bodies))))
+
+
 def _config(model_dir: Path, text: str, handler: str = "image_classifier") -> str:
     (model_dir / "model-config.yaml").write_text(text)
-    value = json.loads(manifest(handler))
+    value = json.loads(handlers.manifest(handler))
     value["model"]["configFile"] = "model-config.yaml"
     return json.dumps(value)
 
@@ -424,37 +412,37 @@ def _config(model_dir: Path, text: str, handler: str = "image_classifier") -> st
 def test_an_image_classifier_with_buckets_on_the_cpu_answers_as_without(tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
     (tmp_path / "padded").mkdir()
-    plain = load(eager_model_dir(tmp_path / "plain"), batch_size=4)
-    model_dir = eager_model_dir(tmp_path / "padded")
-    padded = load(model_dir, batch_size=4, manifest_json=_config(
+    plain = handlers.load(handlers.eager_model_dir(tmp_path / "plain"), batch_size=4)
+    model_dir = handlers.eager_model_dir(tmp_path / "padded")
+    padded = handlers.load(model_dir, batch_size=4, manifest_json=_config(
         model_dir, "handler:\n  batch_buckets: [1, 2, 4]\n"))
     assert padded.context.execution == worker_pb2.Execution(batch_buckets=[1, 2, 4],
                                                             mode=MODE_PADDED)
     assert plain.context.execution == worker_pb2.Execution(mode=MODE_EAGER)
-    bodies = [image(seed) for seed in range(3)]
-    expected = predictions(plain.predict(batch(*(request(b) for b in bodies))))
-    answers = predictions(padded.predict(batch(*(request(b) for b in bodies))))
+    bodies = [handlers.image(seed) for seed in range(3)]
+    expected = _predict(plain, *bodies)
+    answers = _predict(padded, *bodies)
     for got, want in zip(answers, expected, strict=True):
         assert list(got) == list(want)
         assert got == pytest.approx(want, abs=1e-6)
-    assert handler_of(padded).runner.mode == MODE_PADDED
+    assert handlers.handler_of(padded).runner.mode == MODE_PADDED
 
 
 def test_the_text_classifier_says_why_it_takes_no_buckets(tmp_path: Path) -> None:
-    model_dir = eager_model_dir(tmp_path, TINY_TEXT_CLASSIFIER, labels=None)
+    model_dir = handlers.eager_model_dir(tmp_path, handlers.TINY_TEXT_CLASSIFIER, labels=None)
     torch.save({"<unk>": 0, "good": 1}, model_dir / "source_vocab.pt")
-    service = load(model_dir, "text_classifier", manifest_json=_config(
+    service = handlers.load(model_dir, "text_classifier", manifest_json=_config(
         model_dir, "handler:\n  batch_buckets: [2, 4]\n", "text_classifier"))
     assert service.context.execution.mode == MODE_EAGER
     assert service.context.execution.fallback_reason.startswith("text_classifier: a batch is "
                                                                 "its texts' token ids")
-    assert len(predictions(service.predict(batch(request(b"good"), request(b"bad"))))) == 2
+    assert len(_predict(service, b"good", b"bad")) == 2
 
 
 def test_the_worker_sends_the_execution_in_loaded(tmp_path: Path) -> None:
     import socket
 
-    model_dir = eager_model_dir(tmp_path)
+    model_dir = handlers.eager_model_dir(tmp_path)
     ours, theirs = socket.socketpair()
     with ours, theirs:
         session = WorkerSession(ours)
