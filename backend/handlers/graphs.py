@@ -180,15 +180,16 @@ class CUDAGraphCapture:
         return self._bytes
 
     def release(self) -> None:
+        if self._pool is None:  # nothing captured: CUDA left untouched
+            return
         for program in self._programs:
             program.graph.reset()
         self._programs.clear()
         self._pool = None
         self._bytes = 0
-        if torch.cuda.is_available():
-            with contextlib.suppress(Exception):  # a failed capture may leave an error behind
-                torch.cuda.synchronize(self._device)
-            torch.cuda.empty_cache()
+        with contextlib.suppress(Exception):  # a failed capture may leave an error behind
+            torch.cuda.synchronize(self._device)
+        torch.cuda.empty_cache()
 
 
 @contextlib.contextmanager
