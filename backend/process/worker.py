@@ -200,7 +200,8 @@ class WorkerSession:
         load_time_ms = (time.perf_counter() - start) * 1000.0
         logger.info("model %s loaded in %.1f ms", message.model_name, load_time_ms)
         loaded = worker_pb2.Loaded(load_time_ms=load_time_ms,
-                                   metrics=self.service.drain_metrics())
+                                   metrics=self.service.drain_metrics(),
+                                   execution=self.service.context.execution)
         return Frame(Kind.LOADED, loaded.SerializeToString())
 
     def _predict(self, batch: worker_pb2.PredictBatch, prepared: Any) -> Frame:
