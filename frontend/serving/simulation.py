@@ -225,12 +225,7 @@ def simulate(
     as the server tells it once its workers load, unless ``policy_knows_buckets`` is False (as
     before issue 33). The queue is unbounded and no batch times out.
     """
-    if (rate_per_s is None) == (clients is None):
-        raise ValueError("give exactly one of rate_per_s (open loop) or clients (closed loop)")
-    if max_batch_size < 1 or workers < 1 or batches_in_flight < 1:
-        raise ValueError("max_batch_size, workers and batches_in_flight must be >= 1")
-    if rate_per_s is not None and rate_per_s <= 0:
-        raise ValueError("rate_per_s must be > 0")
+    _check_load(rate_per_s, clients, max_batch_size, workers, batches_in_flight)
     rng = random.Random(seed)
     time = SimulatedTime()
     reasons: collections.Counter[str] = collections.Counter()
@@ -284,6 +279,16 @@ def simulate(
     if ended:
         raise RuntimeError(f"a simulated worker stopped: {ended[0]!r}")
     return _summary(latencies, simulated, last_answer, dict(reasons))
+
+
+def _check_load(rate_per_s: float | None, clients: int | None, max_batch_size: int,
+                workers: int, batches_in_flight: int) -> None:
+    if (rate_per_s is None) == (clients is None):
+        raise ValueError("give exactly one of rate_per_s (open loop) or clients (closed loop)")
+    if max_batch_size < 1 or workers < 1 or batches_in_flight < 1:
+        raise ValueError("max_batch_size, workers and batches_in_flight must be >= 1")
+    if rate_per_s is not None and rate_per_s <= 0:
+        raise ValueError("rate_per_s must be > 0")
 
 
 def _summary(latencies: list[float], simulated: list[SimulatedWorker], last_answer_s: float,
