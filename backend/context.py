@@ -156,6 +156,9 @@ class Context:
         self.header_key_sequence_id = SEQUENCE_ID_HEADER
         self.header_key_sequence_start = SEQUENCE_START_HEADER
         self.header_key_sequence_end = SEQUENCE_END_HEADER
+        #: How the model runs its batches (batch buckets, CUDA graphs or eager, why not): a
+        #: handler fills it in ``initialize``; the worker reports it in LOADED (empty: eager).
+        self.execution = worker_pb2.Execution()
 
     @property
     def metrics(self) -> MetricCacheAbstract:
