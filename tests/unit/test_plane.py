@@ -38,6 +38,7 @@ from frontend.models.registry import ModelRegistry
 from frontend.observe.events import Observers
 from frontend.observe.logs import AccessLog
 from frontend.observe.metrics import ServerMetrics
+from frontend.observe.status import ExecutionStatus
 from frontend.ops.plane import (
     EXPLAIN_HEADER,
     SEQUENCE_ID_HEADER,
@@ -82,6 +83,8 @@ class StandInWorker:
     pid: int | None = None
     gpu_id: int | None = None
     working_since: float | None = None
+    #: How it runs batches, as a loaded worker reports it (None: it said nothing yet).
+    execution: ExecutionStatus | None = None
 
     def take(self) -> list[Job]:
         jobs = self.batcher.take_ready()
