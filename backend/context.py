@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.metrics.cache import MetricCacheAbstract, MetricsCacheYamlImpl
+from protos import worker_pb2
 
 #: TorchServe's sequence headers (stateful models; frontend/serving/sequences.py sets them).
 SEQUENCE_ID_HEADER = "ts_request_sequence_id"
@@ -141,6 +142,12 @@ class Context:
         #: Set by a handler: each output's parameters, split back per v2 request (item i of a
         #: list goes to request i; any other value to every request).
         self.output_parameters: dict[str, dict[str, Any]] = {}
+        #: How the model runs its batches (issue 33: its batch buckets, whether they replay
+        #: CUDA graphs, why not): filled by the handler in ``initialize`` (the built-in
+        #: handlers and TorchServe's BaseHandler through ``backend.handlers.graphs``; a custom
+        #: handler may fill it itself); the worker sends it in ``Loaded``. Empty: any size,
+        #: eagerly.
+        self.execution = worker_pb2.Execution()
         # TorchServe's continuous-batching handlers look for it; unused here.
         self.stopping_criteria: Any = None
         # The sequence headers' names, where TorchServe's stateful handlers read them: the id,
@@ -149,6 +156,9 @@ class Context:
         self.header_key_sequence_id = SEQUENCE_ID_HEADER
         self.header_key_sequence_start = SEQUENCE_START_HEADER
         self.header_key_sequence_end = SEQUENCE_END_HEADER
+        #: How the model runs its batches (batch buckets, CUDA graphs or eager, why not): a
+        #: handler fills it in ``initialize``; the worker reports it in LOADED (empty: eager).
+        self.execution = worker_pb2.Execution()
 
     @property
     def metrics(self) -> MetricCacheAbstract:

@@ -84,9 +84,10 @@ if [ "$DEVICE" = cpu ]; then CARD=cpu; else
     CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 fi
 
-# The GPU tests: the gpu-marked ones and those that run on CUDA when a GPU is there. Other
-# parts of issue 33 add their files to this list.
+# The GPU tests: the gpu-marked ones and those that run on CUDA when a GPU is there (TESTS=
+# empty: none). Other parts of issue 33 add their files to this list.
 TESTS=${TESTS-tests/unit/test_images.py tests/unit/test_weights_ipc.py
+tests/unit/test_cuda_graphs.py
 tests/integration/test_forked_workers.py::test_forked_workers_run_on_the_gpu_and_answer_as_a_fresh_one_does
 tests/integration/test_forked_workers.py::test_a_fork_server_that_initialised_cuda_refuses_to_fork
 tests/integration/test_vision.py}

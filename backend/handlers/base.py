@@ -18,9 +18,11 @@ from backend.context import Context
 from backend.errors import BatchSizeMismatch, Unsupported
 from backend.handlers.device import select_device
 from backend.handlers.explain import is_explanation
+from backend.handlers.graphs import MODE_EAGER, BatchRunner, GraphSettings, make_runner
 from backend.handlers.labels import INDEX_TO_NAME, LabelMap, load_label_mapping
 from backend.handlers.tuning import (
     Tuning,
+    captured_elsewhere,
     forward_context,
     read_tuning,
     tune_model,
@@ -28,6 +30,7 @@ from backend.handlers.tuning import (
     warmup_sizes,
 )
 from backend.weights import load_model, read_sharing
+from protos import worker_pb2
 
 
 class Handler(Protocol):
@@ -45,7 +48,23 @@ class BaseHandler:
     ``postprocess`` (model output -> one result per request), or ``predict_requests`` (the
     whole prediction of a batch), and ``explain_requests`` to explain. Attribute names follow
     TorchServe's BaseHandler, which custom handlers read.
+
+    ``inference`` runs the model through ``run_model``: on CUDA, in padded batch buckets
+    replaying CUDA graphs, for a handler with ``graphs_by_default`` or a model config saying
+    ``cuda_graphs: true`` (``backend.handlers.graphs``).
     """
+
+    #: On CUDA, batches replay CUDA graphs unless model-config.yaml says ``cuda_graphs:
+    #: false`` (the built-in vision handlers, TorchServe's BaseHandler); a handler of one's
+    #: own without it opts in with ``cuda_graphs: true``.
+    graphs_by_default = False
+    #: Why this handler's batches can be neither padded nor captured, said in describe on
+    #: CUDA ("": they can; the text classifier's cannot).
+    graphs_unfit = ""
+    #: Runs the model's batches (None: the model is called as it is).
+    runner: BatchRunner | None = None
+    #: What ``context.execution`` says while there is no runner.
+    _idle_execution = worker_pb2.Execution(mode=MODE_EAGER)
 
     def __init__(self) -> None:
         self.context: Context | None = None
@@ -66,6 +85,7 @@ class BaseHandler:
         self.set_model(load_model(model_dir, context.manifest, self.device,
                                   read_sharing(context.model_yaml_config)))
         self.mapping = load_label_mapping(model_dir / INDEX_TO_NAME)
+        self.start_runner(context)
         self.initialized = True
 
     def set_model(self, model: torch.nn.Module) -> None:
@@ -75,17 +95,61 @@ class BaseHandler:
         self._uncompiled = model if tuned is not model and self.tuning.compile_options else None
         self.model = tuned
 
+    def start_runner(self, context: Context) -> None:
+        """Run ``self.model``'s batches as the device and model-config.yaml say (a runner, or
+        none), and report it in ``context.execution`` (which the worker sends in Loaded)."""
+        if self.runner is not None:
+            self.runner.close()
+        settings = GraphSettings(
+            device=self.device, batch_size=int(context.system_properties.get("batch_size") or 1),
+            cuda_graphs=self.tuning.cuda_graphs, batch_buckets=self.tuning.batch_buckets,
+            graphs_by_default=self.graphs_by_default, unfit=self.graphs_unfit,
+            captured_elsewhere=captured_elsewhere(self.tuning))
+        if callable(self.model):
+            # Any context will do (TorchServe's tests pass a MockContext, which has no name).
+            name = getattr(context, "model_name", None) or "the model"
+            self.runner, self._idle_execution = make_runner(
+                self._forward, settings, who=f"{name} ({type(self).__name__})")
+        else:  # an ONNX Runtime session, say: not ours to run
+            self.runner = None
+            self._idle_execution = worker_pb2.Execution(mode=MODE_EAGER)
+        self.report_execution(context)
+
+    def report_execution(self, context: Context) -> None:
+        """Say in ``context.execution`` how the model runs its batches now."""
+        execution = getattr(context, "execution", None)
+        if execution is None:  # not the worker's Context: nobody to tell
+            return
+        runner = self.runner
+        execution.CopyFrom(runner.execution() if runner is not None else self._idle_execution)
+
+    def _forward(self, inputs: Any) -> Any:
+        model = self.model  # looked up at each call: warm_up may replace it
+        if model is None:
+            raise RuntimeError(f"{type(self).__name__} was not initialised")
+        return model(inputs)
+
+    def run_model(self, inputs: Any) -> Any:
+        """The model on a batch's input: through the runner when there is one."""
+        runner = self.runner
+        return runner(inputs) if runner is not None else self._forward(inputs)
+
     def warm_up(self, batch: Any, batch_size: int) -> None:
         """Run ``batch(n)`` (the requests of a batch of n, as ``handle`` takes them) through
-        ``handle`` once per warm-up batch size; a compiled model that fails there is replaced
-        by the model it was compiled from."""
+        ``handle`` once per warm-up batch size (with buckets: each bucket, which captures its
+        graph on CUDA); a compiled model that fails there is replaced by the model it was
+        compiled from. ``context.execution`` then says how the batches run."""
         context = self.context
         assert context is not None
-        sizes = warmup_sizes(self.tuning, self.device, batch_size)
+        runner = self.runner
+        sizes = warmup_sizes(self.tuning, self.device, batch_size,
+                             runner.buckets if runner is not None else ())
         if not warm_up(lambda size: self.handle(batch(size), context), sizes) \
                 and self._uncompiled is not None:
             self.model, self._uncompiled = self._uncompiled, None
+            self.start_runner(context)  # graphs captured of the compiled model are dropped
             warm_up(lambda size: self.handle(batch(size), context), sizes)
+        self.report_execution(context)
 
     def preprocess(self, data: list[Any]) -> Any:
         return torch.as_tensor(data, device=self.device)
@@ -93,7 +157,7 @@ class BaseHandler:
     def inference(self, inputs: Any) -> Any:
         if self.model is None:
             raise RuntimeError(f"{type(self).__name__} was not initialised")
-        return self.model(inputs)
+        return self.run_model(inputs)
 
     def postprocess(self, outputs: Any) -> list[Any]:
         return list(outputs.tolist())

@@ -97,6 +97,9 @@ class TextClassifier(BaseHandler):
     """Per text, the probability of every class, named through ``index_to_name.json``."""
 
     ngrams = 2
+    graphs_unfit = ("text_classifier: a batch is its texts' token ids in one flat tensor and "
+                    "their offsets, whose length varies with the texts: no static input to "
+                    "capture a graph of, nor rows to pad")
 
     def __init__(self) -> None:
         super().__init__()
@@ -143,7 +146,7 @@ class TextClassifier(BaseHandler):
         if self.model is None:
             raise RuntimeError(f"{type(self).__name__} was not initialised")
         tokens, offsets = inputs
-        return self.model(tokens, offsets)
+        return self.model(tokens, offsets)  # never through the runner: see graphs_unfit
 
     def postprocess(self, outputs: Any) -> list[Any]:
         return [

@@ -7,20 +7,20 @@
   fails, leaves the model as it was (logged), as TorchServe does.
 * batchserve's ``handler`` options: ``amp: bf16 | fp16`` (autocast around the forward pass),
   ``channels_last: true`` (the model and its image batches in channels-last memory),
-  ``image_decode: tensor | pil`` (vision handlers, ``backend.handlers.images``) and
-  ``warmup: true | false | [batch sizes]``.
+  ``image_decode: tensor | pil`` (vision handlers, ``backend.handlers.images``),
+  ``warmup: true | false | [batch sizes]``, and ``cuda_graphs: true | false`` and
+  ``batch_buckets: [sizes]`` (``backend.handlers.graphs``: batches padded to a few sizes, each
+  replayed as a CUDA graph on CUDA).
 * On CUDA: ``torch.backends.cudnn.benchmark`` (convolution algorithms autotuned per input
   shape) and, on Ampere and newer, TF32 matmuls (``set_float32_matmul_precision("high")``), as
   TorchServe's BaseHandler sets at import.
 
 The warm-up runs the model once per batch size it will see, before the worker says it has
-loaded: compilation and autotuning never hit a client, and a registration answers once they
-are done. On CUDA, where cuDNN autotunes every input shape, a batch of more than
-``SHAPE_STEP`` images is padded up to the next multiple of ``SHAPE_STEP`` (or batch_size),
-so the sizes the model sees, and the warm-up runs (the first ``MAX_WARMUP_SHAPES``), are 1..8,
-16, 24, ... batch_size: 23 shapes for batch_size 128 instead of 128, at the cost of at most 7
-padded rows. On the CPU the
-model sees every size and is warmed only when compiled (1 and batch_size).
+loaded: compilation, autotuning and the graphs' capture never hit a client, and a
+registration answers once they are done. With buckets (on CUDA by default: 1, 2, 4, ... up to
+batch_size, and batch_size), every batch runs at a bucket's size, so the warm-up runs the
+buckets (``warmup: [sizes]``: the buckets those sizes run in). Without, on the CPU, the model
+sees every size and is warmed only when compiled (1 and batch_size).
 """
 
 from __future__ import annotations
@@ -34,14 +34,10 @@ from typing import Any
 import torch
 
 from backend.errors import ModelLoadError, describe
+from backend.handlers.buckets import buckets_run, read_buckets, read_cuda_graphs
 
 logger = logging.getLogger(__name__)
 
-#: On CUDA, batches above this size are padded to a multiple of it (see the docstring).
-SHAPE_STEP = 8
-#: At most this many batch shapes are warmed up at load (batch sizes up to 2,000 on CUDA: every
-#: shape); a larger batch_size's bigger shapes are tuned when a batch first takes them.
-MAX_WARMUP_SHAPES = 256
 AMP_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
               "float16": torch.float16}
 
@@ -60,6 +56,10 @@ class Tuning:
     warmup: tuple[int, ...] | None = None
     #: ``warmup: false``.
     warmup_off: bool = False
+    #: ``cuda_graphs`` (None: the handler's default on CUDA).
+    cuda_graphs: bool | None = None
+    #: ``batch_buckets`` (None: not set; on CUDA the default buckets of batch_size).
+    batch_buckets: tuple[int, ...] | None = None
     handler_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -124,6 +124,8 @@ def read_tuning(config: Mapping[str, Any]) -> Tuning:
         image_decode=image_decode,
         warmup=sizes,
         warmup_off=warmup is False,
+        cuda_graphs=read_cuda_graphs(handler.get("cuda_graphs")),
+        batch_buckets=read_buckets(handler.get("batch_buckets")),
         handler_options=dict(handler),
     )
 
@@ -148,6 +150,19 @@ def tune_model(model: torch.nn.Module, device: torch.device, tuning: Tuning) -> 
     return model
 
 
+#: torch.compile's modes that capture CUDA graphs themselves (cudagraph trees).
+SELF_GRAPHED_MODES = ("reduce-overhead", "max-autotune")
+
+
+def captured_elsewhere(tuning: Tuning) -> str:
+    """Why the server must not capture the model's graphs itself ("" when it may)."""
+    mode = (tuning.compile_options or {}).get("mode")
+    if mode in SELF_GRAPHED_MODES:
+        return (f"pt2 compiles in mode {mode}, which captures CUDA graphs of its own "
+                f"(cudagraph trees); the buckets run eagerly")
+    return ""
+
+
 @contextlib.contextmanager
 def forward_context(device: torch.device, tuning: Tuning) -> Iterator[None]:
     """Where a forward pass runs: inference mode, and autocast when ``amp`` is set."""
@@ -159,32 +174,20 @@ def forward_context(device: torch.device, tuning: Tuning) -> Iterator[None]:
                 yield
 
 
-def padded_size(size: int, batch_size: int, device: torch.device) -> int:
-    """The batch size the model runs a batch of ``size`` at (see the module's docstring)."""
-    if device.type != "cuda" or size <= SHAPE_STEP:
-        return size
-    return min(-(-size // SHAPE_STEP) * SHAPE_STEP, max(size, batch_size))
-
-
-def cuda_shapes(batch_size: int) -> list[int]:
-    """Every batch size ``padded_size`` gives on CUDA for batches of 1..``batch_size``:
-    1..SHAPE_STEP, then the multiples of SHAPE_STEP below ``batch_size``, then ``batch_size``
-    (worked out, not found by trying each size: a batch_size may be as large as int32)."""
-    small = list(range(1, min(batch_size, SHAPE_STEP) + 1))
-    if batch_size <= SHAPE_STEP:
-        return small
-    return [*small, *range(2 * SHAPE_STEP, batch_size, SHAPE_STEP), batch_size]
-
-
-def warmup_sizes(tuning: Tuning, device: torch.device, batch_size: int) -> list[int]:
-    """The batch sizes to run once at load (see the module's docstring)."""
+def warmup_sizes(tuning: Tuning, device: torch.device, batch_size: int,
+                 buckets: tuple[int, ...] = ()) -> list[int]:
+    """The batch sizes to run once at load (see the module's docstring): with ``buckets``
+    (the ones batches run in), the buckets."""
     if tuning.warmup_off:
         return []
+    if buckets:
+        if tuning.warmup is not None:
+            return buckets_run(tuning.warmup, buckets)
+        return list(buckets) if device.type == "cuda" or tuning.compile_options is not None \
+            else []
     if tuning.warmup is not None:
         return list(tuning.warmup)
-    if device.type == "cuda":
-        return cuda_shapes(batch_size)[:MAX_WARMUP_SHAPES]
-    if tuning.compile_options is not None:
+    if device.type == "cuda" or tuning.compile_options is not None:
         return sorted({1, batch_size})
     return []
 

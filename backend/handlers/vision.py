@@ -34,7 +34,6 @@ from backend.handlers.images import (
     check_pixel_limit,
     decode_rgb,
 )
-from backend.handlers.tuning import padded_size
 
 __all__ = ["IMAGENET_TRANSFORM", "VisionHandler", "check_pixel_limit", "decode_image",
            "image_bytes"]
@@ -133,8 +132,12 @@ class VisionHandler(BaseHandler):
     ``image_processing`` turns one RGB PIL image into the model's input tensor (Pillow's path);
     a handler that keeps the ImageNet transform gets the tensor path (``image_decode``,
     ``backend.handlers.images``) unless its model config asks for ``pil``. ``preprocess``
-    gathers the images into the model's batch input (one stacked tensor by default).
+    gathers the images into the model's batch input (one stacked tensor by default). On
+    CUDA its batches run in padded buckets, each a CUDA graph captured in the warm-up
+    (``backend.handlers.graphs``; ``cuda_graphs: false`` in model-config.yaml opts out).
     """
+
+    graphs_by_default = True
 
     image_processing: Callable[[Image.Image], torch.Tensor] = IMAGENET_TRANSFORM
 
@@ -189,21 +192,6 @@ class VisionHandler(BaseHandler):
     def preprocess(self, data: list[Any]) -> Any:
         assert self.pipeline is not None, "initialize first"
         return self.pipeline.batch(data)
-
-    def inference(self, inputs: Any) -> Any:
-        """The model on ``inputs``, padded to a batch size the warm-up ran (on CUDA: see
-        ``backend.handlers.tuning.padded_size``); the padding's outputs are dropped."""
-        if not isinstance(inputs, torch.Tensor):
-            return super().inference(inputs)
-        size = inputs.shape[0]
-        padded = padded_size(size, self._batch_size, self.device)
-        if padded == size:
-            return super().inference(inputs)
-        filler = inputs[-1:].expand(padded - size, *inputs.shape[1:])
-        outputs = super().inference(torch.cat([inputs, filler]))
-        if isinstance(outputs, Mapping):
-            return {key: value[:size] for key, value in outputs.items()}
-        return outputs[:size]
 
 
 def _image_or_error(row: Any) -> bytes | InvalidInput:

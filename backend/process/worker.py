@@ -198,9 +198,12 @@ class WorkerSession:
             logger.exception("loading model %s failed", message.model_name)
             return error_frame(worker_pb2.LOAD_FAILED, describe(exc))
         load_time_ms = (time.perf_counter() - start) * 1000.0
-        logger.info("model %s loaded in %.1f ms", message.model_name, load_time_ms)
+        execution = self.service.context.execution
+        logger.info("model %s loaded in %.1f ms%s", message.model_name, load_time_ms,
+                    describe_execution(execution))
         loaded = worker_pb2.Loaded(load_time_ms=load_time_ms,
-                                   metrics=self.service.drain_metrics())
+                                   metrics=self.service.drain_metrics(),
+                                   execution=execution)
         return Frame(Kind.LOADED, loaded.SerializeToString())
 
     def _predict(self, batch: worker_pb2.PredictBatch, prepared: Any) -> Frame:
@@ -242,6 +245,25 @@ class WorkerSession:
         response = worker_pb2.Response(request_id=request_id, status=status, body=body,
                                        content_type=content_type)
         self._send(Frame(Kind.PARTIAL, response.SerializeToString()))
+
+
+#: How the model log says each Execution mode (backend/handlers/graphs.py).
+_MODE_WORDS = {"cuda_graphs": "as CUDA graphs", "padded": "padded, eagerly",
+               "eager": "eagerly, at their own size"}
+
+
+def describe_execution(execution: worker_pb2.Execution) -> str:
+    """How the model runs its batches, for the model log ("" when it did not say)."""
+    if not execution.mode:
+        return ""
+    text = f"; its batches run {_MODE_WORDS.get(execution.mode, execution.mode)}"
+    if execution.batch_buckets:
+        text += f" in buckets {list(execution.batch_buckets)}"
+    if execution.graph_pool_bytes:
+        text += f", the graphs' pool {execution.graph_pool_bytes / 2**20:.1f} MiB"
+    if execution.fallback_reason:
+        text += f" ({execution.fallback_reason})"
+    return text
 
 
 def error_frame(code: worker_pb2.ErrorCode, message: str, batch_id: int = 0) -> Frame:

@@ -20,6 +20,7 @@ from frontend.errors import ServiceUnavailable
 from frontend.models import archive as archives
 from frontend.models.dependencies import NO_ENVIRONMENT, ModelEnvironment
 from frontend.observe.status import ModelStatus, WorkerStatus
+from frontend.serving import buckets
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.placement import Placement
 from frontend.serving.policies import make_policy
@@ -91,6 +92,9 @@ class Model:
                                    capacity=settings.job_queue_size, policy=policy(),
                                    on_formed=launch.events.formed)
         self.workers: list[Worker] = []
+        #: The batch buckets in effect (``buckets.in_effect`` of its workers' reports; empty:
+        #: none), known to its batcher's policy once a worker has loaded.
+        self.buckets = buckets.NO_BUCKETS
         #: Set when a worker fails: all of them may be down (only then is it worked out).
         self._maybe_down = False
 
@@ -132,6 +136,20 @@ class Model:
         if self._all_workers_down() and self.batcher.depth:
             self.batcher.fail_queued(self._down_error())
 
+    def _worker_loaded(self) -> None:
+        """A worker (re)loaded the model: the buckets in effect are those its workers that are
+        up report (docs/batching.md, "Batch buckets"); they are kept while none is up."""
+        reports = [worker.execution.buckets for worker in self.workers
+                   if worker.is_up and worker.execution is not None]
+        if not reports:
+            return
+        self.buckets = buckets.in_effect(reports)
+        batchers = {id(worker.batcher): worker.batcher for worker in self.workers}
+        if isinstance(self.batcher, Batcher):
+            batchers[id(self.batcher)] = self.batcher
+        for batcher in batchers.values():
+            batcher.use_buckets(self.buckets)
+
     def start_workers(self, count: int) -> list[Worker]:
         started = []
         threads = self._placement.threads(count)
@@ -145,7 +163,7 @@ class Model:
                             if self.uses_gpus else None,
                             self._placement.cpus(), threads,
                             self._sequences_go_on if self.sequences is not None else None,
-                            self._worker_down, self._model_log, lane)
+                            self._worker_down, self._model_log, lane, self._worker_loaded)
             self.workers.append(worker)
             started.append(worker)
         return started
@@ -161,6 +179,7 @@ class Model:
             return self.start_workers(min_workers - len(self.workers))
         surplus = self.workers[min_workers:]
         del self.workers[min_workers:]
+        self._worker_loaded()  # the workers left may agree on more buckets
         await asyncio.gather(*(worker.stop(drain_timeout_s) for worker in surplus))
         return []
 
@@ -221,5 +240,5 @@ class Model:
             self.batcher.capacity,
             tuple(WorkerStatus(worker.id, worker.state.value, worker.is_up, worker.in_flight,
                                worker.restarts, worker.pid, worker.gpu_id,
-                               worker.working_since)
-                  for worker in self.workers))
+                               worker.working_since, worker.execution)
+                  for worker in self.workers), self.buckets)

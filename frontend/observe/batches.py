@@ -1,13 +1,16 @@
 """What is kept of each registered model version's batches, from their events: why they left
 the queue and how full they were (``DispatchStats``: ``batchserve_dispatch_total``,
 ``batchserve_batch_fill``, describe's ``dispatchReasons`` and ``batchFill``, the live page's
-reasons and fill), and the recent batches' sizes with the totals (describe's
-``recentBatchSizes``, ``batchesTotal``, ``requestsTotal``). docs/batches.md says how to read
-them.
+reasons and fill), the recent batches' sizes with the totals (describe's
+``recentBatchSizes``, ``batchesTotal``, ``requestsTotal``), and how the batches fitted their
+workers' batch buckets (``BucketCounts``: the ``batchserve_batch_bucket_*`` and
+``batchserve_batch_padding_rows_total`` counters, describe's ``buckets``, the live page's hits
+and padding). docs/batches.md says how to read them.
 
 The reasons are counted when a batch leaves the queue (``batch_formed``, subscribed only while
-``dispatch_stats`` is on); the sizes when its answer comes back (``batch_ended``). A version's
-records start afresh when it is registered and go when it is removed.
+``dispatch_stats`` is on); the sizes and the buckets when its answer comes back
+(``batch_ended``). A version's records start afresh when it is registered and go when it is
+removed.
 """
 
 from __future__ import annotations
@@ -89,14 +92,42 @@ class DispatchStats:
         return {reason: count for reason, count in reasons.items() if count}, summary
 
 
+class BucketCounts:
+    """How a model version's batches fitted the batch buckets of the workers that ran them
+    (``Batch.rows``): the batches that ran padded to buckets, those of them that needed no
+    padding row (hits), the rows run and, of those, the padding."""
+
+    __slots__ = ("batches", "hits", "padded_rows", "rows")
+
+    def __init__(self) -> None:
+        self.batches = self.hits = self.rows = self.padded_rows = 0
+
+    def add(self, items: int, rows: int) -> None:
+        self.batches += 1
+        self.rows += rows
+        padding = rows - items
+        if padding:
+            self.padded_rows += padding
+        else:
+            self.hits += 1
+
+    def fields(self) -> dict[str, object]:
+        """Describe's and the live page's: the totals, and the padding's share of the rows."""
+        return {"batches": self.batches, "hits": self.hits, "rows": self.rows,
+                "paddedRows": self.padded_rows,
+                "paddingShare": round(self.padded_rows / self.rows, 3) if self.rows else 0.0}
+
+
 class ModelBatches:
     """One model version's batches: why they left (``dispatch``), the sizes of the recent
-    ones, and how many batches and requests came back in all."""
+    ones, how many batches and requests came back in all, and how they fitted their workers'
+    batch buckets (``buckets``)."""
 
-    __slots__ = ("batches_total", "dispatch", "recent_sizes", "requests_total")
+    __slots__ = ("batches_total", "buckets", "dispatch", "recent_sizes", "requests_total")
 
     def __init__(self, dispatch_stats: bool = True) -> None:
         self.dispatch = DispatchStats(enabled=dispatch_stats)
+        self.buckets = BucketCounts()
         self.recent_sizes: collections.deque[int] = collections.deque(maxlen=RECENT_BATCHES)
         self.batches_total = 0
         self.requests_total = 0
@@ -129,13 +160,16 @@ class BatchRecords:
 
     def batch_ended(self, key: ModelKey, batch: Batch, jobs: Sequence[JobFacts],
                     result: worker_pb2.PredictResult | None) -> None:
-        """A batch's reply came back (answered or failed as a whole): its size."""
+        """A batch's reply came back (answered or failed as a whole): its size, and how it
+        fitted its worker's batch buckets."""
         model = self._models.get(key)
         if model is None or not batch.replied:
             return
         model.recent_sizes.append(len(jobs))
         model.batches_total += 1
         model.requests_total += len(jobs)
+        if batch.rows:
+            model.buckets.add(batch.items, batch.rows)
 
     def families(self) -> Iterator[Family]:
         """Why each version's batches left, and how full they were (read when scraped)."""
@@ -153,3 +187,23 @@ class BatchRecords:
             add_histogram_series(fill, FILL_LABELS, key, _FILL_LE, list(stats.fill_counts),
                                  stats.fill_sum)
         yield from (reasons, fill)
+        yield from self._bucket_families()
+
+    def _bucket_families(self) -> Iterator[Family]:
+        """How each version's batches fitted its workers' batch buckets: a version has these
+        series once a batch of it ran padded to buckets (docs/batches.md)."""
+        families = [(Family(name, text, "counter"), field) for name, text, field in (
+            ("batchserve_batch_bucket_batches_total",
+             "Batches run by a worker that pads them to its batch buckets", "batches"),
+            ("batchserve_batch_bucket_hits_total",
+             "Of those, batches that needed no padding row (their size fills their buckets)",
+             "hits"),
+            ("batchserve_batch_bucket_rows_total",
+             "Rows those batches ran as: their items and the padding", "rows"),
+            ("batchserve_batch_padding_rows_total",
+             "Rows of padding added to those batches to reach a bucket", "padded_rows"))]
+        for key, model in list(self._models.items()):
+            if model.buckets.batches:
+                for family, field in families:
+                    family.add(MODEL_LABELS, key, float(getattr(model.buckets, field)))
+        yield from (family for family, _ in families)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from frontend.observe import timeseries
-from frontend.observe.batches import ModelBatches
+from frontend.observe.batches import BucketCounts, ModelBatches
 from frontend.observe.events import Batch, JobFacts, ModelKey
 from frontend.observe.metrics import ServerMetrics
 from frontend.observe.status import ModelStatus, Statuses
@@ -83,6 +83,8 @@ class _Reading:
     families: frozenset[str] = frozenset()
     refused: float = 0.0
     busy_s: dict[str, float] = field(default_factory=dict)
+    #: Its batches that ran padded to batch buckets, their hits, rows and padded rows.
+    buckets: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 def _histogram(readings: ByModel[Buckets], model: ModelStatus) -> Buckets | None:
@@ -257,6 +259,8 @@ class Dashboard:
                 timeseries.of_model(histograms[PHASES], model.name, model.version), "phase")
         batches = self._metrics.records.of(model.name, model.version)
         if batches is not None:
+            counts = batches.buckets
+            reading.buckets = (counts.batches, counts.hits, counts.rows, counts.padded_rows)
             stats = batches.dispatch
             if stats.enabled:  # dispatch_stats=false: nothing kept, no plot
                 reading.fill = Buckets(tuple(stats.bounds),
@@ -317,6 +321,11 @@ class Dashboard:
         if now.reasons and both & set(REASONS):
             row["reasons"] = {reason: per_s(count - before.reasons.get(reason, 0.0))
                               for reason, count in now.reasons.items()}
+        bucketed, hits, rows, padded = (later - earlier for later, earlier in
+                                        zip(now.buckets, before.buckets, strict=True))
+        if bucketed > 0 and rows > 0:  # batches ran padded to buckets in the second
+            row["buckets"] = {"batches": per_s(bucketed), "hitShare": _round(hits / bucketed),
+                              "paddingShare": _round(padded / rows)}
         busy = {worker: _round(min(1.0, max(0.0, (spent - before.busy_s.get(worker, spent))
                                              / elapsed)), 3)
                 for worker, spent in now.busy_s.items()}
@@ -372,8 +381,12 @@ def _model_state(model: ModelStatus, batches: ModelBatches | None) -> dict[str, 
         "batchesTotal": batches.batches_total if batches is not None else 0,
         "requestsTotal": batches.requests_total if batches is not None else 0,
         "recentBatchSizes": list(batches.recent_sizes) if batches is not None else [],
+        "buckets": {"sizes": list(model.buckets),
+                    **(batches.buckets if batches is not None else BucketCounts()).fields()},
         "workers": [{"id": worker.id, "state": worker.state, "inFlight": worker.in_flight,
-                     "restarts": worker.restarts, "pid": worker.pid, "gpuId": worker.gpu_id}
+                     "restarts": worker.restarts, "pid": worker.pid, "gpuId": worker.gpu_id,
+                     **({"execution": worker.execution.fields()}
+                        if worker.execution is not None else {})}
                     for worker in model.workers],
     }
 

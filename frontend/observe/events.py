@@ -57,8 +57,8 @@ class Batch:
     the same one), except the ``frontend_marks``."""
 
     __slots__ = ("__weakref__", "answered", "ended_at", "frontend_marks", "handler_ms",
-                 "items", "left_at", "limit", "reason", "replied", "service_s", "since",
-                 "step_ms", "steps", "worker")
+                 "items", "left_at", "limit", "reason", "replied", "rows", "service_s",
+                 "since", "step_ms", "steps", "worker")
 
     def __init__(self, reason: str, items: int, limit: int, left_at: float,
                  since: float) -> None:
@@ -71,6 +71,9 @@ class Batch:
         self.since = since
         #: The id of the worker it was sent to ("" until sent).
         self.worker = ""
+        #: The rows that worker runs it as: its items padded to the worker's batch buckets
+        #: (frontend/serving/buckets.py); 0 until sent, and when the worker runs any size.
+        self.rows = 0
         #: When its reply was read, or it was given up (timed out, its worker died).
         self.ended_at = 0.0
         #: Seconds its worker had it: from when the worker could start it to ``ended_at``.

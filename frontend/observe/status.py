@@ -9,6 +9,26 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
+class ExecutionStatus:
+    """How a worker runs its model's batches, as it reported when it loaded (``Execution`` in
+    protos/worker.proto; the worker's word, never the frontend's guess)."""
+
+    #: "cuda_graphs", "padded" or "eager" (a handler that says nothing runs eagerly).
+    mode: str = "eager"
+    #: The padded batch sizes, ascending (empty: any size).
+    buckets: tuple[int, ...] = ()
+    #: Why CUDA graphs were asked for and not used ("" otherwise).
+    fallback_reason: str = ""
+    #: Device memory of the graphs' pool and their static buffers.
+    graph_pool_bytes: int = 0
+
+    def fields(self) -> dict[str, object]:
+        """As describe and the live page show it."""
+        return {"mode": self.mode, "batchBuckets": list(self.buckets),
+                "fallbackReason": self.fallback_reason, "graphPoolBytes": self.graph_pool_bytes}
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerStatus:
     """One worker slot now."""
 
@@ -23,6 +43,8 @@ class WorkerStatus:
     gpu_id: int | None
     #: time.monotonic() since when it has been on the batch it is on (None: idle).
     working_since: float | None = None
+    #: How it runs batches, as its life now (or its last) reported (None: not loaded yet).
+    execution: ExecutionStatus | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +61,8 @@ class ModelStatus:
     queue_depth: int
     queue_capacity: int
     workers: tuple[WorkerStatus, ...] = ()
+    #: The batch buckets in effect for its batcher (empty: none; ``Model.buckets``).
+    buckets: tuple[int, ...] = ()
 
     @property
     def restarts(self) -> int:

@@ -236,6 +236,9 @@ def describe_model(model: Model, records: BatchRecords,
             # Why the recent batches left the queue, and how full they were (docs/batches.md).
             "dispatchReasons": reasons,
             "batchFill": fill,
+            # The batch buckets in effect (its workers' executions agree on them) and how its
+            # batches fitted them since it was registered (docs/batching.md).
+            "buckets": {"sizes": list(model.buckets), **batches.buckets.fields()},
             **({"openSequences": model.sequences.open_sequences}
                if model.sequences is not None else {}),
         },
@@ -261,6 +264,10 @@ def describe_worker(worker: Worker, gpu_usage: Mapping[int, str] | None = None
         # READY: its handler initialised and warmed up.
         **({"startMode": worker.start_mode.value} if worker.start_mode is not None else {}),
         **({"loadTimeMs": round(worker.load_time_ms)} if worker.load_time_ms is not None
+           else {}),
+        # How it runs batches: its mode, batch buckets, why it fell back from CUDA graphs,
+        # their memory pool, as the worker reported when it loaded.
+        **({"execution": execution.fields()} if (execution := worker.execution) is not None
            else {}),
         **({"cpus": list(worker.cpus)} if worker.cpus else {}),
         **({"cpuThreads": worker.threads} if worker.threads else {}),

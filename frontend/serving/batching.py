@@ -316,6 +316,7 @@ class Batcher:
             fail_jobs(jobs, ServiceUnavailable("the worker could not take the batch"))
 
     def _release_free(self) -> None:
+        owed = False  # the policy kept jobs back for the next free worker: they go at once
         while self._parked:
             now = self._clock()
             self._expire(now)
@@ -325,8 +326,8 @@ class Batcher:
             since = self._collecting_since
             if since is None:
                 since = self._collecting_since = now
-            waited_s = now - since
-            wait = self.policy.wait_s(self._queued_weight, waited_s, len(self._parked), now)
+            waited_s, queued, idle = now - since, self._queued_weight, len(self._parked)
+            wait = 0.0 if owed else self.policy.wait_s(queued, waited_s, idle, now)
             if wait > MIN_WAIT_S:
                 left = self._before_deadline(now)
                 if left >= wait:
@@ -338,7 +339,9 @@ class Batcher:
                 reason = DEADLINE
             else:
                 reason = self._reason(waited_s)
-            jobs = self._take(now, since, reason)
+            limit = self.policy.batch_items(queued, idle, now)
+            jobs = self._take(now, since, reason, limit)
+            owed = limit < min(queued, self.max_batch_size)
             self._collecting_since = now if self._queue else None
             self._hand(self._parked.popleft(), jobs)
 
@@ -386,10 +389,17 @@ class Batcher:
         if not self._queue or self.policy.wait_s(self._queued_weight, 0.0,
                                                  len(self._parked) + 1, now) > MIN_WAIT_S:
             return None
-        jobs = self._take(now, now, self._reason(0.0))
+        # The jobs the policy keeps back wait for this worker (the caller): the policy's
+        # rule for one free worker.
+        jobs = self._take(now, now, self._reason(0.0),
+                          self.policy.batch_items(self._queued_weight, 1, now))
         if not self._queue or not self._parked:
             self._collecting_since = None
         return jobs
+
+    def use_buckets(self, buckets: tuple[int, ...]) -> None:
+        """The model's batch buckets, for the policy (frontend/serving/buckets.py)."""
+        self.policy.use_buckets(buckets)
 
     def completed(self, size: int, service_s: float) -> None:
         """A worker answered a batch of ``size`` in ``service_s`` (feeds the policy)."""
@@ -399,14 +409,15 @@ class Batcher:
         else:
             self._service_s += SERVICE_ALPHA * (service_s - self._service_s)
 
-    def _take(self, now: float, since: float, reason: str) -> list[Job]:
+    def _take(self, now: float, since: float, reason: str, limit: int = 0) -> list[Job]:
         """The next batch out of the queue (``since``: when a free worker began collecting it;
-        ``reason``: why it leaves)."""
-        # Up to max_batch_size items; the first job always goes, so a request with more
-        # instances than that is processed whole rather than rejected (KServe's rule).
+        ``reason``: why it leaves), of up to ``limit`` items (0: ``max_batch_size``)."""
+        # The first job always goes, so a request with more instances than the limit is
+        # processed whole rather than rejected (KServe's rule).
+        limit = limit or self.max_batch_size
         batch = [self._queue.popleft()]
         items = batch[0].weight
-        while self._queue and items + self._queue[0].weight <= self.max_batch_size:
+        while self._queue and items + self._queue[0].weight <= limit:
             job = self._queue.popleft()
             items += job.weight
             batch.append(job)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from frontend.errors import InternalError, WorkerDied, worker_error
 from frontend.observe.events import NO_EVENTS, Batch, ModelEvents
 from frontend.serving.batching import Batcher, Job, fail_jobs
+from frontend.serving.buckets import NO_BUCKETS, padded_rows
 from protos import worker_pb2
 from protos.framing import Frame, Kind
 
@@ -41,6 +42,9 @@ class PredictExchange:
         #: The frontend's own time on each batch is read (TorchServe's WorkerThreadTime): its
         #: frame, and its reply until its answers are delivered, are marked.
         self._marks = events.frontend_time
+        #: The batch buckets of the worker's life now (its ``Execution``): each batch's facts
+        #: note the rows it runs as.
+        self.buckets = NO_BUCKETS
 
     def frame(self, jobs: list[Job]) -> Frame:
         """The PREDICT frame of a batch of ``jobs`` (each learns its batch's name)."""
@@ -54,6 +58,8 @@ class PredictExchange:
         facts = jobs[0].batch
         if facts is not None:
             facts.worker = self._worker_id
+            if self.buckets:
+                facts.rows = padded_rows(facts.items, self.buckets)
             if self._marks:
                 facts.frontend_marks = [began, time.perf_counter()]
         return frame

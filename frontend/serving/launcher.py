@@ -30,7 +30,9 @@ from frontend.errors import GatewayTimeout, InternalError, WorkerDied
 from frontend.observe.events import NO_EVENTS, ModelEvents
 from frontend.observe.logs import log_output, output_lines
 from frontend.observe.model_metrics import METRICS_MARK
+from frontend.observe.status import ExecutionStatus
 from frontend.processes import python_module, worker_environment
+from frontend.serving.buckets import normalise
 from frontend.serving.connection import WorkerConnection, WorkerProcess
 from frontend.serving.forkserver import ForkOrder, ForkServer, ForkUnavailable
 from frontend.serving.wire import read_frame
@@ -123,6 +125,8 @@ class Launcher:
         self.start_mode: StartMode | None = None
         #: Milliseconds from this life's start until it was READY (None until it is).
         self.load_time_ms: float | None = None
+        #: How this life runs batches, as its LOADED said (None until it is loaded).
+        self.execution: ExecutionStatus | None = None
         self._started_at = time.monotonic()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self._log_tasks: list[asyncio.Task[None]] = []
@@ -194,7 +198,7 @@ class Launcher:
         """Fork the worker from the fork server, or, where that is not possible (or not
         wanted), start it as a fresh interpreter."""
         launch = self.launch
-        self.load_time_ms = None
+        self.load_time_ms = self.execution = None
         environment = self._environment()
         if launch.forkserver is not None:
             order = ForkOrder(name=self.name, socket_path=str(path), environment=environment,
@@ -281,6 +285,13 @@ class Launcher:
             logger.info("%s (%s) is ready %.0f ms after its start (the handler took %.0f ms)",
                         self.name, self.start_mode.value if self.start_mode else "-",
                         self.load_time_ms, loaded.load_time_ms)
+            self.execution = execution = execution_of(loaded.execution)
+            if execution.buckets or execution.fallback_reason:
+                logger.info("%s runs its batches %s%s%s", self.name, execution.mode,
+                            f" in batch buckets {list(execution.buckets)}"
+                            if execution.buckets else "",
+                            f" (it fell back: {execution.fallback_reason})"
+                            if execution.fallback_reason else "")
             if launch.events.loaded is not None:
                 launch.events.loaded(self.name, self.load_time_ms, loaded.metrics)
             return
@@ -289,6 +300,13 @@ class Launcher:
             raise WorkerStartError(f"Failed to load model {launch.load.model_name!r}: "
                                    f"{error.message}")
         raise WorkerStartError(f"{self.name} sent {reply.kind.name} instead of LOADED")
+
+
+def execution_of(reported: worker_pb2.Execution) -> ExecutionStatus:
+    """A worker's ``Execution`` as it reported it (its buckets ascending, each once; no mode
+    is "eager")."""
+    return ExecutionStatus(reported.mode or "eager", normalise(reported.batch_buckets),
+                           reported.fallback_reason, reported.graph_pool_bytes)
 
 
 def describe_error(exc: BaseException) -> str:

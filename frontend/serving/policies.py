@@ -9,14 +9,18 @@ replays whole workloads through the real Batcher in simulated time.
 * ``FixedPolicy`` is TorchServe's rule: dispatch when ``max_batch_size`` jobs are queued, else
   ``max_delay_s`` after the worker found the first one.
 * ``AdaptivePolicy`` (the default) waits only while the jobs it expects are close enough to pay
-  for the wait, and never past ``max_delay_s``. docs/batching.md derives its rule.
+  for the wait, and never past ``max_delay_s``. docs/batching.md derives its rule. Told the
+  batch sizes the model's workers run without padding (``use_buckets``, issue 33), it prefers
+  batches of those sizes where that costs no job any latency, and never waits longer for them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Protocol
 
+from frontend.serving.buckets import BucketTable
 from frontend.settings import PolicyName
 
 
@@ -53,6 +57,17 @@ class BatchPolicy(Protocol):
         """
         ...
 
+    def use_buckets(self, buckets: Sequence[int]) -> None:
+        """The model's batch buckets (ascending; empty: its workers run any size as it is):
+        a batch of n items runs as ``buckets.padded_rows(n)`` rows."""
+        ...
+
+    def batch_items(self, queued: int, idle_workers: int, now: float) -> int:
+        """The most items the batch leaving now may take, of ``queued`` (``max_batch_size``:
+        as many as fit); ``idle_workers`` and ``now`` as ``wait_s``'s. Must not change the
+        policy's state."""
+        ...
+
 
 def _check_limits(max_batch_size: int, max_delay_s: float) -> None:
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) \
@@ -82,6 +97,12 @@ class FixedPolicy:
         if queued >= self.max_batch_size:
             return 0.0
         return self.max_delay_s - waited_s
+
+    def use_buckets(self, buckets: Sequence[int]) -> None:
+        pass  # TorchServe's rule knows no buckets: a batch is padded in the worker
+
+    def batch_items(self, queued: int, idle_workers: int, now: float) -> int:
+        return self.max_batch_size
 
 
 #: Arrivals the rate estimate looks back over. A window of arrivals (not of time) adapts as fast
@@ -172,7 +193,15 @@ class AdaptivePolicy:
 
     It dispatches at once when the queue holds ``max_batch_size``, while another worker is
     idle, before the first batch has completed, and never waits past ``max_delay_s``.
-    docs/batching.md has the derivation and simulated numbers.
+
+    With batch buckets (``use_buckets``, issue 33) a batch costs what its padded rows cost (a
+    second line, fitted over rows). A wait is the shorter of the wait without buckets and the
+    same tests on that line with the padding a wait would land the batch in charged: it may end
+    sooner at a bucket, never later. And a batch leaves at the largest size that needs no
+    padding (``batch_items``: 4 of 5 queued, with buckets 4 and 8, as Triton's preferred batch
+    sizes) when the rest is not held up by it: another worker is free to take the rest at once,
+    or the rest, run alone right after, is done no later than in the padded batch, which then
+    costs the worker more than both. docs/batching.md has the derivation and simulated numbers.
     """
 
     __slots__ = (
@@ -186,6 +215,8 @@ class AdaptivePolicy:
         "_echo_samples",
         "_fit",
         "_next",
+        "_rows_fit",
+        "_table",
         "max_batch_size",
         "max_delay_s",
     )
@@ -205,6 +236,10 @@ class AdaptivePolicy:
         self._echo_delay_s = 0.0
         self._echo_deviation_s = 0.0
         self._echo_samples = 0
+        #: The batch buckets' arithmetic up to max_batch_size (None: no buckets), and the
+        #: service time as a line of the padded rows the workers ran.
+        self._table: BucketTable | None = None
+        self._rows_fit = _ServiceFit()
 
     # -- hooks ------------------------------------------------------------------------------
 
@@ -220,6 +255,8 @@ class AdaptivePolicy:
 
     def on_completed(self, size: int, service_s: float, now: float) -> None:
         self._fit.add(size, service_s)
+        if self._table is not None:  # the worker ran the batch's padded rows
+            self._rows_fit.add(self._table.rows_of(size), service_s)
         self._expire_echoes(now)
         self._echo_outstanding += max(size, 0)
         self._echo_at = now
@@ -233,16 +270,29 @@ class AdaptivePolicy:
             return 0.0
         if self._fit.count == 0:
             return 0.0  # the cost of a batch is unknown: nothing says waiting pays
+        wait = self._wait(queued, missing, budget, now, self._fit, None)
+        if wait > 0 and self._table is not None and self._rows_fit.count:
+            # The same tests, the cost a line of the padded rows and the padding charged: a
+            # bucket-aware wait that is never longer than the wait without buckets.
+            wait = min(wait, self._wait(queued, missing, budget, now, self._rows_fit,
+                                        self._table))
+        return min(wait, budget)
+
+    def _wait(self, queued: int, missing: int, budget: float, now: float, fit: _ServiceFit,
+              table: BucketTable | None) -> float:
+        """``wait_s`` with the cost of a batch ``fit`` (and its padding to ``table``'s
+        buckets), the guards passed."""
         # What splitting costs: the late jobs pay a second batch's fixed cost a, while
         # joining this batch costs each queued job b per newcomer.
-        saving_s = self._fit.overhead_s - self._fit.per_item_s * queued
+        saving_s = fit.overhead_s - fit.per_item_s * queued
         wait = 0.0
         gap = self.mean_gap_s()
         if gap is not None and gap > 0:
             last = self._last_arrival()
             expected = min(float(missing), budget / gap)
             if (now < last + STALE_GAPS * gap and expected >= 1
-                    and (queued + expected) * gap < saving_s):
+                    and (queued + expected) * gap
+                    < saving_s - _padding_s(table, fit, queued, expected)[0] / expected):
                 # Until the batch should be full; asked again on every arrival, it lets go
                 # once no job has come for STALE_GAPS gaps (the stream has paused).
                 wait = last + max(float(missing), STALE_GAPS) * gap - now
@@ -254,17 +304,44 @@ class AdaptivePolicy:
             expected = min(float(missing), self._echo_ratio * self._echo_outstanding)
             # Splitting also keeps the worker busy a - H longer, right when the queued jobs'
             # own echoes come back: they pay that too.
-            behind_s = self._echo_ratio * queued * max(0.0, self._fit.overhead_s - horizon_s)
+            behind_s = self._echo_ratio * queued * max(0.0, fit.overhead_s - horizon_s)
             # A closed loop repeats its rounds: splitting this one into two batches costs the
             # fixed overhead a once more every round, and joining costs only the echoes' delay.
             # So echoes (more likely than not to come) are waited for when they come sooner
             # than a, even where this round alone would be served sooner split.
-            rounds_pay = expected > 0.5 and horizon_s < self._fit.overhead_s
+            padding_s, round_padding_s = _padding_s(table, fit, queued, expected)
+            rounds_pay = expected > 0.5 and horizon_s < fit.overhead_s - round_padding_s
             if (now < self._echo_at + horizon_s and expected > 0
                     and (rounds_pay or (queued + expected) * horizon_s
-                         < expected * saving_s + behind_s)):
+                         < expected * saving_s + behind_s - padding_s)):
                 wait = max(wait, self._echo_at + horizon_s - now)
-        return min(wait, budget)
+        return wait
+
+    def use_buckets(self, buckets: Sequence[int]) -> None:
+        table = BucketTable(buckets, self.max_batch_size) if buckets else None
+        if table is None or self._table is None or table.buckets != self._table.buckets:
+            self._rows_fit = _ServiceFit()  # a line of other rows: learnt afresh
+        self._table = table
+
+    def batch_items(self, queued: int, idle_workers: int, now: float) -> int:
+        limit, table = self.max_batch_size, self._table
+        if table is None:
+            return limit
+        items = min(queued, limit)
+        fits = table.fits[items]  # the largest batch of at most ``items`` with no padding
+        if fits in (0, items):
+            return limit
+        if idle_workers > 1:
+            return fits  # the rest goes to another free worker at once (the Batcher's rule)
+        if self._rows_fit.count == 0:
+            return limit  # the cost of a batch is unknown: as without buckets
+        # The rest, run alone right after, is done no later than in the padded batch (and the
+        # worker is busy less long): a + b*(fits + R(rest)) < b*R(items).
+        rows, fit = table.rows, self._rows_fit
+        if fit.overhead_s + fit.per_item_s * (fits + rows[items - fits]) \
+                < fit.per_item_s * rows[items]:
+            return fits
+        return limit
 
     # -- estimates (read-only, also for tests and metrics) ----------------------------------
 
@@ -306,6 +383,23 @@ class AdaptivePolicy:
             self._echo_deviation_s += ECHO_DEVIATION_GAIN * (abs(error) - self._echo_deviation_s)
             self._echo_delay_s += ECHO_DELAY_GAIN * error
         self._echo_samples += 1
+
+
+def _padding_s(table: BucketTable | None, fit: _ServiceFit, queued: int, expected: float
+               ) -> tuple[float, float]:
+    """What padding to ``table``'s buckets adds to joining the ``expected`` jobs to the
+    ``queued`` ones, beyond what ``fit``'s line charges (0 without buckets, and never below 0:
+    padding may end a wait sooner, never later): the jobs' completion seconds in all, and the
+    worker's seconds a round. With R the padded rows, j jobs joining q cost the q
+    b*(R(q+j) - R(q) - j) more, and the j b*(R(q+j) - R(q) - R(j)) more than a batch of their
+    own (docs/batching.md)."""
+    if table is None:
+        return 0.0, 0.0
+    rows, per_row = table.rows, fit.per_item_s
+    joining = max(1, min(len(rows) - 1 - queued, round(expected)))
+    both, alone = rows[queued + joining], rows[queued] + rows[joining]
+    extra = queued * (both - rows[queued] - joining) + joining * (both - alone)
+    return per_row * max(0, extra), per_row * max(0, both - alone)
 
 
 def make_policy(name: str, max_batch_size: int, max_delay_s: float) -> BatchPolicy:

@@ -4,7 +4,8 @@
 the Dispatcher take both (their ``clock`` and ``call_later`` arguments), so tests drive them
 without sleeping, and ``simulate`` runs minutes of traffic in milliseconds through the same
 dispatch rule the server uses: there is no second copy of it here. A simulated worker does no
-I/O; it answers each batch ``service_s(items)`` after it could start it.
+I/O; it answers each batch ``service_s(rows)`` after it could start it, ``rows`` its items
+padded to the workers' batch buckets when they have some (frontend/serving/buckets.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from frontend.serving.batching import Batcher, Job
+from frontend.serving.buckets import normalise, padded_rows
 from frontend.serving.dispatch import Dispatcher
 from frontend.serving.policies import BatchPolicy
 from protos import worker_pb2
@@ -114,10 +116,20 @@ class SimulationResult:
     throughput_per_s: float
     #: Batches per reason they left the queue (``batching.REASONS``).
     reasons: dict[str, int] = field(default_factory=dict)
+    #: With batch buckets: the batches that needed no padding, and the rows run (padding
+    #: included) and padded.
+    bucket_hits: int = 0
+    rows: int = 0
+    padded_rows: int = 0
 
     @property
     def mean_batch_size(self) -> float:
         return self.jobs / self.batches if self.batches else 0.0
+
+    @property
+    def padding_share(self) -> float:
+        """The share of the rows run that were padding (0 without buckets)."""
+        return self.padded_rows / self.rows if self.rows else 0.0
 
 
 def linear_service(overhead_s: float, per_item_s: float) -> Callable[[int], float]:
@@ -136,9 +148,13 @@ class SimulatedWorker:
     answers its jobs."""
 
     def __init__(self, time: SimulatedTime, service_s: Callable[[int], float],
-                 batcher: Batcher, answer: Callable[[list[Job]], None]) -> None:
+                 batcher: Batcher, answer: Callable[[list[Job]], None],
+                 buckets: tuple[int, ...] = ()) -> None:
         self.on_partial: Callable[[worker_pb2.Response], None] | None = None
         self.batches = 0
+        #: Its batch buckets (it pads each batch to them), its hits, rows run and padded.
+        self.buckets = buckets
+        self.hits = self.rows = self.padded = 0
         self._time = time
         self._service_s = service_s
         self._batcher = batcher
@@ -149,7 +165,11 @@ class SimulatedWorker:
 
     def frame(self, jobs: list[Job]) -> Frame:
         # The Dispatcher builds a batch's frame right before it sends it.
-        self._items = sum(job.weight for job in jobs)
+        items = sum(job.weight for job in jobs)
+        self._items = rows = padded_rows(items, self.buckets)
+        self.rows += rows
+        self.padded += rows - items
+        self.hits += rows == items
         return _PREDICT
 
     def finish(self, jobs: list[Job], reply: Frame, took_s: float) -> Callable[[], None]:
@@ -191,6 +211,8 @@ def simulate(
     batches_in_flight: int = 1,
     duration_s: float = 10.0,
     seed: int = 0,
+    buckets: tuple[int, ...] = (),
+    policy_knows_buckets: bool = True,
 ) -> SimulationResult:
     """Replay a workload through a real Batcher driven by ``policy`` and one real Dispatcher per
     simulated worker, in simulated time.
@@ -198,21 +220,21 @@ def simulate(
     Load is open (Poisson arrivals at ``rate_per_s``) or closed (``clients`` that each send their
     next request ``think_s`` (0.5-1.5x, uniform) after their answer). Requests are sent for
     ``duration_s``; the run ends when all are answered. ``batches_in_flight`` is the server's
-    setting of that name (1: TorchServe's one batch per worker). The queue is unbounded and no
-    batch times out.
+    setting of that name (1: TorchServe's one batch per worker). With ``buckets`` the workers
+    pad each batch to them (its service time is that of its rows), and the batcher is told them
+    as the server tells it once its workers load, unless ``policy_knows_buckets`` is False (as
+    before issue 33). The queue is unbounded and no batch times out.
     """
-    if (rate_per_s is None) == (clients is None):
-        raise ValueError("give exactly one of rate_per_s (open loop) or clients (closed loop)")
-    if max_batch_size < 1 or workers < 1 or batches_in_flight < 1:
-        raise ValueError("max_batch_size, workers and batches_in_flight must be >= 1")
-    if rate_per_s is not None and rate_per_s <= 0:
-        raise ValueError("rate_per_s must be > 0")
+    _check_load(rate_per_s, clients, max_batch_size, workers, batches_in_flight)
     rng = random.Random(seed)
     time = SimulatedTime()
     reasons: collections.Counter[str] = collections.Counter()
     batcher = Batcher(max_batch_size=max_batch_size, capacity=sys.maxsize, policy=policy,
                       clock=time, call_later=time.call_later,
                       on_formed=lambda batch: reasons.update((batch.reason,)))
+    buckets = normalise(buckets)
+    if policy_knows_buckets:
+        batcher.use_buckets(buckets)
     request, response = worker_pb2.Request(), worker_pb2.Response(status=200)
     latencies: list[float] = []
     ended: list[BaseException | None] = []
@@ -238,7 +260,8 @@ def simulate(
                 if following < duration_s:
                     time.call_at(following, arrive)
 
-    simulated = [SimulatedWorker(time, service_s, batcher, answer) for _ in range(workers)]
+    simulated = [SimulatedWorker(time, service_s, batcher, answer, buckets)
+                 for _ in range(workers)]
     try:
         for index, worker in enumerate(simulated):
             Dispatcher(f"W-sim-{index}", batcher, worker, timeout_s=math.inf,
@@ -255,12 +278,22 @@ def simulate(
         loop.close()
     if ended:
         raise RuntimeError(f"a simulated worker stopped: {ended[0]!r}")
-    return _summary(latencies, sum(worker.batches for worker in simulated), last_answer,
-                    dict(reasons))
+    return _summary(latencies, simulated, last_answer, dict(reasons))
 
 
-def _summary(latencies: list[float], batches: int, last_answer_s: float,
+def _check_load(rate_per_s: float | None, clients: int | None, max_batch_size: int,
+                workers: int, batches_in_flight: int) -> None:
+    if (rate_per_s is None) == (clients is None):
+        raise ValueError("give exactly one of rate_per_s (open loop) or clients (closed loop)")
+    if max_batch_size < 1 or workers < 1 or batches_in_flight < 1:
+        raise ValueError("max_batch_size, workers and batches_in_flight must be >= 1")
+    if rate_per_s is not None and rate_per_s <= 0:
+        raise ValueError("rate_per_s must be > 0")
+
+
+def _summary(latencies: list[float], simulated: list[SimulatedWorker], last_answer_s: float,
              reasons: dict[str, int]) -> SimulationResult:
+    batches = sum(worker.batches for worker in simulated)
     if not latencies:
         return SimulationResult(0, 0, 0.0, 0.0, 0.0, 0.0, reasons)
     ordered = sorted(latencies)
@@ -272,4 +305,7 @@ def _summary(latencies: list[float], batches: int, last_answer_s: float,
         p99_latency_s=ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
         throughput_per_s=len(ordered) / last_answer_s,
         reasons=reasons,
+        bucket_hits=sum(worker.hits for worker in simulated) if simulated[0].buckets else 0,
+        rows=sum(worker.rows for worker in simulated),
+        padded_rows=sum(worker.padded for worker in simulated),
     )

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from frontend.errors import WorkerDied
+from frontend.observe.status import ExecutionStatus
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.connection import WorkerConnection
 from frontend.serving.dispatch import Dispatcher
@@ -72,6 +73,7 @@ class Worker:
         on_down: Callable[[], None] | None = None,
         model_log: logging.Logger | None = None,
         lane: SequenceLane | None = None,
+        on_loaded: Callable[[], None] | None = None,
     ) -> None:
         self.id = str(number)
         self.name = f"W-{number}-{launch.load.model_name}_{launch.load.model_version}"
@@ -101,6 +103,8 @@ class Worker:
         self._stop_requested: asyncio.Future[None] = loop.create_future()
         self._dispatcher: Dispatcher | None = None
         self._on_down = on_down or (lambda: None)
+        #: Told each time a life of the worker has loaded its model (its ``execution`` is new).
+        self._on_loaded = on_loaded
         #: A stateful model's: the sequences this worker serves (``batcher`` is its batcher).
         self._lane = lane
         self._task: asyncio.Task[None]
@@ -125,6 +129,16 @@ class Worker:
     def load_time_ms(self) -> float | None:
         """Milliseconds from this life's start until it was READY (None until it is)."""
         return self._launcher.load_time_ms
+
+    @property
+    def batcher(self) -> Batcher:
+        """The queue it takes batches from (its model's, or its lane of a stateful model)."""
+        return self._batcher
+
+    @property
+    def execution(self) -> ExecutionStatus | None:
+        """How this life runs batches, as it reported when it loaded (None until then)."""
+        return self._launcher.execution
 
     @property
     def is_stopping(self) -> bool:
@@ -162,6 +176,10 @@ class Worker:
                                    ) from exc
         self.state = WorkerState.READY
         self.last_error = ""
+        execution = self._launcher.execution
+        self._exchange.buckets = execution.buckets if execution is not None else ()
+        if self._on_loaded is not None:
+            self._on_loaded()
         if self._lane is not None and not self.is_stopping:
             self._lane.came_up()
         if not self.first_start.done():

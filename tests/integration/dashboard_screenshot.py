@@ -2,7 +2,7 @@
 
     .venv/bin/python -m tests.integration.dashboard_screenshot docs/dashboard.png --seconds 75
 
-The same server and load as tests/integration/test_dashboard.py (the ``sleep`` fixture
+The same server and load as tests/integration/test_dashboard.py (the ``bucketed`` fixture
 handler, batch size 4, two workers, six clients, token authorization on), for ``--seconds``,
 then the page in headless Chromium; the PNG is reduced to 128 colours to stay small.
 """

@@ -3,8 +3,9 @@ as a user starts it (``torchserve --start --foreground``) with token authorizati
 kept under load by a few client threads for the whole module (bounded in requests and time):
 
 - its data (``/dashboard/data``): refused without the management key, and with it the model,
-  its workers and a per-second history whose numbers match the load (requests, latency,
-  batch sizes, utilisation);
+  its workers (and how each runs its batches: padded to buckets 1, 2, 4, as its handler
+  reports) and a per-second history whose numbers match the load (requests, latency, batch
+  sizes, utilisation, bucket hits and padding);
 - the page in a real browser (headless Chromium, tests/integration/browser.py): it takes the
   key from its URL's fragment (or its form), draws its plots (the page counts the points it
   drew; a screenshot shows coloured lines in each plot area), and escapes what it shows.
@@ -30,6 +31,7 @@ from tests.integration.browser import Browser
 
 MODEL = "sleepy"
 BATCH_SIZE = 4
+BUCKETS = (1, 2, 4)
 #: What each request asks the sleep handler to sleep (the largest of a batch's).
 SLEEP_S = 0.02
 #: The load, bounded: at most this many requests, for at most this long.
@@ -96,14 +98,16 @@ class Served:
 
 def start_served(root: Path) -> tuple[ServerProcess, dict[str, str]]:
     """The page's server (also the screenshot's, tests/integration/dashboard_screenshot.py):
-    the ``sleep`` handler, batch size 4, two workers, token authorization on; its keys by
-    kind (inference, management)."""
+    the ``bucketed`` handler (it sleeps what each request asks, and says it pads its batches
+    to buckets 1, 2, 4), batch size 4, two workers, token authorization on; its keys by kind
+    (inference, management)."""
     store = root / "model_store"
     store.mkdir()
     model_config = root / "model-config.yaml"
-    model_config.write_text(f"batchSize: {BATCH_SIZE}\nmaxBatchDelay: 20\n")
+    model_config.write_text(f"batchSize: {BATCH_SIZE}\nmaxBatchDelay: 20\n"
+                            f"handler:\n  toy_execution:\n    batch_buckets: {list(BUCKETS)}\n")
     build_archive(ArchiveOptions(model_name=MODEL, version="1.0",
-                                 handler=str(HANDLERS / "sleep.py"), export_path=store,
+                                 handler=str(HANDLERS / "bucketed.py"), export_path=store,
                                  force=True, config_file=str(model_config)))
     work = root / "server"
     work.mkdir()
@@ -178,6 +182,13 @@ def test_the_data_shows_the_model_its_workers_and_its_history_under_load(
     assert model["batchSize"] == BATCH_SIZE and model["policy"] == "adaptive"
     assert [worker["state"] for worker in model["workers"]] == ["READY", "READY"]
     assert all(worker["pid"] > 0 for worker in model["workers"])
+    assert [worker["execution"] for worker in model["workers"]] == [
+        {"mode": "padded", "batchBuckets": list(BUCKETS), "fallbackReason": "",
+         "graphPoolBytes": 0}] * 2
+    buckets = model["buckets"]
+    assert buckets["sizes"] == list(BUCKETS) and buckets["batches"] >= 1
+    # Only a batch of 3 is padded (to 4): a row each.
+    assert buckets["paddedRows"] == buckets["batches"] - buckets["hits"]
     sizes = model["recentBatchSizes"]
     assert sizes and max(sizes) <= BATCH_SIZE
     # Six clients, two workers: batches carry more than one request.
@@ -209,7 +220,8 @@ _PAGE_STATE = """(() => {
 })()"""
 #: The plots the load draws now (those of the request phases, batch fill and dispatch reasons
 #: draw once the server keeps those families; until then they say so).
-_DRAWN = ("c-requests", "c-queue", "c-latency", "c-batch", "c-sizes", "c-workers", "c-host")
+_DRAWN = ("c-requests", "c-queue", "c-latency", "c-batch", "c-sizes", "c-buckets",
+          "c-workers", "c-host")
 _MAYBE = ("c-phases", "c-reasons", "c-fill")
 
 
@@ -242,6 +254,12 @@ def test_the_page_draws_its_plots_in_a_browser_with_token_auth(served: Served,
         assert browser.evaluate(
             "document.querySelector('#models tbody td').textContent") == MODEL
         assert browser.evaluate("document.querySelectorAll('#workers tbody tr').length") == 2
+        # Each worker's execution, and the model's buckets, in the tables.
+        assert browser.evaluate("[...document.querySelectorAll('#workers tbody tr')].map("
+                                "(tr) => tr.children[7].textContent + ' ' + "
+                                "tr.children[8].textContent)") == ["padded 1, 2, 4"] * 2
+        assert browser.evaluate(
+            "document.querySelector('#models tbody tr').children[12].textContent") == "1, 2, 4"
         for plot in _MAYBE:
             if not page["points"][plot]:
                 assert "no data yet" in browser.evaluate(

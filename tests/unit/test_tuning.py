@@ -12,11 +12,9 @@ import pytest
 import torch
 
 from backend.errors import ModelLoadError
+from backend.handlers.buckets import MAX_DEFAULT_BUCKET, default_buckets, plan_chunks
 from backend.handlers.tuning import (
-    MAX_WARMUP_SHAPES,
     Tuning,
-    cuda_shapes,
-    padded_size,
     pt2_compile_options,
     read_tuning,
     warmup_sizes,
@@ -78,28 +76,36 @@ def test_bad_switches_fail_the_load_with_a_clear_message(config: dict[str, Any],
 
 def test_warmup_sizes() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert warmup_sizes(Tuning(), cuda, 4) == [1, 2, 3, 4]  # cuDNN tunes every shape
-    assert warmup_sizes(Tuning(), cuda, 30) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 30]
-    assert len(warmup_sizes(Tuning(), cuda, 128)) == 23
-    for batch_size in (1, 7, 8, 9, 16, 17, 128, 1000):  # every shape padded_size gives
-        assert cuda_shapes(batch_size) == sorted(
-            {padded_size(size, batch_size, cuda) for size in range(1, batch_size + 1)})
-    # Issue 31: batch_size may be as large as int32; the sizes are worked out, and bounded.
-    huge = warmup_sizes(Tuning(), cuda, 2**31 - 1)
-    assert len(huge) == MAX_WARMUP_SHAPES and huge[:9] == [1, 2, 3, 4, 5, 6, 7, 8, 16]
+    # On CUDA the warm-up runs the buckets batches run in (docs/cuda_graphs.md).
+    assert warmup_sizes(Tuning(), cuda, 4, default_buckets(4)) == [1, 2, 4]
+    assert warmup_sizes(Tuning(), cuda, 30, default_buckets(30)) == [1, 2, 4, 8, 16, 30]
+    assert len(warmup_sizes(Tuning(), cuda, 128, default_buckets(128))) == 8
+    # Issue 31: batch_size may be as large as int32; the buckets, and the warm-up, are bounded.
+    huge = warmup_sizes(Tuning(), cuda, 2**31 - 1, default_buckets(2**31 - 1))
+    assert huge[:5] == [1, 2, 4, 8, 16] and huge[-1] == MAX_DEFAULT_BUCKET
+    assert len(huge) == MAX_DEFAULT_BUCKET.bit_length()
+    # Without buckets (batch_buckets: []), CUDA warms the smallest and largest batch.
+    assert warmup_sizes(Tuning(), cuda, 30) == [1, 30]
     assert warmup_sizes(Tuning(), cpu, 4) == []
+    assert warmup_sizes(Tuning(), cpu, 4, (1, 2, 4)) == []  # padded, eager: nothing to tune
     assert warmup_sizes(Tuning(compile_options={}), cpu, 8) == [1, 8]
+    assert warmup_sizes(Tuning(compile_options={}), cpu, 8, (2, 8)) == [2, 8]
     assert warmup_sizes(Tuning(warmup=(2, 6)), cpu, 8) == [2, 6]
-    assert warmup_sizes(Tuning(warmup_off=True), cuda, 8) == []
+    # A warm-up list runs the buckets its sizes run in (chunks too: 19 is 8 + 8 + 3).
+    assert warmup_sizes(Tuning(warmup=(3, 19)), cuda, 8, (1, 2, 4, 8)) == [4, 8]
+    assert warmup_sizes(Tuning(warmup=(2**31 - 1,)), cuda, 8, (1, 2, 4, 8)) == [8]
+    assert warmup_sizes(Tuning(warmup_off=True), cuda, 8, (1, 8)) == []
 
 
 def test_on_cuda_a_batch_runs_at_a_size_the_warm_up_saw() -> None:
-    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    seen = set(warmup_sizes(Tuning(), cuda, 30))
-    for size in range(1, 31):
-        assert padded_size(size, 30, cuda) in seen
-        assert padded_size(size, 30, cuda) - size < 8
-        assert padded_size(size, 30, cpu) == size
+    cuda = torch.device("cuda", 0)
+    for batch_size in (1, 7, 8, 30, 128):
+        buckets = default_buckets(batch_size)
+        seen = set(warmup_sizes(Tuning(), cuda, batch_size, buckets))
+        for size in range(1, batch_size + 1):
+            [(start, stop, bucket)] = plan_chunks(size, buckets)
+            assert (start, stop) == (0, size) and bucket in seen
+            assert size <= bucket < 2 * size  # at most size - 1 padded rows
 
 
 def _service(tmp_path: Path, config: str, source: str = TINY_CLASSIFIER) -> ModelService:
@@ -154,16 +160,17 @@ def test_bf16_autocast_and_channels_last(tmp_path: Path) -> None:
 def test_the_padded_rows_never_reach_the_results(tmp_path: Path) -> None:
     from tests.unit.test_handlers import count_forward_calls
 
-    tmp_path.mkdir(exist_ok=True)
-    service = load(eager_model_dir(tmp_path), batch_size=30)
+    service = _service(tmp_path / "padded", """
+        handler:
+          batch_buckets: [4, 16]
+        """)
     handler = handler_of(service)
     inputs = torch.randn(11, 3, 224, 224)
     with torch.inference_mode():
-        expected = handler.inference(inputs)
-    sizes = count_forward_calls(service)
-    handler.device = torch.device("cuda", 0)  # only the padding rule looks at it here
-    with torch.inference_mode():
+        assert handler.model is not None
+        expected = handler.model(inputs)
+        sizes = count_forward_calls(service)
         padded = handler.inference(inputs)
-    assert sizes == [16]  # the model ran at a size the warm-up saw
+    assert sizes == [16]  # the model ran at a bucket's size
     assert padded.shape == expected.shape == (11, 3)
     assert torch.allclose(padded, expected, atol=1e-5)

@@ -117,6 +117,9 @@ class BaseHandler(_BackendBaseHandler):
     model_yaml_config: dict[str, Any] = {}  # replaced by initialize, never mutated
     tuning = Tuning()
     _uncompiled: torch.nn.Module | None = None
+    # On CUDA, ``inference`` replays a CUDA graph per padded batch bucket, captured at each
+    # bucket's first batch (``backend.handlers.graphs``; ``cuda_graphs: false`` opts out).
+    graphs_by_default = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -160,6 +163,7 @@ class BaseHandler(_BackendBaseHandler):
         else:
             self._load_serialized(self.model_pt_path)
         self.mapping = load_label_mapping(os.path.join(model_dir, INDEX_TO_NAME))
+        self.start_runner(context)
         self.initialized = True
 
     def _load_serialized(self, path: str) -> None:
@@ -225,6 +229,8 @@ class BaseHandler(_BackendBaseHandler):
         with forward_context(self.device, self.tuning):
             if isinstance(data, torch.Tensor):
                 data = data.to(self.device)
+            if self.runner is not None and not args and not kwargs:
+                return self.runner(data)  # in batch buckets (on CUDA: CUDA graphs)
             return self.model(data, *args, **kwargs)
 
     @timed
