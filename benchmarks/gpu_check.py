@@ -7,7 +7,7 @@ one by one, each under ``timeout``, so that one that hangs costs only its own bu
     python -m benchmarks.gpu_check resnet50 --out /tmp/gpu-out --budget 80
     python -m benchmarks.gpu_check torchserve --out /tmp/gpu-out --budget 90
     python -m benchmarks.gpu_check ipc --out /tmp/gpu-out --budget 80
-    python -m benchmarks.gpu_check all --device cpu --tiny --duration 1 --out /tmp/dry  # CPU
+    python -m benchmarks.gpu_check all --device cpu --tiny --no-torchserve --out /tmp/dry
 
 Steps (served over HTTP by a real ``torchserve --start``, closed-loop clients in several
 processes, ``max_batch_delay`` 10 ms, the GPU's utilisation sampled during each run):
@@ -26,13 +26,16 @@ processes, ``max_batch_delay`` 10 ms, the GPU's utilisation sampled during each 
   why, where there is none) on the same ResNet-152 archive and JPEGs: batch 32 and 8 with one
   worker, 16 with 2 and 4.
 
-``--tiny`` (with ``--device cpu``) swaps the models for a small ResNet and the JPEGs for
-small ones: every step's code runs in a minute or two on a CPU (the dry run of gpu_check.sh).
+``--tiny`` (with ``--device cpu``) swaps the models for a tiny convnet under the same names,
+the JPEGs for small ones and each step's plan for its fewest runs (ResNet-152: the lone client
+and bf16; ResNet-50: one; ipc: 1 then 2 sharing workers); ``all`` runs every step in one call
+sharing one server: the dry run of gpu_check.sh, a few seconds of serving on a CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -53,9 +56,7 @@ from benchmarks.gpu_result import (
     RESNET152,
     SATURATION,
     TORCHSERVE,
-    figures,
     load_results,
-    result_line,
 )
 from benchmarks.management import ManagementClient
 from benchmarks.servers import Batchserve
@@ -68,7 +69,7 @@ MAX_BATCH_DELAY_MS = 10
 MAX_CLIENTS = 256
 #: What one served run costs beyond its warm-up and window (registering, capturing graphs,
 #: unregistering), estimated: a run that would not fit the time left is skipped.
-REGISTER_S = {"cuda": 35.0, "cpu": 15.0}
+REGISTER_S = {"cuda": 35.0, "cpu": 5.0}
 
 Plan = list[tuple[str, int, int]]  # (variant, batch size, workers)
 
@@ -84,6 +85,10 @@ class Check:
     warmup_s: float = 3.0
     budget_s: float = 600.0
     profile: bool = False
+    #: False: TorchServe is not looked for (the dry run in the tests: it says so).
+    torchserve: bool = True
+    #: The server every step uses (``all``: one server start, not one a step).
+    shared: Batchserve | None = None
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -103,7 +108,21 @@ class Check:
 
     def run_cost_s(self) -> float:
         return REGISTER_S["cuda" if self.cuda else "cpu"] + self.warmup_s + self.duration_s \
-            + gpu_load.START_S + 5.0
+            + gpu_load.start_s(self.processes) + 5.0
+
+    def batchserve(self) -> contextlib.AbstractContextManager[Batchserve]:
+        """A batchserve for a step (the one all steps share, with ``all``), its logs' folder
+        listed in ``OUT/servers.txt`` (what gpu_check.sh packs: this run's servers' logs,
+        nobody else's)."""
+        if self.shared is not None:
+            return contextlib.nullcontext(self.shared)
+        server = Batchserve(self.store, properties(self))
+        self.keep_logs(server.work / "logs")
+        return server
+
+    def keep_logs(self, folder: Path) -> None:
+        with (self.out / "servers.txt").open("a") as listing:
+            listing.write(f"{folder}\n")
 
     def affords(self, what: str) -> bool:
         """Whether one more run fits the budget (said when it does not)."""
@@ -141,21 +160,23 @@ class Check:
 
 
 TINY_MODEL = '''\
-"""A small ResNet (one BasicBlock a stage) standing in for ResNet-152/50 in the dry run."""
+"""A tiny convnet standing in for ResNet-152/50 in the dry run (ImageNet's 1000 classes)."""
 
-from torchvision.models.resnet import BasicBlock, ResNet
+import torch
 
 
-class TinyResNet(ResNet):
+class TinyNet(torch.nn.Sequential):
     def __init__(self) -> None:
-        super().__init__(BasicBlock, [1, 1, 1, 1], zero_init_residual=True)
+        super().__init__(torch.nn.Conv2d(3, 8, 8, stride=8), torch.nn.ReLU(),
+                         torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                         torch.nn.Linear(8, 1000))
 '''
 ARCHIVE_NAMES = {RESNET152: "resnet-152-batch_v2", RESNET50: "resnet-50"}
 
 
 def archive(check: Check, model: str) -> Path:
     """The model's ``.mar`` in the check's store, built once (the examples' builders: seeded
-    weights; ``--tiny``: a small ResNet under the same name)."""
+    weights; ``--tiny``: a tiny convnet under the same name)."""
     path = check.store / f"{ARCHIVE_NAMES[model]}.mar"
     if path.exists():
         return path
@@ -163,15 +184,20 @@ def archive(check: Check, model: str) -> Path:
     if check.tiny:
         return _tiny_archive(check.store, ARCHIVE_NAMES[model])
     folder = "resnet_152_batch" if model == RESNET152 else "resnet_50"
+    built, _ = _module(f"build_{model}", EXAMPLES / folder / "build_mar.py").build_mar(
+        check.store)
+    return Path(built)
+
+
+def _module(name: str, path: Path) -> Any:
+    """A module by its path."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"build_{model}", EXAMPLES / folder /
-                                                  "build_mar.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    built, _ = module.build_mar(check.store)
-    return Path(built)
+    return module
 
 
 def _tiny_archive(store: Path, name: str) -> Path:
@@ -179,15 +205,12 @@ def _tiny_archive(store: Path, name: str) -> Path:
 
     from model_archiver.packaging import ArchiveFormat, ArchiveOptions, build_archive
 
-    with tempfile.TemporaryDirectory(prefix="tiny-resnet-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tiny-net-") as tmp:
         model_file = Path(tmp) / "model.py"
         model_file.write_text(TINY_MODEL)
-        from torchvision.models.resnet import BasicBlock, ResNet
-
         torch.manual_seed(0)
         weights = Path(tmp) / "tiny.pt"
-        torch.save(ResNet(BasicBlock, [1, 1, 1, 1], zero_init_residual=True).state_dict(),
-                   weights)
+        torch.save(_module("tiny_net", model_file).TinyNet().state_dict(), weights)
         return Path(build_archive(ArchiveOptions(
             model_name=name, version="1.0", model_file=str(model_file),
             serialized_file=str(weights), handler="image_classifier",
@@ -255,7 +278,8 @@ def _measure(check: Check, server: ManagementClient, inference: str, name: str,
     spy = None
     if profile is not None and workers:
         spy = gpu_load.start_profile(int(workers[0]["pid"]),  # type: ignore[index]
-                                     gpu_load.START_S + check.warmup_s, check.duration_s,
+                                     gpu_load.start_s(check.processes) + check.warmup_s,
+                                     check.duration_s,
                                      check.out / "profile" / f"{profile}.txt")
         if spy is None:
             check.note("no py-spy on PATH: the worker was not profiled")
@@ -293,11 +317,11 @@ def step_resnet152(check: Check) -> None:
     mar = archive(check, RESNET152)
     plan: Plan = ([("bf16", 128, 1), ("bf16", 128, 2), ("fp32", 64, 1), ("fp32", 64, 2),
                    ("bf16-eager", 128, 1)] if check.cuda
-                  else [("bf16", 8, 1), ("fp32", 8, 1), ("bf16-eager", 8, 1)])
+                  else [("bf16", 4, 1)])  # fp32's run is the same code
     names = {variant: model_folder(check.store, mar, variant)
              for variant in {"fp32", *(variant for variant, _, _ in plan)}}
     bodies = test_jpegs()
-    with Batchserve(check.store, properties(check)) as server:
+    with check.batchserve() as server:
         if check.affords("lone client"):
             served(check, server, inference=server.inference, register=names["fp32"],
                    name="lone", model=RESNET152, variant="fp32", batch=1, workers=1,
@@ -322,7 +346,7 @@ def step_resnet50(check: Check) -> None:
     bodies = imagenet_jpegs(check)
     sizes = sorted(len(body) for body in bodies)
     check.note(f"resnet50 JPEGs: {len(bodies)}, {sizes[0] // 1000}-{sizes[-1] // 1000} KB")
-    with Batchserve(check.store, properties(check)) as server:
+    with check.batchserve() as server:
         for variant, batch, workers in plan:
             label = f"resnet50-{variant}-b{batch}-w{workers}"
             if check.affords(label):
@@ -338,12 +362,14 @@ def step_ipc(check: Check) -> None:
     mar = archive(check, RESNET152)
     batch = 32 if check.cuda else 4
     bodies = test_jpegs()
-    for variant, counts in (("fp32-ipc", (1, 2, 4)), ("fp32", (1, 4))):
+    plan = ((("fp32-ipc", (1, 2, 4)), ("fp32", (1, 4))) if not check.tiny
+            else (("fp32-ipc", (1, 2)),))
+    for variant, counts in plan:
         if not check.affords(f"{variant} with 1 worker"):
             return
         folder = model_folder(check.store, mar, variant)
         memory: dict[int, float | None] = {}
-        with Batchserve(check.store, properties(check)) as server:
+        with check.batchserve() as server:
             idle = gpu_load.gpu_memory_mib()
             try:
                 server.register(folder, model_name="shared", batch_size=batch,
@@ -389,7 +415,8 @@ def _ipc_point(check: Check, server: Batchserve, variant: str, batch: int, worke
 def step_torchserve(check: Check) -> None:
     from benchmarks.torchserve import TorchServe, find_install
 
-    install, origin = find_install(check.out / "torchserve")
+    install, origin = (find_install(check.out / "torchserve") if check.torchserve
+                       else (None, "not looked for (--no-torchserve)"))
     if install is None:
         print(f"  TorchServe: skipped: {origin}", flush=True)
         check.note(f"TorchServe not measured: {origin}")
@@ -403,6 +430,7 @@ def step_torchserve(check: Check) -> None:
     with TorchServe(check.store, quiet=True, install=install, extra_properties=[
             f"number_of_gpu={1 if check.cuda else 0}", "job_queue_size=1024",
             "default_response_timeout=300"]) as server:
+        check.keep_logs(server.work / "logs")
         for batch, workers in plan:
             if check.affords(f"TorchServe batch {batch} workers {workers}"):
                 served(check, server, inference=server.inference, register=mar.name,
@@ -415,6 +443,16 @@ STEPS: dict[str, Callable[[Check], None]] = {
     "ipc": step_ipc}
 
 
+def versions() -> int:
+    """Python's, torch's and torchvision's versions, and the GPU torch sees."""
+    import torch
+    import torchvision
+
+    print(sys.version.split()[0], torch.__version__, torchvision.__version__,
+          torch.cuda.is_available() and torch.cuda.get_device_name(0), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=[*STEPS, "all"])
@@ -425,24 +463,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up a run")
     parser.add_argument("--budget", type=float, default=600.0, help="seconds for the step")
     parser.add_argument("--profile", action="store_true", help="py-spy the bf16 worker")
+    parser.add_argument("--no-torchserve", dest="torchserve", action="store_false",
+                        help="do not look for TorchServe (its row says so)")
+    if (sys.argv[1:] if argv is None else argv) == ["versions"]:
+        return versions()
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "store").mkdir(parents=True, exist_ok=True)
     steps = list(STEPS) if args.step == "all" else [args.step]
     failed = False
-    for step in steps:
-        check = Check(args.out, args.device, args.tiny, args.duration, args.warmup,
-                      args.budget if args.step != "all" else args.budget / len(steps),
-                      args.profile)
-        print(f"== {step} ({check.budget_s:.0f} s budget)", flush=True)
-        try:
-            STEPS[step](check)
-        except Exception as error:  # a step that breaks still leaves its note
-            failed = True
-            traceback.print_exc()
-            check.note(f"{step} failed: {error!r}")
-    if args.step == "all":
-        document = load_results(args.out / "results.json")
-        print(result_line(document["card"], figures(document["rows"])), flush=True)
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        shared = None
+        if args.step == "all":  # one server for every step (the dry run's few seconds)
+            first = Check(args.out, args.device, args.tiny)
+            shared = stack.enter_context(first.batchserve())
+        for index, step in enumerate(steps):
+            left = args.budget - (time.monotonic() - started)
+            check = Check(args.out, args.device, args.tiny, args.duration, args.warmup,
+                          left / (len(steps) - index), args.profile, args.torchserve, shared)
+            print(f"== {step} ({check.budget_s:.0f} s budget)", flush=True)
+            try:
+                STEPS[step](check)
+            except Exception as error:  # a step that breaks still leaves its note
+                failed = True
+                traceback.print_exc()
+                check.note(f"{step} failed: {error!r}")
     return 1 if failed else 0
 
 

@@ -12,8 +12,9 @@
 # Logs, results.json and the profiles land in $OUT.
 #
 #   OUT=/tmp/gpu-out bash benchmarks/gpu_check.sh                       # a lent GPU, ~9 min
-#   DEVICE=cpu TINY=1 SETUP=0 TESTS= PY=.venv/bin/python PYTHONPATH=$PWD OUT=/tmp/dry \
-#     DURATION=1 WARMUP=1 bash benchmarks/gpu_check.sh                   # the CPU dry run
+#   DEVICE=cpu TINY=1 SETUP=0 TESTS= TORCHSERVE=0 STEPS=all PY=.venv/bin/python \
+#     PYTHONPATH=$PWD OUT=/tmp/dry DURATION=0.5 WARMUP=0.3 bash benchmarks/gpu_check.sh
+#                                     # the CPU dry run (tests/integration/test_gpu_check_dry_run.py)
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -26,6 +27,8 @@ DURATION=${DURATION:-5}     # seconds measured per served run
 WARMUP=${WARMUP:-3}
 SETUP=${SETUP:-1}           # 0: use the Python environment as it is (no pip)
 TINY=${TINY:-0}             # 1: small models and JPEGs (with DEVICE=cpu: the dry run)
+TORCHSERVE=${TORCHSERVE:-1} # 0: TorchServe not looked for (its note says so)
+STEPS=${STEPS:-each}        # each: one call a step, each under timeout; all: one call
 started=$(date +%s)
 stamp() { echo "== $(( $(date +%s) - started )) s: $*"; }
 # The seconds a step may take: what it asks for, within what is left less the reserve.
@@ -51,15 +54,16 @@ measure() {
     local step=$1 limit
     limit=$(limit_for "$2")
     shift 2
-    local tiny=()
-    if [ "$TINY" = 1 ]; then tiny=(--tiny); fi
+    local options=()
+    if [ "$TINY" = 1 ]; then options=(--tiny); fi
+    if [ "$TORCHSERVE" = 0 ]; then options+=(--no-torchserve); fi
     bounded "$step" "$limit" "$PY" -m benchmarks.gpu_check "$step" --out "$OUT" \
         --device "$DEVICE" --duration "$DURATION" --warmup "$WARMUP" \
-        --budget $(( limit > 30 ? limit - 15 : limit )) "${tiny[@]}" "$@"
+        --budget $(( limit > 30 ? limit - 15 : limit )) "${options[@]}" "$@"
 }
 
 setup() {
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; fi
     if [ "$SETUP" = 1 ]; then
         # TorchServe's own packages stay out of the environment: TorchServe runs from a folder
         # of its own (benchmarks/torchserve.py, find_install), and its `ts` would shadow
@@ -70,13 +74,11 @@ setup() {
         if [ -n "$wheels" ]; then "$PY" -m pip install -q --no-index --no-deps --no-compile $wheels; fi
         "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e .
     fi
-    "$PY" -c 'import sys, torch, torchvision
-print(sys.version.split()[0], torch.__version__, torchvision.__version__,
-      torch.cuda.is_available() and torch.cuda.get_device_name(0))'
+    "$PY" -m benchmarks.gpu_check versions
     for tool in py-spy java; do command -v "$tool" || echo "no $tool on PATH"; done
 }
 export PY SETUP
-bounded setup 60 bash -c "$(declare -f setup); setup"
+if [ "$SETUP" = 1 ]; then bounded setup 60 bash -c "$(declare -f setup); setup"; fi
 # Scripts installed with the wheels (py-spy) are found on the interpreter's scripts folder.
 PATH="$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null):$PATH"
 export PATH
@@ -98,13 +100,21 @@ else
     bounded tests 75 "$PY" -m pytest -q -rs -p no:cacheprovider -W default ${PYTEST_ARGS:-} $TESTS
 fi
 
-measure resnet152 165 --profile
-measure resnet50 70
-measure torchserve 85
-measure ipc 110
+if [ "${STEPS:-each}" = all ]; then
+    # The dry run: every step in one call, sharing one server (seconds, not minutes).
+    measure all 200
+else
+    measure resnet152 165 --profile
+    measure resnet50 70
+    measure torchserve 85
+    measure ipc 110
+fi
 
 stamp summary
-tar czf "$OUT/logs.tgz" /tmp/bench-*/logs /tmp/bench-torchserve-*/logs 2>/dev/null
+# This run's servers' logs (gpu_check.py lists their folders), nobody else's.
+if [ -s "$OUT/servers.txt" ]; then
+    xargs -d '\n' tar czf "$OUT/logs.tgz" --ignore-failed-read < "$OUT/servers.txt" 2>/dev/null
+fi
 for summary in "$OUT"/profile/*.summary.txt; do
     if [ -f "$summary" ]; then cat "$summary"; fi
 done

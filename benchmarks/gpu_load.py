@@ -25,6 +25,11 @@ from benchmarks import loadgen
 #: Seconds the load processes get to start (spawned: they import only the load generator)
 #: before their common start.
 START_S = 3.0
+
+
+def start_s(processes: int) -> float:
+    """Seconds before the load starts: none when it runs in this process (one part)."""
+    return START_S if processes > 1 else 0.0
 #: py-spy's samples per second.
 PROFILE_RATE = 100
 
@@ -74,11 +79,15 @@ def drive(url: str, bodies: Sequence[bytes], *, clients: int, duration_s: float,
     ``processes`` processes, warming up together for ``warmup_s`` and then measuring the
     same ``duration_s`` window."""
     split = shares(clients, processes)
-    begin = time.monotonic() + START_S
-    context = multiprocessing.get_context("spawn")  # no fork of a process with threads
-    with ProcessPoolExecutor(len(split), mp_context=context) as pool:
-        parts = list(pool.map(_part, [(url, list(bodies), content_type, share, duration_s,
-                                       warmup_s, begin) for share in split]))
+    begin = time.monotonic() + start_s(len(split))
+    jobs = [(url, list(bodies), content_type, share, duration_s, warmup_s, begin)
+            for share in split]
+    if len(jobs) == 1:  # one part: run here, no process to spawn
+        parts = [_part(jobs[0])]
+    else:
+        context = multiprocessing.get_context("spawn")  # no fork of a process with threads
+        with ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
+            parts = list(pool.map(_part, jobs))
     merged = Load(clients, duration_s)
     for completed, latencies, statuses in parts:
         merged.completed += completed

@@ -10,11 +10,9 @@ ResNet-152 example's ``make_weights.py`` calibrates its own (each picture its ow
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -24,12 +22,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 RESNET_152 = HERE.parent / "resnet_152_batch"
 sys.path.insert(0, str(HERE.parents[2]))  # the repository, for model_archiver
-from model_archiver.packaging import (  # noqa: E402
-    ArchiveFormat,
-    ArchiveOptions,
-    archive_path,
-    build_archive,
-)
+from model_archiver.packaging import ArchiveFormat, ArchiveOptions  # noqa: E402
 
 MODEL_NAME = "resnet-50"
 VERSION = "1.0"
@@ -79,24 +72,14 @@ def build_mar(
     model_store: Path = DEFAULT_MODEL_STORE, *, weights: Path | None = None, force: bool = False
 ) -> tuple[Path, bool]:
     """The archive's path, and whether it was built now (False: it was already there)."""
-    model_store.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="resnet50-") as tmp:
-        target = archive_path(archive_options(model_store, Path(tmp) / "resnet50.pt"))
-        if target.exists() and not force:
-            return target, False
-        state_dict = write_weights(Path(tmp) / "resnet50.pt", weights=weights)
-        return build_archive(archive_options(model_store, state_dict, force=force)), True
+    return _load("resnet152_build_mar", RESNET_152 / "build_mar.py").build_once(
+        model_store, archive_options, write_weights, "resnet50.pt", weights=weights,
+        force=force)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
-    parser.add_argument("--weights", type=Path, help="a real torchvision resnet50 state dict")
-    parser.add_argument("--force", action="store_true", help="rebuild an existing archive")
-    args = parser.parse_args(argv)
-    path, built = build_mar(args.model_store, weights=args.weights, force=args.force)
-    print(f"{'built' if built else 'already there:'} {path}")
-    return 0
+    cli = _load("resnet152_build_mar", RESNET_152 / "build_mar.py").main
+    return int(cli(argv, build=build_mar, doc=__doc__, model="resnet50"))
 
 
 if __name__ == "__main__":
