@@ -90,6 +90,7 @@ fi
 # empty: none). Other parts of issue 33 add their files to this list.
 TESTS=${TESTS-tests/unit/test_images.py tests/unit/test_weights_ipc.py
 tests/unit/test_cuda_graphs.py
+tests/integration/test_shared_weights.py::test_on_cuda_a_second_worker_sharing_through_cuda_ipc_adds_no_copy_of_the_weights
 tests/integration/test_forked_workers.py::test_forked_workers_run_on_the_gpu_and_answer_as_a_fresh_one_does
 tests/integration/test_forked_workers.py::test_a_fork_server_that_initialised_cuda_refuses_to_fork
 tests/integration/test_vision.py}
