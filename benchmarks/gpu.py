@@ -35,15 +35,19 @@ from typing import Any
 from benchmarks.load import LoadResult, run_load
 from benchmarks.servers import Batchserve
 
+#: model-config.yaml per variant: the precision first (``benchmarks/gpu_result.py`` reads
+#: it), then what differs (CUDA graphs off; the weights shared through CUDA IPC).
 VARIANTS = {
     "fp32": "handler: {}\n",
     "bf16": "handler:\n  amp: bf16\n  channels_last: true\n",
+    "bf16-eager": "handler:\n  amp: bf16\n  channels_last: true\n  cuda_graphs: false\n",
+    "fp32-ipc": "handler:\n  share_weights: cuda_ipc\n",
 }
 
 
-def model_folder(store: Path, archive: Path, variant: str) -> str:
+def model_folder(store: Path, archive: Path, variant: str, prefix: str = "resnet152") -> str:
     """The archive unpacked as a folder model in ``store`` with the variant's model-config."""
-    name = f"resnet152-{variant}"
+    name = f"{prefix}-{variant}"
     folder = store / name
     if folder.exists():
         shutil.rmtree(folder)
@@ -282,7 +286,8 @@ def run(device: str, quick: bool, seconds: float, out: Path | None,
 
     store = Path(tempfile.mkdtemp(prefix="gpu-bench-store-"))
     archive = build_archive(store)
-    names = {variant: model_folder(store, archive, variant) for variant in VARIANTS}
+    names = {variant: model_folder(store, archive, variant) for variant in VARIANTS
+             if variant in ("fp32", "bf16") or (plan and variant in {v for v, _, _ in plan})}
     report: dict[str, Any] = {"device": device, "quick": quick}
 
     report["ceilings"] = []

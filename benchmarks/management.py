@@ -30,6 +30,12 @@ class ManagementClient:
         query = urllib.parse.urlencode({"url": url, "synchronous": "true", **params})
         self._call("POST", f"/models?{query}", f"could not register {url}")
 
+    def scale(self, name: str, workers: int) -> None:
+        """``PUT /models/{name}``: exactly ``workers`` workers, answered once they are up."""
+        query = urllib.parse.urlencode({"min_worker": workers, "max_worker": workers,
+                                        "synchronous": "true"})
+        self._call("PUT", f"/models/{name}?{query}", f"could not scale {name} to {workers}")
+
     def unregister(self, name: str) -> None:
         self._call("DELETE", f"/models/{name}", f"could not unregister {name}")
 

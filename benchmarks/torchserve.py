@@ -12,18 +12,22 @@ left of them by pid.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.management import ManagementClient
@@ -150,14 +154,138 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+@dataclass(frozen=True)
+class Install:
+    """How to run a TorchServe 0.12: its ``torchserve`` command, and what its environment
+    needs (PYTHONPATH for its ``ts`` package, JAVA_HOME for its Java runtime)."""
+
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+
+
+def venv_install(venv: Path = VENV) -> Install:
+    """TorchServe from its own venv (made on first use)."""
+    return Install((str(ensure_venv(venv) / "torchserve"),), {}, f"the venv {venv}")
+
+
+#: ``torchserve`` run by an interpreter that imports ``ts`` from PYTHONPATH: its workers run
+#: on that interpreter (TorchServe passes its own ``sys.executable`` to the Java frontend).
+_LAUNCHER = ("import sys; sys.argv[0] = 'torchserve'; "
+             "from ts.model_server import start; start()")
+
+
+def home_install(ts_home: Path, java_home: Path | None = None,
+                 python: str = sys.executable) -> Install:
+    """TorchServe from a folder holding its ``ts`` package, run by ``python`` (whose
+    packages its workers use: torch, torchvision, captum), with the Java runtime of
+    ``java_home`` (None: ``java`` on PATH): how it runs on a GPU host without a package
+    index (../shared/gpu.md)."""
+    env = {"PYTHONPATH": str(ts_home)}
+    if java_home is not None:
+        env["JAVA_HOME"] = str(java_home)
+    return Install((python, "-c", _LAUNCHER), env,
+                   f"ts from {ts_home}, Java from {java_home or 'PATH'}")
+
+
+def find_install(work: Path, sources: Sequence[Path] = (ROOT / ".whl",)) -> tuple[
+        Install | None, str]:
+    """A TorchServe 0.12 this host can run, without a package index, and where it came
+    from; or None and why not. Looked for, in order:
+
+    * ``TS_HOME`` (a folder holding ``ts``) and ``JAVA_HOME`` from the environment;
+    * in ``sources`` (``.whl/``): TorchServe's wheel or a ``ts`` package packed as
+      ``*.tar.xz``/``*.tar.gz``, and a Java runtime packed so (a folder with ``bin/java``),
+      unpacked into ``work``;
+    * the benchmarks' venv (``.venv-torchserve``), then the tests' archiver venv's ``ts``
+      with ``java`` from PATH.
+
+    Its workers need captum (TorchServe's image_classifier imports it) in this interpreter.
+    """
+    if importlib.util.find_spec("captum") is None:
+        return None, f"captum is not installed for {sys.executable} (TorchServe's " \
+                     "image_classifier imports it; its wheel belongs in .whl/)"
+    ts_home = _env_path("TS_HOME")
+    java_home = _env_path("JAVA_HOME")
+    for source in sources:
+        if ts_home is None:
+            ts_home = _unpack_ts(source, work / "ts-home")
+        if java_home is None:
+            java_home = _unpack_java(source, work / "jre")
+    if ts_home is None and (VENV / "bin" / "torchserve").exists():
+        return venv_install(VENV), f"the venv {VENV}"
+    if ts_home is None:
+        archiver_venv = sorted(ROOT.glob(".venv-torchserve-archiver/lib/python3*/site-packages"))
+        if archiver_venv and (archiver_venv[0] / "ts" / "model_server.py").exists():
+            ts_home = work / "ts-link"
+            ts_home.mkdir(parents=True, exist_ok=True)
+            link = ts_home / "ts"
+            if not link.exists():
+                link.symlink_to(archiver_venv[0] / "ts")
+    if ts_home is None:
+        return None, "no TorchServe: no TS_HOME, no torchserve wheel or ts archive in " \
+                     f"{', '.join(map(str, sources))}, no {VENV.name}"
+    java = java_home / "bin" / "java" if java_home is not None else shutil.which("java")
+    if java is None or subprocess.run([str(java), "-version"], capture_output=True,
+                                      check=False, timeout=60).returncode != 0:
+        return None, "no Java runtime: no JAVA_HOME, no packed runtime with bin/java in " \
+                     f"{', '.join(map(str, sources))}, no java on PATH"
+    install = home_install(ts_home, java_home)
+    return install, install.description
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value and Path(value).is_dir() else None
+
+
+def _unpack_ts(source: Path, target: Path) -> Path | None:
+    """A folder holding TorchServe's ``ts`` package, from a wheel or an archive in
+    ``source`` (None: none there)."""
+    for wheel in sorted(source.glob("torchserve-*.whl")):
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(target, [name for name in archive.namelist()
+                                        if name.startswith("ts/")])
+        return target
+    for packed in sorted([*source.glob("*ts*.tar.*"), *source.glob("torchserve*.tar.*")]):
+        found = _unpacked(packed, target, "ts/model_server.py")
+        if found is not None:
+            return found.parent.parent
+    return None
+
+
+def _unpack_java(source: Path, target: Path) -> Path | None:
+    """A Java runtime (the folder of ``bin/java``) packed in ``source`` (None: none)."""
+    for packed in sorted([*source.glob("*jre*.tar.*"), *source.glob("*jdk*.tar.*"),
+                          *source.glob("*java*.tar.*")]):
+        found = _unpacked(packed, target / packed.name.split(".tar")[0], "bin/java")
+        if found is not None:
+            found.chmod(found.stat().st_mode | 0o111)
+            return found.parent.parent
+    return None
+
+
+def _unpacked(packed: Path, target: Path, wanted: str) -> Path | None:
+    """``packed`` (a tar archive) unpacked into ``target`` (once), and the path of
+    ``wanted`` in it, at most three folders down (None: not there)."""
+    if not target.exists():
+        with tarfile.open(packed) as archive:
+            archive.extractall(target, filter="tar")
+    for depth in range(4):
+        for found in target.glob("/".join(["*"] * depth + [wanted])):
+            return found
+    return None
+
+
 class TorchServe(ManagementClient):
     """A TorchServe 0.12 on free loopback ports, started with ``torchserve --start``."""
 
     def __init__(self, model_store: Path, *, quiet: bool = False,
                  env: Mapping[str, str] | None = None, venv: Path = VENV,
                  workflow_store: Path | None = None, extra_vmargs: str = "",
-                 extra_properties: Sequence[str] = (), ready_poll_s: float = 0.5) -> None:
-        self.bin = ensure_venv(venv)
+                 extra_properties: Sequence[str] = (), ready_poll_s: float = 0.5,
+                 install: Install | None = None) -> None:
+        self.install = install if install is not None else venv_install(venv)
         self.ready_poll_s = ready_poll_s
         self.model_store = model_store
         self.workflow_store = workflow_store
@@ -192,7 +320,7 @@ class TorchServe(ManagementClient):
         self.config = self.work / "config.properties"
         self.config.write_text("\n".join(properties) + "\n")
         # TMPDIR: TorchServe keeps its pid file in the temp dir; this one is ours alone.
-        self.env = clean_env({**(env or {}), "TMPDIR": str(self.work / "tmp"),
+        self.env = clean_env({**self.install.env, **(env or {}), "TMPDIR": str(self.work / "tmp"),
                               "LOG_LOCATION": str(self.work / "logs"),
                               "METRICS_LOCATION": str(self.work / "logs")})
         self.pid: int | None = None
@@ -200,7 +328,7 @@ class TorchServe(ManagementClient):
     def __enter__(self) -> TorchServe:
         workflows = (["--workflow-store", str(self.workflow_store)]
                      if self.workflow_store is not None else [])
-        subprocess.run([str(self.bin / "torchserve"), "--start", "--ncs", "--disable-token-auth",
+        subprocess.run([*self.install.command, "--start", "--ncs", "--disable-token-auth",
                         "--enable-model-api", "--model-store", str(self.model_store),
                         "--ts-config", str(self.config), *workflows],
                        cwd=self.work, env=self.env, check=True, timeout=120,
@@ -238,7 +366,7 @@ class TorchServe(ManagementClient):
                 processes = [java, *java.children(recursive=True)]
             except psutil.NoSuchProcess:
                 pass
-        subprocess.run([str(self.bin / "torchserve"), "--stop"], cwd=self.work, env=self.env,
+        subprocess.run([*self.install.command, "--stop"], cwd=self.work, env=self.env,
                        timeout=120, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        check=False)
         _, alive = psutil.wait_procs(processes, timeout=STOP_TIMEOUT_S)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 import torch
 
 from model_archiver.packaging import ArchiveOptions, build_archive
@@ -157,3 +158,68 @@ def test_three_cpu_workers_share_one_copy_of_the_weights(
             private(copying) // MIB, private(fields) // MIB)
     assert sum(f["Pss"] for f in sharing) <= 3 * copying["Pss"] - 2 * 0.7 * size, (
         [f["Pss"] // MIB for f in sharing], copying["Pss"] // MIB)
+
+
+def test_share_weights_cuda_ipc_runs_through_the_server(
+        tmp_path: Path, model_store: Path, weights: tuple[Path, Any],
+        start_server: Callable[..., RunningServer]) -> None:
+    # ``share_weights: cuda_ipc`` (issue 33, 4) served by the real server: on the CPU its
+    # workers share the file's pages as ``true`` does, and both answer as the model does.
+    path, old = weights
+    archive(tmp_path, model_store, "wide_ipc", path, """
+        minWorkers: 2
+        maxWorkers: 2
+        handler:
+          share_weights: cuda_ipc
+        """)
+    server = start_server("wide_ipc.mar")
+    server.wait_for(lambda: [w["status"] for w in server.describe("wide_ipc")["workers"]]  # type: ignore[attr-defined]
+                    == ["READY"] * 2, "two READY workers", timeout_s=120)
+    torch.manual_seed(13)
+    row = torch.randn(1, WIDTH)
+    with torch.inference_mode():
+        expected = old(row)[0]
+    for _ in range(6):
+        answer = server.predict("wide_ipc", json.dumps(row[0].tolist()).encode())
+        assert answer.status_code == 200, answer.text
+        assert torch.allclose(torch.tensor(answer.json()), expected, rtol=0, atol=1e-5)
+    for pid in (int(w["pid"]) for w in server.describe("wide_ipc")["workers"]):  # type: ignore[attr-defined]
+        assert file_mapping(pid, path.name).get("Rss", 0) >= 0.9 * path.stat().st_size
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_second_worker_sharing_through_cuda_ipc_adds_no_copy_of_the_weights(
+        tmp_path: Path, model_store: Path, weights: tuple[Path, Any],
+        start_server: Callable[..., RunningServer]) -> None:
+    # The GPU's memory a second worker adds, sharing (cuda_ipc) and copying (false): the
+    # sharing one adds most of the weights' 64 MiB less, and answers as the model does.
+    from benchmarks.gpu_load import gpu_memory_mib
+
+    path, old = weights
+    row = torch.randn(1, WIDTH)
+    with torch.inference_mode():
+        expected = old(row)[0]
+    body = json.dumps(row[0].tolist()).encode()
+    extra: dict[str, float] = {}
+    for name, sharing in (("gpu_ipc", "cuda_ipc"), ("gpu_copy", "false")):
+        archive(tmp_path, model_store, name, path, f"""
+            minWorkers: 1
+            maxWorkers: 1
+            handler:
+              share_weights: {sharing}
+            """)
+        server = start_server(f"{name}.mar", number_of_gpu=1)
+        assert server.predict(name, body).status_code == 200
+        one = gpu_memory_mib()
+        scaled = requests.put(f"{server.management}/models/{name}", timeout=120, params={
+            "min_worker": 2, "max_worker": 2, "synchronous": "true"})
+        assert scaled.status_code == 200, scaled.text
+        for _ in range(6):
+            reply = server.predict(name, body)
+            assert reply.status_code == 200, reply.text
+            assert torch.allclose(torch.tensor(reply.json()), expected, rtol=0, atol=1e-4)
+        two = gpu_memory_mib()
+        assert one is not None and two is not None
+        extra[sharing] = two - one
+    assert extra["false"] - extra["cuda_ipc"] >= 0.7 * path.stat().st_size / MIB, extra

@@ -220,3 +220,129 @@ def test_nvjpeg_on_the_gpu_agrees_with_the_cpu_and_isolates_bad_images() -> None
     difference = (on_gpu - on_cpu).abs()
     assert difference.mean().item() <= 1.5 * INPUT_TOLERANCE
     assert difference.max().item() <= 0.5
+
+
+# -- the batched path: CUDA's way, run on the CPU with ``batched`` ----------------------------
+
+
+def _batched(device: str = "cpu", **options: object) -> ImagePipeline:
+    return ImagePipeline(torch.device(device), TENSOR, batched=True, **options)  # type: ignore[arg-type]
+
+
+def _mixed_sizes() -> list[bytes]:
+    """The test images (three sizes) twice, interleaved, and a PNG (Pillow's path)."""
+    images = [(EXAMPLE / f"{name}.jpg").read_bytes() for name in TEST_IMAGES]
+    return [images[0], images[1], fallback_images()["png"], images[2], images[0], images[1]]
+
+
+def test_a_batch_is_made_where_it_is_decoded_and_agrees_with_the_image_by_image_path() -> None:
+    images = _mixed_sizes()
+    pipeline = _batched()
+    rows = pipeline.load(images)
+
+    assert all(isinstance(row, torch.Tensor) and row.dtype == torch.float32
+               and row.shape == (3, 224, 224) for row in rows)
+    batch = pipeline.batch(rows)  # type: ignore[arg-type]
+    # The rows are the batch load made, in the batch's order: no copy, no stack.
+    assert batch.data_ptr() == rows[0].data_ptr() and batch.shape == (6, 3, 224, 224)
+    one_by_one, _ = _pipelines()
+    expected = one_by_one.batch(one_by_one.load(images))  # type: ignore[arg-type]
+    assert torch.allclose(batch, expected, atol=1e-5)
+
+
+def test_rows_of_a_batched_load_taken_apart_are_stacked() -> None:
+    pipeline = _batched(channels_last=True)
+    rows = pipeline.load(_mixed_sizes())
+    whole = pipeline.batch(rows)  # type: ignore[arg-type]
+    assert whole.is_contiguous(memory_format=torch.channels_last)
+    some = [rows[4], rows[1]]  # a request that failed later, reordered: not the whole batch
+    part = pipeline.batch(some)  # type: ignore[arg-type]
+    assert part.data_ptr() != whole.data_ptr()
+    assert torch.equal(part, torch.stack([whole[4], whole[1]]))
+    assert part.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_batched_load_fails_only_its_bad_images_and_keeps_the_order() -> None:
+    good = (EXAMPLE / "dog.jpg").read_bytes()
+    batch: list[bytes | InvalidInput] = [
+        good, good[: len(good) // 2], b"not an image", InvalidInput("no image"),
+        fallback_images()["jpeg-cmyk"], (EXAMPLE / "croco.jpg").read_bytes()]
+    loaded = _batched().load(batch)
+    assert [type(item).__name__ for item in loaded] == [
+        "Tensor", "InvalidInput", "InvalidInput", "InvalidInput", "Tensor", "Tensor"]
+    alone = _batched().load([batch[5]])[0]
+    assert torch.allclose(loaded[5], alone, atol=1e-5)  # type: ignore[arg-type]
+    assert [type(item).__name__ for item in _batched().load(batch[1:4])] == \
+        ["InvalidInput"] * 3  # no good image: no batch, each its error
+
+
+def test_the_decoding_thread_reads_no_pillow_header_for_a_plain_jpeg(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The thread preparing the next batch keeps its Python short: a plain JPEG's markers
+    # are read without Pillow, which is only asked about the image they cannot vouch for.
+    from backend.handlers import images as module
+
+    opened: list[int] = []
+    real = module.open_header
+    monkeypatch.setattr(module, "open_header", lambda data: opened.append(len(data)) or
+                        real(data))
+    png = fallback_images()["png"]
+    jpegs = [(EXAMPLE / f"{name}.jpg").read_bytes() for name in TEST_IMAGES]
+    loaded = _batched().load([*jpegs, png])
+    assert all(isinstance(item, torch.Tensor) for item in loaded)
+    assert opened == [len(png)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_batch_is_prepared_on_its_own_stream_and_claimed_by_an_event() -> None:
+    images = _mixed_sizes()
+    gpu = ImagePipeline(torch.device("cuda"), TENSOR)
+    current = torch.cuda.current_stream()
+    rows = gpu.load(images)
+    assert gpu._stream is not None and gpu._stream != current  # its own stream
+    assert len(gpu._ready) == 1  # the batch's event, not waited for by the loading thread
+    batch = gpu.batch(rows)  # type: ignore[arg-type]
+    assert not gpu._ready  # claimed: the model's stream waits for the event
+    assert batch.data_ptr() == rows[0].data_ptr() and batch.is_cuda  # type: ignore[union-attr]
+    expected = _batched().batch(_batched().load(images))  # type: ignore[arg-type]
+    difference = (batch.cpu() - expected).abs()  # two JPEG decoders: see the test above
+    assert difference.mean().item() <= 1.5 * INPUT_TOLERANCE
+    assert difference.max().item() <= 0.5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_loading_the_next_batch_leaves_the_gil_to_the_launching_thread() -> None:
+    # While one thread loads batches of 64 JPEGs, another runs Python: it keeps most of the
+    # pace it has alone (nvJPEG's call and the device work release the GIL).
+    import threading
+    import time
+
+    images = [(EXAMPLE / f"{name}.jpg").read_bytes() for name in TEST_IMAGES] * 22
+    gpu = ImagePipeline(torch.device("cuda"), TENSOR)
+    gpu.batch(gpu.load(images[:8]))  # type: ignore[arg-type]  # nvJPEG initialised
+    torch.cuda.synchronize()
+
+    def spin(seconds: float) -> int:
+        count, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            count += 1
+        return count
+
+    alone = spin(0.5)
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            gpu.batch(gpu.load(images))  # type: ignore[arg-type]
+            torch.cuda.synchronize()
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        beside = spin(0.5)
+    finally:
+        stop.set()
+        loader.join()
+    assert beside >= 0.5 * alone

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -51,22 +51,32 @@ def build_mar(
     model_store: Path = DEFAULT_MODEL_STORE, *, weights: Path | None = None, force: bool = False
 ) -> tuple[Path, bool]:
     """The archive's path, and whether it was built now (False: it was already there)."""
+    return build_once(model_store, archive_options, write_weights, "resnet152.pt",
+                      weights=weights, force=force)
+
+
+def build_once(model_store: Path, options: Callable[..., ArchiveOptions],
+               write: Callable[..., Path], file_name: str, *, weights: Path | None,
+               force: bool) -> tuple[Path, bool]:
+    """An example's archive built from ``options(model_store, weights_file)`` with the
+    weights ``write`` makes, unless it is there (the ResNet-50 example builds its own so)."""
     model_store.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="resnet152-") as tmp:
-        target = archive_path(archive_options(model_store, Path(tmp) / "resnet152.pt"))
+    with tempfile.TemporaryDirectory(prefix="example-weights-") as tmp:
+        target = archive_path(options(model_store, Path(tmp) / file_name))
         if target.exists() and not force:
             return target, False
-        state_dict = write_weights(Path(tmp) / "resnet152.pt", weights=weights)
-        return build_archive(archive_options(model_store, state_dict, force=force)), True
+        state_dict = write(Path(tmp) / file_name, weights=weights)
+        return build_archive(options(model_store, state_dict, force=force)), True
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None, build: Callable[..., tuple[Path, bool]] = build_mar,
+         doc: str | None = __doc__, model: str = "resnet152") -> int:
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     parser.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
-    parser.add_argument("--weights", type=Path, help="a real torchvision resnet152 state dict")
+    parser.add_argument("--weights", type=Path, help=f"a real torchvision {model} state dict")
     parser.add_argument("--force", action="store_true", help="rebuild an existing archive")
     args = parser.parse_args(argv)
-    path, built = build_mar(args.model_store, weights=args.weights, force=args.force)
+    path, built = build(args.model_store, weights=args.weights, force=args.force)
     print(f"{'built' if built else 'already there:'} {path}")
     return 0
 

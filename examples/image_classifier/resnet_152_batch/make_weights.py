@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
@@ -45,6 +46,7 @@ def random_weights(
     seed: int = 0,
     calibration_images: Sequence[Path] = CALIBRATION_IMAGES,
     target_top1: float = TARGET_TOP1,
+    model_class: Callable[[], torch.nn.Module] = ResNet152ImageClassifier,
 ) -> dict[str, torch.Tensor]:
     """Seeded random weights whose answers depend on the picture.
 
@@ -53,10 +55,11 @@ def random_weights(
     the features image-dependent; here the final layer is centred on the point equidistant
     from the calibration pictures' features, so that what differs between pictures decides
     the class and no picture is much more confident than another, then scaled so that their
-    median top-1 probability is ``target_top1``.
+    median top-1 probability is ``target_top1``. ``model_class``: another torchvision ResNet
+    built the same way (examples/image_classifier/resnet_50 uses it).
     """
     torch.manual_seed(seed)
-    model = ResNet152ImageClassifier().eval()
+    model: Any = model_class().eval()
     if len(calibration_images) < 2:
         return model.state_dict()
     batch = torch.stack([PREPROCESS(Image.open(p).convert("RGB")) for p in calibration_images])
