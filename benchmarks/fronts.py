@@ -259,7 +259,8 @@ def report(configs: Sequence[Config], header: str) -> str:
 
 
 def _rows(configs: Sequence[Config]) -> list[dict[str, Any]]:
-    return [{"config": config.name, "fronts": config.fronts, "load": load, **asdict(sample),
+    return [{"config": config.name, "fronts": config.fronts, "pid": config.pid, "load": load,
+             **asdict(sample),
              "cpu_per_1000": sample.cpu_per_1000, "per_core": sample.per_core}
             for config in configs for load in LOADS for sample in config.samples[load]]
 
