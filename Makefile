@@ -20,7 +20,7 @@ TS_STAMP := $(TS_VENV)/.install-stamp-torchserve-0.12.0-wfa
 DEMO_MODEL := model_store/resnet-152-batch_v2.mar
 EXAMPLE := examples/image_classifier/resnet_152_batch
 
-.PHONY: demo test lint install clean image browser promtool
+.PHONY: demo test lint install clean image browser promtool wrk
 
 install: $(STAMP)
 
@@ -71,6 +71,17 @@ browser:
 		echo "chromium could not be installed: the browser CORS and dashboard tests will skip"; \
 	else echo "no chromium (not root, or no apt-get): the browser CORS and dashboard tests will skip"; fi
 
+# wrk, the C HTTP load generator the benchmarks drive, for the frontend-processes benchmark's
+# smoke run (tests/integration/test_bench_fronts.py): Debian's package, installed with apt-get
+# when missing and this runs as root; otherwise that test skips, saying why.
+wrk:
+	@command -v wrk >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			--no-install-recommends wrk) || \
+		echo "wrk could not be installed: the benchmark smoke test will skip"; \
+	else echo "no wrk (not root, or no apt-get): the benchmark smoke test will skip"; fi
+
 # Prometheus' promtool for the Grafana dashboard's and the alert rules' tests
 # (tests/unit/test_grafana_dashboard.py, tests/integration/test_grafana_metrics.py), when none
 # is on the PATH: taken out of Debian's prometheus package (apt-get download, dpkg-deb -x) into
@@ -89,7 +100,7 @@ promtool:
 
 # The checks first (seconds), then the suite: ruff, mypy --strict (its files and settings are
 # in pyproject.toml: frontend/, backend/, model_archiver/, protos/framing.py), pytest.
-test: lint $(TS_STAMP) $(SM_STAMP) browser promtool
+test: lint $(TS_STAMP) $(SM_STAMP) browser promtool wrk
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

@@ -68,6 +68,7 @@ class WrkRun:
     p50_ms: float
     p99_ms: float
     errors: int
+    requests: int = 0  # answers wrk counted over the whole run
 
 
 @dataclass
@@ -93,10 +94,12 @@ def _ms(text: str) -> float:
     return float(found.group(1)) * _UNITS_MS[found.group(2)]
 
 
-def wrk(url: str, connections: int, duration_s: float, script: Path) -> WrkRun:
+def wrk(url: str, connections: int, duration_s: float, script: Path, threads: int = 1) -> WrkRun:
+    """One wrk run (whole seconds: wrk reads no fractions) with its latency distribution."""
     output = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s", "--latency", "-s", str(script),
-         url], check=True, capture_output=True, text=True, timeout=duration_s + 60).stdout
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration_s:g}s", "--latency", "-s",
+         str(script), url], check=True, capture_output=True, text=True,
+        timeout=duration_s + 60).stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))  # type: ignore[union-attr]
     p50 = re.search(r"\s50%\s+([\d.]+\w+)", output)
     p99 = re.search(r"\s99%\s+([\d.]+\w+)", output)
@@ -104,9 +107,11 @@ def wrk(url: str, connections: int, duration_s: float, script: Path) -> WrkRun:
     socket_errors = re.search(r"Socket errors: .*", output)
     if socket_errors:
         print(f"  wrk: {socket_errors.group()}", file=sys.stderr)
+    requests = re.search(r"(\d+) requests in ", output)
     return WrkRun(rate, _ms(p50.group(1)) if p50 else float("nan"),
                   _ms(p99.group(1)) if p99 else float("nan"),
-                  int(errors.group(1)) if errors else 0)
+                  int(errors.group(1)) if errors else 0,
+                  int(requests.group(1)) if requests else 0)
 
 
 def loadgen(url: str, duration_s: float) -> float:
