@@ -19,6 +19,7 @@ A change to the server that breaks what an image promises fails here, not at the
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -131,6 +132,20 @@ def test_the_kserve_images_contract_holds_outside_the_image(tmp_path: Path,
             ("SIGTERM drains and exits 0", sigterm_exits_0(lambda: terminate(server)))])
     finally:
         terminate(server)
+        stop_a_server_that_went_to_the_background(tmp_path / "state", server, env)
+
+
+def stop_a_server_that_went_to_the_background(state_dir: Path, started: subprocess.Popen[bytes],
+                                              env: dict[str, str]) -> None:
+    """Where the contract broke because ``torchserve`` left the server in the background, that
+    server is stopped too (``torchserve --stop``, by the state file)."""
+    try:
+        pid = json.loads((state_dir / "server.json").read_text()).get("pid")
+    except (OSError, ValueError):
+        return
+    if pid != started.pid:
+        subprocess.run([str(BIN / "torchserve"), "--stop"], env=env, capture_output=True,
+                       timeout=240, check=False)
 
 
 def wait_for(ready: Callable[[], bool], server: subprocess.Popen[bytes], output: Path) -> None:
