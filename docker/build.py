@@ -14,9 +14,11 @@ Debian's mmdebstrap, podman and runc (``make image`` installs them with apt when
    model-store/ with a small torch model built by our model-archiver (docker/smoke_handler.py)
    and config/config.properties after KServe's documented one; host network. TorchServe's /ping
    and /predictions, KServe v1 and v2 REST and Open Inference gRPC must answer on 127.0.0.1,
-   PID 1 must be the server as uid 1000, and SIGTERM must stop it with exit status 0. By
-   default the container runs its CMD; ``--kserve v1|v2|grpc-v2`` runs it exactly as KServe's
-   runtime does for that protocol (its args and env; REST on 8080, gRPC on 8081).
+   PID 1 must be the server as uid 1000 with its workers its descendants, and SIGTERM must
+   stop it with exit status 0. By default the container runs its CMD; ``--kserve
+   v1|v2|grpc-v2`` runs it exactly as KServe's runtime does for that protocol (its args and
+   env; REST on 8080, gRPC on 8081). The checks are docker/contract.py's, which ``make test``
+   also runs against the server outside any container.
 
 ``--variant sagemaker`` builds docker/Dockerfile.sagemaker instead: the SageMaker PyTorch
 inference toolkit beside batchserve (CPU torch), started as SageMaker starts a container
@@ -30,38 +32,48 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import resource
 import shutil
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
-from typing import Any
 
-import grpc
 from packaging.requirements import Requirement
 
+from docker.contract import (
+    KSERVE_ARGS,
+    KSERVE_ENVELOPES,
+    PROCESS_LISTING,
+    SMOKE_MODEL,
+    STOP_GRACE_S,
+    KServeEndpoints,
+    Ports,
+    Process,
+    described_workers,
+    http,
+    kserve_checks,
+    kserve_env,
+    kserve_layout,
+    kserve_ready_url,
+    parse_processes,
+    run_checks,
+    server_and_workers,
+    sigterm_exits_0,
+)
 from frontend import __version__
-from model_archiver.packaging import ArchiveOptions, build_archive
-from protos import open_inference_pb2 as pb
-from protos import open_inference_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "build" / "image"
 LOG = WORK / "build.log"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
-SMOKE_HANDLER = ROOT / "docker" / "smoke_handler.py"
 SAGEMAKER_DOCKERFILE = ROOT / "docker" / "Dockerfile.sagemaker"
 SAGEMAKER_ENTRYPOINT = ROOT / "docker" / "sagemaker-entrypoint.sh"
 
@@ -109,48 +121,15 @@ VARIANTS = {
 # torchvision, nothing else brings it.
 EXTRA_REQUIREMENTS = ("numpy",)
 
-# KServe's kserve-torchserve ServingRuntime runs the image with these args, which replace its
-# CMD (the same line with --foreground), and with the envelope its controller picks for the
-# InferenceService's protocol in TS_SERVICE_ENVELOPE, the protocol in PROTOCOL_VERSION. It
-# sends REST to 8080 and grpc-v2 to 8081.
-KSERVE_ARGS = ("torchserve", "--start", "--model-store=/mnt/models/model-store",
-               "--ts-config=/mnt/models/config/config.properties")
-KSERVE_ENVELOPES = {"v1": "kserve", "v2": "kservev2", "grpc-v2": "kservev2"}
+# KServe's runtime sends REST to 8080 and grpc-v2 to 8081 (its args and env: docker/contract.py).
 KSERVE_REST_PORT = 8080
 KSERVE_GRPC_PORT = 8081
-
-# KServe's documented config.properties for TorchServe (its torchserve docs), with the model
-# the smoke test serves, token authorization off (KServe does not send TorchServe's keys) and
-# the ports and bind host as given. {snapshot} is the model_snapshot JSON.
-CONFIG = """\
-inference_address=http://{bind}:{port}
-management_address=http://{bind}:{port}
-metrics_address=http://{bind}:{metrics_port}
-grpc_inference_port={grpc_port}
-grpc_management_port={grpc_management_port}
-enable_metrics_api=true
-metrics_format=prometheus
-number_of_netty_threads=4
-job_queue_size=10
-enable_envvars_config=true
-install_py_dep_per_model=true
-disable_token_authorization=true
-model_store=/mnt/models/model-store
-model_snapshot={snapshot}
-"""
-SMOKE_MODEL = "affine"
-SMOKE_MODEL_CONFIG = """\
-inputs:
-  - {name: INPUT0, datatype: FP32, shape: [-1, 4]}
-outputs:
-  - {name: OUTPUT0, datatype: FP32, shape: [-1, 4]}
-"""
 SMOKE_CONTAINER = "batchserve-image-smoke"
+UID = 1000  # the image's USER
 
 MMDEBSTRAP_TIMEOUT_S = 1200
 PIP_TIMEOUT_S = 1800
 BUILD_TIMEOUT_S = 3600
-STOP_GRACE_S = 60
 
 
 class BuildError(Exception):
@@ -337,48 +316,10 @@ class SmokeOptions:
     """Run as KServe does for this protocol (v1, v2, grpc-v2): through its envelope."""
 
 
-def make_layout(root: Path, options: SmokeOptions) -> None:
-    """KServe's storage layout: <root>/model-store/*.mar and <root>/config/config.properties,
-    readable by the image's uid 1000."""
-    store, config = root / "model-store", root / "config"
-    store.mkdir()
-    config.mkdir()
-    model_config = root / "model-config.yaml"
-    model_config.write_text(SMOKE_MODEL_CONFIG)
-    build_archive(ArchiveOptions(model_name=SMOKE_MODEL, handler=str(SMOKE_HANDLER),
-                                 config_file=str(model_config), export_path=store, force=True))
-    model_config.unlink()
-    snapshot = {"name": "startup.cfg", "modelCount": 1, "models": {SMOKE_MODEL: {"1.0": {
-        "defaultVersion": True, "marName": f"{SMOKE_MODEL}.mar", "minWorkers": 1,
-        "maxWorkers": 1, "batchSize": 4, "maxBatchDelay": 10, "responseTimeout": 120}}}}
-    (config / "config.properties").write_text(CONFIG.format(
-        bind=options.bind, port=options.port, metrics_port=options.metrics_port,
-        grpc_port=options.grpc_port, grpc_management_port=options.grpc_port + 1,
-        snapshot=json.dumps(snapshot, separators=(",", ":"))))
-    for path in (root, *root.rglob("*")):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-
-
 def port_in_use(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(1)
         return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def http(method: str, url: str, body: Any = None, *, content_type: str = "application/json",
-         timeout: float = 30) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": content_type})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode(errors="replace")
 
 
 def container_running(container: str = SMOKE_CONTAINER) -> bool:
@@ -402,167 +343,34 @@ def wait_until(ready: Callable[[], bool], timeout_s: float, what: str,
     raise BuildError(f"no {what} within {timeout_s:.0f} s")
 
 
-EXPECTED = [[3.0, 5.0, 7.0, 9.0], [1.0, 1.0, 1.0, 1.0]]  # 2 * x + 1 of the inputs below
-INPUTS = [[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0]]
-FLAT_INPUTS = [x for row in INPUTS for x in row]
-FLAT_EXPECTED = [x for row in EXPECTED for x in row]
-V2_REQUEST = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 4],
-                          "data": FLAT_INPUTS}]}
-Check = Callable[[], tuple[bool, str]]
-"""A smoke check: (passed, what it saw)."""
+def container_processes(container: str) -> list[Process]:
+    """The container's processes (docker/contract.py's listing, run in it)."""
+    return parse_processes(podman("exec", container, "sh", "-c", PROCESS_LISTING))
 
 
-def run_checks(checks: Sequence[tuple[str, Check]]) -> tuple[int, int]:
-    """Run each named check, print PASS or FAIL with what it saw; (passed, failed)."""
-    passed = failed = 0
-    for name, check in checks:
-        try:
-            ok, detail = check()
-        except Exception as exc:  # a check that cannot even ask has failed, and says so
-            ok, detail = False, f"{type(exc).__name__}: {exc}"
-        passed, failed = passed + ok, failed + (not ok)
-        print(f"   {'PASS' if ok else 'FAIL'} {name}: {detail[:300]}", flush=True)
-    return passed, failed
+def endpoints(options: SmokeOptions) -> KServeEndpoints:
+    return KServeEndpoints(
+        inference=f"http://127.0.0.1:{options.port}",
+        kserve_rest=f"http://127.0.0.1:{options.kserve_rest_port}",
+        kserve_grpc_port=options.kserve_grpc_port,
+        metrics=f"http://127.0.0.1:{options.metrics_port}", protocol=options.protocol)
 
 
-def numbers(body: Any) -> list[float] | None:
-    """The numbers an answer carries, flattened: a bare list (/predictions), KServe v1's
-    ``predictions`` or Open Inference's ``outputs[].data``; None for anything else. Under
-    TorchServe's envelopes the tensors' names and shapes differ (its kservev2 envelope names an
-    output after its input, flat): KServe mode's own tests check those; this checks the sums."""
-    if isinstance(body, dict) and "predictions" in body:
-        body = body["predictions"]
-    elif isinstance(body, dict) and isinstance(body.get("outputs"), list):
-        body = [output.get("data") for output in body["outputs"] if isinstance(output, dict)]
-    flat: list[float] = []
-    pending = [body]
-    while pending:
-        value = pending.pop()
-        if isinstance(value, list):
-            pending.extend(reversed(value))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            flat.append(float(value))
-        else:
-            return None
-    return flat
+def pid1_is_the_server(options: SmokeOptions) -> tuple[bool, str]:
+    """The server itself is PID 1, as uid 1000, and its workers are its descendants (through
+    the fork server). (`torchserve --start` that went to the background would be PID 1 only
+    until the server it spawned answers, and the container would end with it.)"""
+    return server_and_workers(container_processes(SMOKE_CONTAINER), 1, UID,
+                              described_workers(f"http://127.0.0.1:{options.port}", SMOKE_MODEL),
+                              alone=True)
 
 
-def smoke_checks(options: SmokeOptions) -> list[tuple[str, Check]]:
-    """What to check, by how the container was started: without a KServe protocol, every API
-    with TorchServe's and the protocols' own bodies; with one, what KServe sends for it."""
-    ts = f"http://127.0.0.1:{options.port}"
-    kserve = f"http://127.0.0.1:{options.kserve_rest_port}"
-    model = SMOKE_MODEL
-    envelope = KSERVE_ENVELOPES.get(options.protocol or "")
-
-    def ping() -> tuple[bool, str]:
-        status, body = http("GET", f"{ts}/ping")
-        return status == 200 and body == {"status": "Healthy"}, f"{status} {body}"
-
-    def predictions() -> tuple[bool, str]:
-        # An envelope reads /predictions bodies as its protocol's requests.
-        request: Any = {"kserve": {"instances": INPUTS}, "kservev2": V2_REQUEST}.get(
-            envelope or "", INPUTS[0])
-        expected = EXPECTED[0] if envelope is None else FLAT_EXPECTED
-        status, body = http("POST", f"{ts}/predictions/{model}", request)
-        return status == 200 and numbers(body) == expected, f"{status} {body}"
-
-    def v1_ready() -> tuple[bool, str]:
-        status, body = http("GET", f"{kserve}/v1/models/{model}")
-        return status == 200 and isinstance(body, dict) and body.get("ready") is True, \
-            f"{status} {body}"
-
-    def v1_predict() -> tuple[bool, str]:
-        status, body = http("POST", f"{kserve}/v1/models/{model}:predict",
-                            {"instances": INPUTS})
-        ok = status == 200 and isinstance(body, dict) and numbers(body) == FLAT_EXPECTED
-        return ok, f"{status} {body}"
-
-    def v2_ready() -> tuple[bool, str]:
-        status, body = http("GET", f"{kserve}/v2/health/ready")
-        model_status, _ = http("GET", f"{kserve}/v2/models/{model}/ready")
-        ok = status == 200 and body == {"ready": True} and model_status == 200
-        return ok, f"server {status} {body}, model {model_status}"
-
-    def v2_infer() -> tuple[bool, str]:
-        status, body = http("POST", f"{kserve}/v2/models/{model}/infer", V2_REQUEST)
-        ok = status == 200 and numbers(body) == FLAT_EXPECTED
-        if envelope is None:  # batchserve's own v2: the tensor as model-config.yaml declares
-            ok = ok and body["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32",
-                                             "shape": [2, 4], "data": FLAT_EXPECTED}]
-        return ok, f"{status} {body}"
-
-    def grpc_v2() -> tuple[bool, str]:
-        return grpc_checks(options.kserve_grpc_port, strict=envelope is None)
-
-    def metrics() -> tuple[bool, str]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{options.metrics_port}/metrics",
-                                    timeout=30) as response:
-            text = response.read().decode()
-        return response.status == 200 and "ts_inference_requests_total" in text, \
-            f"{response.status}, {len(text)} bytes"
-
-    def pid1_is_the_server() -> tuple[bool, str]:
-        # The server itself must be PID 1, as uid 1000: its workers are its own children.
-        # (`torchserve --start` that went to the background would be PID 1 only until the
-        # server it spawned answers, and the container would end with it.)
-        processes = container_processes(SMOKE_CONTAINER)
-        pid1 = next((p for p in processes if p[0] == "1"), None)
-        workers = [p for p in processes if "-m backend" in p[3]]
-        ok = pid1 is not None and "torchserve" in pid1[3] and bool(workers) \
-            and all(p[1] == "1" for p in workers) and {p[2] for p in processes} == {"1000"}
-        return ok, (f"PID 1 (uid {pid1[2]}): {pid1[3].strip()}; " if pid1 else "no PID 1; ") \
-            + f"worker parents {sorted({p[1] for p in workers})}, " \
-            + f"uids {sorted({p[2] for p in processes})}"
-
-    v1 = [("KServe v1 model ready", v1_ready), ("KServe v1 :predict", v1_predict)]
-    v2 = [("KServe v2 ready", v2_ready), ("KServe v2 /infer", v2_infer),
-          ("Open Inference gRPC (live, ready, ModelInfer)", grpc_v2)]
-    protocols = {None: v1 + v2, "v1": v1, "v2": v2, "grpc-v2": v2}[options.protocol]
-    return [("TorchServe /ping", ping), ("TorchServe /predictions", predictions), *protocols,
-            ("metrics", metrics), ("PID 1 is the server, as uid 1000", pid1_is_the_server)]
-
-
-def container_processes(container: str) -> list[list[str]]:
-    """The container's processes as [pid, parent pid, uid, command line (spaces for NULs)]."""
-    listing = podman("exec", container, "sh", "-c",
-                     'for p in /proc/[0-9]*; do echo "${p#/proc/}'
-                     ' $(cut -d" " -f4 $p/stat) $(stat -c %u $p)'
-                     ' $(tr "\\0" " " < $p/cmdline)"; done')
-    # A process that ended during the listing leaves empty fields: not counted.
-    return [fields for fields in (line.split(" ", 3) for line in listing.splitlines())
-            if len(fields) == 4 and all(fields[:3])]
-
-
-def tensor_values(tensor: Any, raw: bytes | None) -> list[float]:
-    """An Open Inference output tensor's values, from its typed contents or raw bytes."""
-    kind = {"FP32": ("fp32_contents", "f"), "FP64": ("fp64_contents", "d")}.get(tensor.datatype)
-    if kind is None:
-        return []
-    field, code = kind
-    if raw:
-        return [float(x) for x in struct.unpack(f"<{len(raw) // struct.calcsize(code)}{code}",
-                                                raw)]
-    return [float(x) for x in getattr(tensor.contents, field)]
-
-
-def grpc_checks(port: int, *, strict: bool) -> tuple[bool, str]:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-        live = stub.ServerLive(pb.ServerLiveRequest(), timeout=30).live
-        ready = stub.ModelReady(pb.ModelReadyRequest(name=SMOKE_MODEL), timeout=30).ready
-        request = pb.ModelInferRequest(model_name=SMOKE_MODEL)
-        tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[2, 4])
-        tensor.contents.fp32_contents.extend(FLAT_INPUTS)
-        response = stub.ModelInfer(request, timeout=30)
-    output = response.outputs[0]
-    raw = response.raw_output_contents[0] if response.raw_output_contents else None
-    values = tensor_values(output, raw)
-    ok = live and ready and values == FLAT_EXPECTED
-    if strict:
-        ok = ok and output.name == "OUTPUT0" and list(output.shape) == [2, 4]
-    return ok, (f"live={live} ready={ready} {output.name} {output.datatype}"
-                f"{list(output.shape)}={values}")
+def stop_container() -> int:
+    """``podman stop``: SIGTERM to PID 1; the container's exit status."""
+    if not container_running():
+        return -1  # it had ended before SIGTERM
+    podman("stop", "--time", str(STOP_GRACE_S), SMOKE_CONTAINER, timeout=STOP_GRACE_S + 60)
+    return int(podman("inspect", "--format", "{{.State.ExitCode}}", SMOKE_CONTAINER).strip())
 
 
 def smoke(options: SmokeOptions) -> tuple[int, int]:
@@ -577,34 +385,25 @@ def smoke(options: SmokeOptions) -> tuple[int, int]:
     layout = Path(tempfile.mkdtemp(prefix="batchserve-image-smoke-"))
     passed = failed = 0
     try:
-        make_layout(layout, options)
-        env = list(options.env)
-        if options.protocol is not None:
-            env += [f"TS_SERVICE_ENVELOPE={KSERVE_ENVELOPES[options.protocol]}",
-                    f"PROTOCOL_VERSION={options.protocol}"]
+        kserve_layout(layout, options.bind, Ports(
+            port=options.port, metrics_port=options.metrics_port, grpc_port=options.grpc_port,
+            grpc_management_port=options.grpc_port + 1))
+        env = [*options.env, *(f"{key}={value}" for key, value in
+                               kserve_env(options.protocol).items())]
         args = KSERVE_ARGS if options.kserve_args or options.protocol else ()
         podman("run", "--detach", "--name", SMOKE_CONTAINER, "--network", "host", *ulimits(),
                "--volume", f"{layout}:/mnt/models:ro",
                *(flag for pair in env for flag in ("--env", pair)), options.tag, *args)
         print(f"   started: {' '.join(env) or '(no env)'} {' '.join(args) or '(its CMD)'}")
-        # Ready as KServe sees it: the model's readiness on the protocol it speaks.
-        ready_url = f"http://127.0.0.1:{options.kserve_rest_port}" + (
-            f"/v1/models/{SMOKE_MODEL}" if options.protocol == "v1"
-            else f"/v2/models/{SMOKE_MODEL}/ready")
+        at = endpoints(options)
+        ready_url = kserve_ready_url(at)
         wait_until(lambda: http("GET", ready_url, timeout=5)[0] == 200,
                    options.start_timeout_s, f"{ready_url} answering 200")
-        passed, failed = run_checks(smoke_checks(options))
-        running = container_running()
-        start = time.monotonic()
-        podman("stop", "--time", str(STOP_GRACE_S), SMOKE_CONTAINER, timeout=STOP_GRACE_S + 60)
-        stop_s = time.monotonic() - start
-        code = podman("inspect", "--format", "{{.State.ExitCode}}", SMOKE_CONTAINER).strip()
-        ok = running and code == "0"
-        if not running:
-            code += " (it had ended before SIGTERM)"
-        passed, failed = passed + ok, failed + (not ok)
-        print(f"   {'PASS' if ok else 'FAIL'} SIGTERM drains and exits: status {code} "
-              f"in {stop_s:.1f} s", flush=True)
+        passed, failed = run_checks([
+            *kserve_checks(at),
+            ("PID 1 is the server, as uid 1000; its workers its descendants",
+             lambda: pid1_is_the_server(options)),
+            ("SIGTERM drains and exits 0", sigterm_exits_0(stop_container))])
     finally:
         logs = subprocess.run(["podman", "logs", SMOKE_CONTAINER], capture_output=True,
                               text=True)

@@ -26,6 +26,7 @@ import functools
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -235,13 +236,24 @@ class Container:
                            cwd=self.work, capture_output=True, timeout=240, check=False)
 
 
-def start_serve(work: Path, base_dir: Path, **environ: str) -> Container:
+def start_serve(work: Path, base_dir: Path, entrypoint: Path | None = None,
+                **environ: str) -> Container:
+    """``serve`` as the toolkit's venv runs it; with ``entrypoint``, through that script run
+    as ``ENTRYPOINT serve`` (the SageMaker image's), with a ``serve`` first on its PATH that
+    runs ours."""
     venv = side_venv()
     work.mkdir(parents=True, exist_ok=True)
     (work / "serve.py").write_text(SERVE)
+    command = [str(venv / "bin" / "python"), str(work / "serve.py"),
+               str(work / "sagemaker-ts.properties")]
+    path = f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    if entrypoint is not None:
+        (work / "bin").mkdir(exist_ok=True)
+        (work / "bin" / "serve").write_text(f"#!/bin/sh\nexec {shlex.join(command)}\n")
+        (work / "bin" / "serve").chmod(0o755)
+        command, path = [str(entrypoint), "serve"], f"{work / 'bin'}{os.pathsep}{path}"
     port = free_port()
-    env = {**os.environ,
-           "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+    env = {**os.environ, "PATH": path,
            "SAGEMAKER_BASE_DIR": str(base_dir), "SAGEMAKER_BIND_TO_PORT": str(port),
            # Ports the toolkit leaves to TorchServe's defaults, moved (its config reads TS_*).
            "TS_GRPC_INFERENCE_PORT": "0", "TS_GRPC_MANAGEMENT_PORT": "0",
@@ -252,9 +264,8 @@ def start_serve(work: Path, base_dir: Path, **environ: str) -> Container:
     env.pop("PYTHONPATH", None)
     prefix = pid_namespace()
     with (work / "serve.out").open("wb") as out:
-        serve = subprocess.Popen([*prefix, str(venv / "bin" / "python"), str(work / "serve.py"),
-                                  str(work / "sagemaker-ts.properties")],
-                                 cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+        serve = subprocess.Popen([*prefix, *command], cwd=work, env=env, stdout=out,
+                                 stderr=subprocess.STDOUT)
     container = Container(serve, f"http://127.0.0.1:{port}", work, env, bool(prefix))
 
     def pinged() -> bool:

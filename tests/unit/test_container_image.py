@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import zipfile
 from pathlib import Path
@@ -16,15 +15,14 @@ from pathlib import Path
 import pytest
 
 from docker import build
+from docker.contract import instructions
 from docker.smoke_handler import AffineHandler
 
 DOCKERFILE = build.DOCKERFILE.read_text()
 
 
 def _instruction(name: str) -> list[str]:
-    """The arguments of each ``name`` instruction (continuation lines joined)."""
-    text = DOCKERFILE.replace("\\\n", " ")
-    return [m.group(1).strip() for m in re.finditer(rf"^{name}\s+(.*)$", text, re.MULTILINE)]
+    return instructions(build.DOCKERFILE, name)
 
 
 def test_the_command_is_kserves_line_in_the_foreground() -> None:
@@ -85,12 +83,8 @@ def test_the_smoke_model_answers_each_kind_of_row(row: object, expected: object)
 
 # ---- the SageMaker variant (docker/Dockerfile.sagemaker) --------------------------------
 
-SAGEMAKER_DOCKERFILE = build.SAGEMAKER_DOCKERFILE.read_text()
-
-
 def _sagemaker_instruction(name: str) -> list[str]:
-    text = SAGEMAKER_DOCKERFILE.replace("\\\n", " ")
-    return [m.group(1).strip() for m in re.finditer(rf"^{name}\s+(.*)$", text, re.MULTILINE)]
+    return instructions(build.SAGEMAKER_DOCKERFILE, name)
 
 
 def test_sagemaker_image_runs_serve_through_its_entry_point() -> None:
@@ -156,15 +150,15 @@ def test_the_entry_point_runs_any_other_command_in_its_place(tmp_path: Path) -> 
 def test_the_sagemaker_smoke_model_answers_through_the_user_functions(tmp_path: Path) -> None:
     # What the smoke test writes as a model directory, read back by its inference.py as the
     # toolkit calls it: the weights decide the answer, JSON (text) and NPY (bytes) alike.
-    from docker import sagemaker_smoke, smoke_inference
+    from docker import sagemaker_contract, smoke_inference
 
-    weights = sagemaker_smoke.MULTI["beta"]
+    weights = sagemaker_contract.MULTI["beta"]
     weights.write(tmp_path / "model")
     assert (tmp_path / "model" / "code" / "inference.py").read_text() == \
-        sagemaker_smoke.USER_SCRIPT.read_text()
+        sagemaker_contract.USER_SCRIPT.read_text()
     model = smoke_inference.model_fn(str(tmp_path / "model"))
-    for body, headers in (sagemaker_smoke.json_body(sagemaker_smoke.INPUTS),
-                          sagemaker_smoke.npy_body(sagemaker_smoke.INPUTS)):
+    for body, headers in (sagemaker_contract.json_body(sagemaker_contract.INPUTS),
+                          sagemaker_contract.npy_body(sagemaker_contract.INPUTS)):
         content_type = headers["Content-Type"]
         data = smoke_inference.input_fn(
             body.decode() if content_type == "application/json" else body, content_type)
