@@ -1,7 +1,7 @@
-"""The batcher and its batch buckets against the real server (issue 33, item 2), on the CPU: a toy handler
-(tests/fixtures/handlers/bucketed.py) says in ``initialize`` that it runs its batches padded
-to buckets 1, 2, 4 and 8 (``context.execution``, reported in LOADED), as a CUDA-graph model
-does; another says it fell back to eager.
+"""The batcher and its batch buckets against the real server (issue 33, item 2), on the
+CPU: a toy handler (tests/fixtures/handlers/bucketed.py) says in ``initialize`` that it runs
+its batches padded to buckets 1, 2, 4 and 8 (``context.execution``, reported in LOADED), as a
+CUDA-graph model does; another says it fell back to eager.
 
 - describe (REST and gRPC) shows each worker's Execution and each model's buckets in effect;
 - the adaptive policy sends 4 of 5 queued requests and keeps 1 for the next batch (both fill
