@@ -273,8 +273,7 @@ class OwnerLink(asyncio.Protocol):
         self.front = 0
         self.pid = 0
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
         self.predictions = self._served()
         self.predictions.connect(FrameWriter(transport, asyncio.get_running_loop()),
