@@ -16,15 +16,17 @@ import shutil
 import ssl
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from frontend.api.grpc.servers import GrpcServers
-from frontend.api.http.app import serve_http
+from frontend.api.http.app import HttpListeners, serve_http
+from frontend.api.http.linked import LinkedPredictions
 from frontend.config import Address, ServerConfig
 from frontend.errors import ConfigError, ServeError
+from frontend.front.owner import Fronts
 from frontend.models.loader import ModelLoader, RegisterRequest
 from frontend.models.registry import ModelRegistry
 from frontend.models.snapshot import Snapshots, restore_requests
@@ -42,7 +44,7 @@ from frontend.serving.capacity import HostLimits, worker_caps
 from frontend.serving.forkserver import Launch
 from frontend.serving.placement import CpuAssigner, GpuAssigner, Placement
 from frontend.serving.workers import start_failures
-from frontend.tls import load_certificate
+from frontend.tls import ServerCertificate, load_certificate
 from frontend.workflows import archive as workflow_archives
 from frontend.workflows.loader import WorkflowLoader
 from frontend.workflows.registry import WorkflowRegistry
@@ -165,6 +167,9 @@ class Server:
         self._drain_deadline: float | None = None
         #: The HTTPS listeners' TLS context (an https:// address), made at start.
         self._tls: ssl.SSLContext | None = None
+        self._certificate: ServerCertificate | None = None
+        #: The front processes (number_of_netty_threads > 1), while serving.
+        self.fronts: Fronts | None = None
 
     def request_stop(self) -> None:
         """Ask the server to stop; safe to call from any thread."""
@@ -187,6 +192,7 @@ class Server:
         https = any(address.is_tls for address in (
             config.inference_address, config.management_address, config.metrics_address))
         self._tls = certificate.ssl_context() if certificate is not None and https else None
+        self._certificate = certificate
         tracing = start_tracing(config) if config.otel_traces else None
         run_dir, owns_run_dir = self._make_run_dir()
         run_dir.chmod(0o700)
@@ -211,6 +217,7 @@ class Server:
         plane = InferencePlane(registry, subscribed, logs.access, config.server_timing)
         workflows = WorkflowLoader(config, loader, WorkflowRegistry(), run_dir / "workflows")
         dashboard = Dashboard(statuses(registry), metrics, busy=busy, gpu_count=gpus.count)
+        metrics.front_requests = self._front_requests
         self.services = Services(config, registry, loader, metrics, auth, snapshots, plane,
                                  workflows, dashboard)
         grpc_servers = GrpcServers(
@@ -237,6 +244,8 @@ class Server:
                     auth.remove()
                 if owns_run_dir:
                     shutil.rmtree(run_dir, ignore_errors=True)
+                elif config.frontend_processes > 1:
+                    Fronts.inner_path(run_dir).unlink(missing_ok=True)
                 else:
                     shutil.rmtree(loader.archive_dir, ignore_errors=True)
                 logger.info("stopped")
@@ -246,7 +255,10 @@ class Server:
                      grpc_servers: GrpcServers | None, workflows: WorkflowLoader) -> None:
         """Bind, load the startup models, serve until asked to stop, stop accepting."""
         assert self._stop is not None
-        async with serve_http(http_services, self._tls) as http:
+        run_dir = loader.run_dir
+        inner = Fronts.inner_path(run_dir) if self.config.frontend_processes > 1 else None
+        async with serve_http(http_services, self._tls, inner) as http, \
+                self._fronts(http, http_services, run_dir) as fronts:
             bound = http.bound
             await self._load_startup_models(loader, snapshots)
             await self._load_startup_workflows(workflows)
@@ -268,6 +280,8 @@ class Server:
                                "reach the ports can use every API",
                                self.config.token_authorization_off_by or "the configuration")
             await http.start()
+            if fronts is not None:
+                await fronts.start()
             logger.info("inference API on %s, management API on %s, metrics on %s, gRPC "
                         "inference/management ports %s/%s", bound["inference"],
                         bound["management"], bound.get("metrics"),
@@ -283,8 +297,52 @@ class Server:
             self._drain_deadline = time.monotonic() + drain_s
             logger.info("stopping: no new connections; open requests have %g s to finish "
                         "(drain_timeout)", drain_s)
+            # The fronts first (they stop accepting, and finish their open requests, which
+            # this process answers), the listeners of this process at once.
             await asyncio.gather(http.stop(), *(
-                [grpc_servers.stop(grace_s=drain_s)] if grpc_servers is not None else []))
+                [grpc_servers.stop(grace_s=drain_s)] if grpc_servers is not None else []), *(
+                [fronts.stop(drain_s)] if fronts is not None else []))
+
+    def _front_requests(self) -> dict[int, int]:
+        return self.fronts.requests() if self.fronts is not None else {}
+
+    @contextlib.asynccontextmanager
+    async def _fronts(self, http: HttpListeners, services: Services, run_dir: Path
+                      ) -> AsyncIterator[Fronts | None]:
+        """The front processes (``number_of_netty_threads`` > 1; started by ``_serve`` once
+        this process serves), closed when the block ends, however it ends."""
+        config = self.config
+        count = config.frontend_processes
+        if count < 2:
+            yield None
+            return
+        shared = http.shared()
+        certificate = self._certificate
+        settings = {
+            "inner": str(Fronts.inner_path(run_dir)),
+            "listeners": [[apis, str(address)] for apis, address in shared],
+            "kserve": bool(config.kserve_protocol),
+            "header_timeout_s": config.request_header_timeout_s,
+            "keep_alive_s": config.keep_alive_timeout_s,
+            "drain_timeout_s": config.drain_timeout_s,
+            "max_body_bytes": config.max_request_size_bytes,
+            "certificate": {"key": certificate.key_pem.decode("latin-1"),
+                            "chain": certificate.chain_pem.decode("latin-1"),
+                            "source": certificate.source}
+            if certificate is not None and any(a.is_tls for _, a in shared) else None}
+
+        def served() -> LinkedPredictions:
+            assert http.linked is not None, "the inference listener serves first"
+            predictions, table = http.linked
+            return LinkedPredictions(predictions, table, services.metrics.count_response,
+                                     http.cors)
+
+        fronts = self.fronts = Fronts(count, run_dir, settings, served)
+        try:
+            yield fronts
+        finally:
+            await fronts.close()
+            self.fronts = None
 
     def _drain_left(self) -> float:
         """What is left of drain_timeout for the workers (a little at least, to exit cleanly)."""

@@ -15,7 +15,6 @@ _NETTY = "batchserve's frontend is one asyncio (uvloop) event loop, not Netty"
 NO_EFFECT: dict[str, str] = {
     # The JVM and Netty.
     "vmargs": "JVM arguments, and there is no JVM",
-    "number_of_netty_threads": f"Netty's event-loop threads: {_NETTY}",
     "netty_client_threads": f"Netty's threads for worker connections: {_NETTY}",
     "use_native_io": "Netty's epoll/kqueue transport: batchserve always uses uvloop (libuv)",
     "io_ratio": f"Netty's share of time for I/O: {_NETTY}",

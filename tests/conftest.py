@@ -192,7 +192,7 @@ def spawn_server(work_dir: Path, model_store: Path, *models: str,
         "inference_address": "http://127.0.0.1:0", "management_address": "http://127.0.0.1:0",
         "metrics_address": "http://127.0.0.1:0", "grpc_inference_port": 0,
         "grpc_management_port": 0, "default_workers_per_model": 1, "enable_model_api": "true",
-        "log_location": work_dir / "logs", **(config or {})}
+        "log_location": work_dir / "logs", "number_of_netty_threads": 1, **(config or {})}
     properties = work_dir / "config.properties"
     properties.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
     state_dir = work_dir / "state"
@@ -264,6 +264,9 @@ def server_config(model_store: Path, *models: str, **overrides: object) -> Serve
         "enable_model_api": True,
         "disable_token_authorization": True,
         "log_location": model_store.parent / "logs",
+        # One process on the inference port, whatever the host's cores (tests/integration/
+        # test_fronts.py asks for more).
+        "number_of_netty_threads": 1,
         **overrides,
     }
     return ServerConfig(**settings)  # type: ignore[arg-type]

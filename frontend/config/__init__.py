@@ -32,8 +32,10 @@ from frontend.config.properties import read_properties, resolve_env_references, 
 from frontend.config.server import (
     ACCEPTED_WITHOUT_EFFECT,
     DEFAULT_DRAIN_TIMEOUT_S,
+    MAX_FRONTEND_PROCESSES,
     PARSERS,
     ServerConfig,
+    default_fronts,
     known_key,
 )
 from frontend.config.values import (
@@ -51,6 +53,7 @@ __all__ = [
     "DEFAULT_DRAIN_TIMEOUT_S",
     "KEYTOOL_TO_PKCS12",
     "KSERVE_PROTOCOLS",
+    "MAX_FRONTEND_PROCESSES",
     "OTLP_PROTOCOLS",
     "PARSERS",
     "SERVICE_ENVELOPES",
@@ -62,6 +65,7 @@ __all__ = [
     "check_kserve_ports",
     "check_model_snapshot",
     "check_tls",
+    "default_fronts",
     "env_overrides",
     "known_key",
     "kserve_env",

@@ -4,6 +4,7 @@ table ``build_config`` reads with, derived from those declarations."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,21 @@ from frontend.torchserve_keys import NO_EFFECT
 DEFAULT_DRAIN_TIMEOUT_S = 25.0
 
 
+#: The most processes ``number_of_netty_threads`` may ask for.
+MAX_FRONTEND_PROCESSES = 64
+
+
+def default_fronts(cores: int | None = None) -> int:
+    """``number_of_netty_threads`` by default: one process accepting per 4 of the cores this
+    process may use, from 1 to 8: a 2-core laptop keeps the one process (a second would take
+    the core the workers need), a 16-core GPU host gets 4. (TorchServe's default, a Netty
+    thread per logical CPU, would be a process per core here, each a Python interpreter.)"""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+    return max(1, min(8, cores // 4))
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """The server's settings: each field names its config.properties key(s) and parser
@@ -75,6 +91,11 @@ class ServerConfig:
     grpc_management_max_connection_age_grace_ms: int | None = option(
         "grpc_management_max_connection_age_grace_ms", parse=non_negative_int,
         default=None)
+
+    #: TorchServe's ``number_of_netty_threads``: how many processes accept on the inference
+    #: port (this one and N-1 front processes, frontend/front/); None: ``default_fronts()``.
+    number_of_netty_threads: int | None = option(
+        "number_of_netty_threads", parse=whole(1, MAX_FRONTEND_PROCESSES), default=None)
 
     # ---- TLS ------------------------------------------------------------------------------------
     # As TorchServe: an https:// address or enable_grpc_ssl=true serves the certificate
@@ -290,6 +311,14 @@ class ServerConfig:
     #: ``http/protobuf``.
     otel_exporter_otlp_protocol: str = option("otel_exporter_otlp_protocol",
                                               parse=otlp_protocol, default="")
+
+    @property
+    def frontend_processes(self) -> int:
+        """How many processes accept on the inference port: ``number_of_netty_threads``, or
+        by default as many as the host's cores allow (``default_fronts``)."""
+        if self.number_of_netty_threads is not None:
+            return self.number_of_netty_threads
+        return default_fronts()
 
     @property
     def workflow_folder(self) -> Path | None:

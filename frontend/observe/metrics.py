@@ -19,7 +19,7 @@ does nothing), and writes the page.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from frontend.observe.batches import BatchRecords
@@ -61,6 +61,9 @@ class ServerMetrics:
         #: Each request's phases are observed (else the family stays empty).
         self.phases_on = phases
         self.mode = mode
+        #: Requests each front process brought (number_of_netty_threads > 1): the server
+        #: sets it; ``batchserve_front_requests_total``.
+        self.front_requests: Callable[[], dict[int, int]] = dict
         self._models = models
         # What the rest of the server and the tests read and call, by the names they know.
         self.config = self.torchserve.config
@@ -124,6 +127,13 @@ class ServerMetrics:
             yield histogram.family()
         yield from self.records.families()
         yield from self.workflows.families()
+        fronts = self.front_requests()
+        if fronts:
+            family = Family("batchserve_front_requests_total",
+                            "Predictions a front process parsed and sent to this one", "counter")
+            for number, count in sorted(fronts.items()):
+                family.add(("front",), (str(number),), count)
+            yield family
 
     def _model_gauges(self) -> Iterator[Family]:
         depth = Family("batchserve_queue_depth", "Requests waiting in a model's queue", "gauge")

@@ -120,7 +120,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     config = {"cors_allowed_origin": f"http://127.0.0.1:{port}",
               "cors_allowed_methods": METHODS, "cors_allowed_headers": HEADERS,
               # TorchServe's keys that mean nothing here: each accepted, with one log line.
-              "vmargs": "-Xmx4g -XX:+UseContainerSupport", "number_of_netty_threads": 4,
+              "vmargs": "-Xmx4g -XX:+UseContainerSupport", "netty_client_threads": 4,
               "async_logging": "true"}
     # TorchServe's flags: --dt is not given (tokens stay on); these are accepted and logged.
     flags = ("--ppath", str(root), "--workflow-store", str(root), "--async",
@@ -393,7 +393,7 @@ def test_describe_shows_model_config_keys_as_torchserve(served: Served) -> None:
 
 def test_the_log_says_what_torchserve_keys_and_flags_do_here(served: Served) -> None:
     log = served.server.log_text()
-    for key in ("vmargs", "number_of_netty_threads", "async_logging"):
+    for key in ("vmargs", "netty_client_threads", "async_logging"):
         assert len(re.findall(rf"config: {key} has no effect here: \S", log)) == 1, key
     for flag in ("--plugins-path", "--async", "--sock-type"):
         assert len(re.findall(rf"{flag} has no effect here: \S", log)) == 1, flag

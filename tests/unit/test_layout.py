@@ -141,6 +141,7 @@ def test_relative_imports_are_read() -> None:
 #: A floor is a list of module prefixes.
 FRONTEND_FLOORS: list[tuple[str, ...]] = [
     ("frontend.__main__", "frontend.cli", "frontend.server"),  # start, assemble
+    ("frontend.front",),  # the front processes (number_of_netty_threads), and their owner's side
     ("frontend.api",),  # transports: parse and render
     ("frontend.ops",),  # the use-cases: the plane, management, auth, params, ids, KServe
     ("frontend.workflows",),  # workflow archives, specs, DAGs, their registry and loading

@@ -57,6 +57,7 @@ SAMPLES = {
     "blacklist_env_vars": "AWS_.*", "default_workers_per_model": "3",
     "default_response_timeout": "7", "default_startup_timeout": "8",
     "unregister_model_timeout": "9", "job_queue_size": "11", "number_of_gpu": "0",
+    "number_of_netty_threads": "3",
     "cors_allowed_origin": "*", "cors_allowed_methods": "GET, POST",
     "cors_allowed_headers": "X-Custom", "decode_input_request": "false",
     "max_request_size": "1000", "max_response_size": "2000", "limit_max_image_pixels": "false",

@@ -20,6 +20,7 @@ import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import uvicorn
 
@@ -30,6 +31,8 @@ from frontend.api.http.fast import protocol_for
 from frontend.api.http.inference import InferenceApp
 from frontend.api.http.management import ManagementApp
 from frontend.api.http.metrics import MetricsApp
+from frontend.api.http.predictions import PredictionRoutes
+from frontend.api.http.protocol import ServerProtocol, with_peer_first
 from frontend.api.http.routes import RoutedApp, RouteTable
 from frontend.api.http.tls import TlsAcceptor
 from frontend.config import DEFAULT_DRAIN_TIMEOUT_S, Address
@@ -41,6 +44,11 @@ logger = logging.getLogger(__name__)
 #: How long open connections may take to finish their responses at shutdown (drain_timeout).
 GRACEFUL_SHUTDOWN_S = DEFAULT_DRAIN_TIMEOUT_S
 
+
+#: The listeners the front processes share (frontend/front/), and the API each serves.
+SHARED = frozenset({"inference", "kserve"})
+API_OF = {"inference": "inference", "kserve": "inference", "management": "management",
+          "metrics": "metrics"}
 
 #: One of the three APIs (TorchServe's inference, management and metrics).
 Api = InferenceApp | ManagementApp | MetricsApp
@@ -117,14 +125,17 @@ def uvicorn_config(app: common.AsgiApp, http: type[asyncio.Protocol],
     return config
 
 
-def bind(address: Address) -> socket.socket:
+def bind(address: Address, reuse_port: bool = False) -> socket.socket:
     """Bind a TCP socket now, so a busy port fails the start at once. It listens only once it
     is served: until then a connection is refused, so a TCP probe (Kubernetes', Knative's
     for KServe) fails until the startup models are loaded, instead of connecting to a server
-    that does not answer yet."""
+    that does not answer yet. ``reuse_port``: SO_REUSEPORT, for the front processes that
+    accept on the same port (frontend/front/): the kernel spreads connections among them."""
     family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((address.host, address.port))
     except OSError as exc:
@@ -137,9 +148,13 @@ def bind(address: Address) -> socket.socket:
 class HttpListeners:
     """The inference, management and metrics listeners (and, under KServe, the inference API
     on KServe's REST port too): bound early, served once ready; those whose address is
-    ``https://`` with ``tls`` (frontend/api/http/tls.py)."""
+    ``https://`` with ``tls`` (frontend/api/http/tls.py). With ``inner`` (front processes:
+    ``number_of_netty_threads`` > 1), the inference listeners bind with SO_REUSEPORT, and
+    the inference app is served on the Unix socket ``inner`` too, for the connections the
+    fronts splice to this process (``protocol.PeerFirst``)."""
 
-    def __init__(self, services: Services, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, services: Services, tls: ssl.SSLContext | None = None,
+                 inner: Path | None = None) -> None:
         config = services.config
         apps: dict[str, Api] = {
             "inference": InferenceApp(services),
@@ -173,6 +188,11 @@ class HttpListeners:
         self._sockets: list[tuple[list[str], socket.socket, Api | CombinedApp, bool]] = []
         self._servers: list[uvicorn.Server] = []
         self._acceptors: list[TlsAcceptor] = []
+        self._inner = inner
+        self._inner_served: tuple[uvicorn.Server, socket.socket] | None = None
+        #: The inference listener's prediction routes and route table, once started: what
+        #: the fronts' linked requests are served with (``linked.LinkedPredictions``).
+        self.linked: tuple[PredictionRoutes, RouteTable] | None = None
         self.bound: dict[str, Address] = {}
         self._header_timeout_s = config.request_header_timeout_s
         self._keep_alive_s = config.keep_alive_timeout_s
@@ -181,11 +201,13 @@ class HttpListeners:
         self._access = services.plane.access
         #: CORS on every listener; None (no cors_allowed_* key set): none, at no cost.
         self._cors = CorsPolicy.from_config(config)
+        self.cors = self._cors
 
     def bind(self) -> None:
         try:
             for names, address, apps in self._plan:
-                sock = bind(address)
+                sock = bind(address, reuse_port=self._inner is not None and bool(
+                    SHARED.intersection(names)))
                 app = apps[0] if len(apps) == 1 else CombinedApp(apps)
                 self._sockets.append((names, sock, app, address.is_tls))
                 host, port = sock.getsockname()[:2]
@@ -195,13 +217,19 @@ class HttpListeners:
             self.close_sockets()
             raise
 
+    def shared(self) -> list[tuple[list[str], Address]]:
+        """The listeners the front processes share (SO_REUSEPORT): (the APIs each serves,
+        its bound address)."""
+        return [(sorted({API_OF[name] for name in names}), self.bound[names[0]])
+                for names, _, _, _ in self._sockets if SHARED.intersection(names)]
+
     def close_sockets(self) -> None:
         for _, sock, _, _ in self._sockets:
             sock.close()
         self._sockets.clear()
 
     async def start(self) -> None:
-        for _names, sock, app, is_tls in self._sockets:
+        for names, sock, app, is_tls in self._sockets:
             apps = app.apps if isinstance(app, CombinedApp) else [app]
             inference = next((a for a in apps if isinstance(a, InferenceApp)), None)
             served: common.AsgiApp = common.HeadAsGet(app)
@@ -210,9 +238,13 @@ class HttpListeners:
             protocol = protocol_for(inference.predictions if inference else None,
                                     self._header_timeout_s, self._metrics.count_response,
                                     self._cors, app.table)
-            config = uvicorn_config(
-                CountedResponses(served, self._metrics.count_response, self._access),
-                protocol, self._keep_alive_s, self._drain_timeout_s)
+            counted = CountedResponses(served, self._metrics.count_response, self._access)
+            config = uvicorn_config(counted, protocol, self._keep_alive_s,
+                                    self._drain_timeout_s)
+            if "inference" in names and inference is not None:
+                self.linked = (inference.predictions, app.table)
+                if self._inner is not None:
+                    await self._serve_inner(counted, protocol)
             server = uvicorn.Server(config)
             server.lifespan = config.lifespan_class(config)  # as Server._serve does
             if not is_tls:
@@ -233,6 +265,21 @@ class HttpListeners:
             acceptor.start()
             self._acceptors.append(acceptor)
 
+    async def _serve_inner(self, app: common.AsgiApp, protocol: type[ServerProtocol]) -> None:
+        """The inference app on the Unix socket the fronts splice connections to (0600)."""
+        assert self._inner is not None
+        self._inner.unlink(missing_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(self._inner))
+        self._inner.chmod(0o600)
+        sock.setblocking(False)
+        config = uvicorn_config(app, with_peer_first(protocol), self._keep_alive_s,
+                                self._drain_timeout_s)
+        server = uvicorn.Server(config)
+        server.lifespan = config.lifespan_class(config)  # as Server._serve does
+        await server.startup(sockets=[sock])
+        self._inner_served = server, sock
+
     async def stop(self) -> None:
         """Stop accepting, let open requests finish (within drain_timeout, every listener at
         once), close the sockets."""
@@ -242,16 +289,22 @@ class HttpListeners:
 
         acceptors, self._acceptors = self._acceptors, []
         await asyncio.gather(*(acceptor.close() for acceptor in acceptors))
-        await asyncio.gather(*(shutdown(server, sock) for server, (_, sock, _, _)
-                               in zip(self._servers, self._sockets, strict=False)))
+        served = list(zip(self._servers, (sock for _, sock, _, _ in self._sockets),
+                          strict=False))
+        if self._inner_served is not None:
+            served.append(self._inner_served)
+            self._inner_served = None
+        await asyncio.gather(*(shutdown(server, sock) for server, sock in served))
         self._servers.clear()
         self.close_sockets()
+        if self._inner is not None:
+            self._inner.unlink(missing_ok=True)
 
 
 @contextlib.asynccontextmanager
-async def serve_http(services: Services, tls: ssl.SSLContext | None = None
-                     ) -> AsyncIterator[HttpListeners]:
-    listeners = HttpListeners(services, tls)
+async def serve_http(services: Services, tls: ssl.SSLContext | None = None,
+                     inner: Path | None = None) -> AsyncIterator[HttpListeners]:
+    listeners = HttpListeners(services, tls, inner)
     listeners.bind()
     try:
         yield listeners

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import httptools
+from httptools.parser.url_parser import URL
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -69,6 +70,74 @@ REFUSED_PAUSE_MAX_S = 1.0
 # uvicorn's own checks, so both paths of this port refuse the same headers.
 _BAD_NAME = HEADER_RE
 _BAD_VALUE = HEADER_VALUE_RE
+
+
+#: A finished job's answer, as a transport renders it: None (cancelled: the client left), a
+#: refusal, a stream, or (status, content type, body, other headers).
+Settled = tuple[int, bytes, bytes, common.Headers] | ServeError | ResponseStream | None
+#: What a response with an invalid header becomes.
+BAD_HEADER_ANSWER: tuple[int, bytes, bytes, common.Headers] = (
+    500, common.JSON,
+    error_body(InternalError("the handler's response has an invalid HTTP header")), [])
+
+
+def resolve(table: RouteTable, method: str, raw_url: bytes
+            ) -> tuple[Target | None, str, URL]:
+    """A request's route in ``table`` from its request line: (target or None, the decoded
+    path, the parsed URL). Here, in the front processes and in their owner alike."""
+    url = httptools.parse_url(raw_url)
+    path = url.path.decode("ascii")
+    if "%" in path:
+        path = urllib.parse.unquote(path)
+    return table.resolve(method, path), path, url
+
+
+def settle(predictions: PredictionRoutes, call: Call,
+           future: asyncio.Future[worker_pb2.Response | ResponseStream]) -> Settled:
+    """What the call's finished job says, as the client is to be answered (``Settled``)."""
+    if future.cancelled():
+        return None
+    error = future.exception()
+    if error is not None:
+        if isinstance(error, ServeError):
+            return error
+        logger.error("prediction failed", exc_info=error)
+        return InternalError(f"prediction failed: {error}")
+    result = future.result()
+    if isinstance(result, ResponseStream):
+        return result
+    try:
+        status, content_type, body, headers = predictions.answer(
+            result, call.job.request.request_id, call.sequence_id)
+    except ServeError as refused:
+        return refused
+    if call.wants_timing:  # server_timing: off by default, one attribute read
+        headers = with_timing(call, headers)
+    return status, content_type, body, headers
+
+
+def refusal(error: ServeError) -> tuple[int, bytes, bytes, common.Headers]:
+    """A refused prediction's answer: TorchServe's error body."""
+    return error.http_status, common.JSON, error_body(error), header_pairs(error)
+
+
+def has_bad_header(content_type: bytes, headers: common.Headers) -> bool:
+    """Whether an answer's header would split the response (what HTTP forbids)."""
+    return bool(_BAD_VALUE.search(content_type)) or any(
+        _BAD_NAME.search(name) or _BAD_VALUE.search(value) for name, value in headers)
+
+
+def response_bytes(status: int, content_type: bytes, body: bytes, headers: common.Headers,
+                   keep_alive: bool) -> bytes:
+    """A whole HTTP/1.1 response (headers checked already: ``has_bad_header``)."""
+    head = [STATUS_LINE[status], b"content-type: ", content_type, b"\r\ncontent-length: ",
+            b"%d" % len(body), b"\r\n"]
+    for name, value in headers:
+        head += (name, b": ", value, b"\r\n")
+    if not keep_alive:
+        head.append(b"connection: close\r\n")
+    head += (b"\r\n", body)
+    return b"".join(head)
 
 
 class _Prediction:
@@ -122,11 +191,7 @@ class PredictionsProtocol(ServerProtocol):
             super().handle_request()  # never a prediction: the ASGI app finds its route
             return
         scope = self.scope
-        url = httptools.parse_url(self.url)
-        path = url.path.decode("ascii")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
-        target = self.table.resolve(method, path)
+        target, path, url = resolve(self.table, method, self.url)
         cycle = self.cycle
         if (target is None or not target.route.fast or parser.should_upgrade()
                 or (cycle is not None and not cycle.response_complete)):
@@ -231,30 +296,16 @@ class PredictionsProtocol(ServerProtocol):
                   future: asyncio.Future[worker_pb2.Response | ResponseStream]) -> None:
         """The job's future is done: write its answer (runs as a callback, never raises)."""
         try:
-            if future.cancelled():
+            answer = settle(self.predictions, prediction.call, future)
+            if answer is None:
                 self._record(prediction, 0)  # the client went away
-                return
-            error = future.exception()
-            if error is not None:
-                if not isinstance(error, ServeError):
-                    logger.error("prediction failed", exc_info=error)
-                    error = InternalError(f"prediction failed: {error}")
-                self._refuse(prediction, error)
-                return
-            result = future.result()
-            call = prediction.call
-            request_id = call.job.request.request_id
-            if isinstance(result, ResponseStream):
-                self.loop.create_task(self._stream(prediction, result, request_id))
-                return
-            assert isinstance(result, worker_pb2.Response)
-            status, content_type, body, headers = self.predictions.answer(result, request_id,
-                                                                          call.sequence_id)
-            if call.wants_timing:  # server_timing: off by default, one attribute read
-                headers = with_timing(call, headers)
-            self._respond(prediction, status, content_type, body, headers)
-        except ServeError as error:
-            self._refuse(prediction, error)
+            elif isinstance(answer, ServeError):
+                self._refuse(prediction, answer)
+            elif isinstance(answer, ResponseStream):
+                self.loop.create_task(self._stream(
+                    prediction, answer, prediction.call.job.request.request_id))
+            else:
+                self._respond(prediction, *answer)
         except Exception as error:  # a bug of ours must still answer the client
             logger.exception("answering a prediction failed")
             if not prediction.response_complete:
@@ -268,8 +319,7 @@ class PredictionsProtocol(ServerProtocol):
             # not worth reading, and one held back for "100 Continue" will never come.
             prediction.keep_alive = False
         prediction.call.fail(error)
-        self._respond(prediction, error.http_status, common.JSON, error_body(error),
-                      header_pairs(error))
+        self._respond(prediction, *refusal(error))
         if (isinstance(error, ServiceUnavailable) and not self.transport.is_closing()
                 and self.plane.when_room(prediction.call, self._room_again)):
             # Overload: this client has its 503; its next request is not read until the queue
@@ -294,19 +344,11 @@ class PredictionsProtocol(ServerProtocol):
                  headers: common.Headers) -> None:
         if prediction.response_complete:
             return
-        if _BAD_VALUE.search(content_type) or any(
-                _BAD_NAME.search(name) or _BAD_VALUE.search(value) for name, value in headers):
-            error = InternalError("the handler's response has an invalid HTTP header")
-            self._respond(prediction, error.http_status, common.JSON, error_body(error), [])
+        if has_bad_header(content_type, headers):
+            self._respond(prediction, *BAD_HEADER_ANSWER)
             return
-        head = [STATUS_LINE[status], b"content-type: ", content_type, b"\r\ncontent-length: ",
-                b"%d" % len(body), b"\r\n"]
-        for name, value in headers:
-            head += (name, b": ", value, b"\r\n")
-        if not prediction.keep_alive:
-            head.append(b"connection: close\r\n")
-        head += (b"\r\n", body)
-        self.transport.write(b"".join(head))
+        self.transport.write(response_bytes(status, content_type, body, headers,
+                                            prediction.keep_alive))
         self._complete(prediction, status)
 
     def _complete(self, prediction: _Prediction, status: int) -> None:

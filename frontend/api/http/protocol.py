@@ -404,3 +404,52 @@ class _AfterUpgrade:
 
     def on_message_complete(self) -> None:
         self._protocol.on_message_complete()
+
+
+#: The line a front process writes first on a connection it splices to the inner listener:
+#: who the client is (``BATCHSERVE-PEER <host> <port>``); only the inner listener reads it.
+PEER_PREAMBLE = b"BATCHSERVE-PEER "
+_MAX_PREAMBLE_BYTES = 300
+
+
+def peer_preamble(host: str, port: int) -> bytes:
+    return b"%s%s %d\r\n" % (PEER_PREAMBLE, host.encode("ascii", "replace"), port)
+
+
+class PeerFirst(ServerProtocol):
+    """The inner listener's connections (a Unix socket only front processes reach): the
+    first line names the client a front spliced, which the apps and the access log then see
+    as the connection's client. A mixin: ``with_peer_first`` puts it before a listener's
+    own protocol class."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._preamble: bytes | None = b""
+
+    def data_received(self, data: bytes) -> None:
+        if self._preamble is not None:
+            data = self._preamble + data
+            end = data.find(b"\n")
+            if end < 0:
+                if len(data) > _MAX_PREAMBLE_BYTES:
+                    self.transport.close()
+                else:
+                    self._preamble = data
+                return
+            line, data = data[:end].rstrip(b"\r"), data[end + 1:]
+            self._preamble = None
+            host, _, port = line.removeprefix(PEER_PREAMBLE).rpartition(b" ")
+            if not line.startswith(PEER_PREAMBLE) or not port.isdigit():
+                self.transport.close()
+                return
+            self.client = (host.decode("latin-1"), int(port))
+            if hasattr(self, "_peer"):  # the fast path's access-log name of its client
+                self._peer = f"/{self.client[0]}:{self.client[1]}"
+            if not data:
+                return
+        super().data_received(data)
+
+
+def with_peer_first(protocol: type[ServerProtocol]) -> type[ServerProtocol]:
+    """``protocol`` for the inner listener: its connections' first line names the client."""
+    return type(f"PeerFirst{protocol.__name__}", (PeerFirst, protocol), {})
