@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import base64
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from docker.sagemaker_smoke import call as http_call
+from docker.sagemaker_smoke import readable
 from frontend.config.vertex import VERTEX_MAX_REQUEST_SIZE
 from model_archiver.packaging import ArchiveOptions, build_archive
 
@@ -61,8 +61,7 @@ def artifact_folder(root: Path) -> Path:
                                  serialized_file=str(build / "model.pt"), handler=str(HANDLER),
                                  extra_files=(str(build / "index_to_name.json"),),
                                  export_path=folder, force=True))
-    for path in (root, *root.rglob("*")):  # readable by an image's uid 1000
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    readable(root)  # by an image's uid 1000
     return folder
 
 
@@ -79,19 +78,11 @@ def b64(text: str) -> dict[str, dict[str, str]]:
 
 def call(method: str, url: str, body: Any = None, raw: bytes | None = None,
          timeout: float = 60) -> tuple[int, Any]:
-    """(status, the JSON answer, else its text)."""
+    """(status, the JSON answer, else its text): ``body`` sent as JSON, or ``raw`` as it is."""
     data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, answer = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, answer = exc.code, exc.read()
-    try:
-        return status, json.loads(answer)
-    except ValueError:
-        return status, answer.decode(errors="replace")
+    answer = http_call(method, url, data, {"Content-Type": "application/json"}, timeout)
+    parsed = answer.json()
+    return answer.status, parsed if parsed is not None else answer.body.decode(errors="replace")
 
 
 def sized_body(size: int) -> bytes:
