@@ -84,6 +84,11 @@ EXTRAS_REQUIRE = {
     # OpenTelemetry traces of predictions (otel_traces=true: docs/batches.md, "Traces"),
     # exported over OTLP/HTTP or OTLP/gRPC; imported only when tracing is on.
     "otel": OTEL,
+    # Vertex AI's AIP_STORAGE_URI in Google Cloud Storage (gs://): Google's storage client
+    # library fetches model.mar at start (frontend/models/storage.py); imported only then.
+    "vertex": [
+        "google-cloud-storage>=2.10,<4",
+    ],
     # benchmarks/ (python -m benchmarks.suite): plots and progress bars.
     "bench": [
         "matplotlib>=3.8",

@@ -23,6 +23,9 @@ Debian's mmdebstrap, podman and runc (``make image`` installs them with apt when
 ``--variant sagemaker`` builds docker/Dockerfile.sagemaker instead: the SageMaker PyTorch
 inference toolkit beside batchserve (CPU torch), started as SageMaker starts a container
 (``IMAGE serve``); docker/sagemaker_smoke.py is its smoke test (single model and multi-model).
+``--variant vertex`` builds docker/Dockerfile.vertex: Vertex AI's prebuilt PyTorch image's
+contract (CPU torch, google-cloud-storage), run with Vertex's AIP_* environment and the model
+mounted as its storage; docker/vertex_smoke.py is its smoke test.
 
 Usage: python -m docker.build [--variant cpu|cuda|sagemaker] [--no-smoke | --smoke-only]
 [--kserve P]; --help tells the rest.
@@ -76,6 +79,7 @@ LOG = WORK / "build.log"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 SAGEMAKER_DOCKERFILE = ROOT / "docker" / "Dockerfile.sagemaker"
 SAGEMAKER_ENTRYPOINT = ROOT / "docker" / "sagemaker-entrypoint.sh"
+VERTEX_DOCKERFILE = ROOT / "docker" / "Dockerfile.vertex"
 
 BASE_IMAGE = "localhost/batchserve-base:bookworm"
 SUITE = "bookworm"  # its python3 is 3.11, as this host's: the wheels built here fit it
@@ -116,6 +120,11 @@ VARIANTS = {
     "sagemaker": Variant(torch="torch==2.13.0+cpu", torchvision=None,
                          dockerfile=SAGEMAKER_DOCKERFILE, requirements=SAGEMAKER_REQUIREMENTS,
                          files=(SAGEMAKER_ENTRYPOINT,)),
+    # Vertex AI's prebuilt PyTorch image's stand-in (docker/Dockerfile.vertex): the CPU
+    # variant's torch with google-cloud-storage (batchserve's vertex extra, for gs:// URIs).
+    "vertex": Variant(torch="torch==2.13.0+cpu", torchvision=None,
+                      dockerfile=VERTEX_DOCKERFILE,
+                      requirements=("google-cloud-storage>=2.10,<4",)),
 }
 # torch's tensor/numpy bridge and most handlers use numpy; torch leaves it optional and, without
 # torchvision, nothing else brings it.
@@ -507,6 +516,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     from docker import sagemaker_smoke
                     passed, failed = sagemaker_smoke.smoke(tag, args.start_timeout,
                                                            tuple(args.env))
+                elif variant.dockerfile == VERTEX_DOCKERFILE:
+                    from docker import vertex_smoke
+                    passed, failed = vertex_smoke.smoke(tag, args.start_timeout,
+                                                        tuple(args.env))
                 else:
                     passed, failed = smoke(SmokeOptions(
                         tag=tag, port=args.port, metrics_port=args.metrics_port,
@@ -519,7 +532,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         start_timeout_s=args.start_timeout, protocol=args.protocol))
             print(f"{passed} passed, {failed} failed")
             if failed:
-                logs = "sagemaker-*.log" if sagemaker else "smoke-container.log"
+                logs = ("sagemaker-*.log" if sagemaker else "vertex-container.log"
+                        if variant.dockerfile == VERTEX_DOCKERFILE else "smoke-container.log")
                 print(f"(the container's log: {WORK / logs})")
                 return 1
     except BuildError as exc:

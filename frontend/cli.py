@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, TextIO
 
 from frontend import __version__
 from frontend.config import ServerConfig, load_config, parse_bool
+from frontend.config.vertex import ARCHIVE, MODEL_NAME, vertex_env
 from frontend.errors import ConfigError
 from frontend.models.startup import early_forkserver
+from frontend.models.storage import model_folder
 from frontend.observe import log4j
 from frontend.observe.log4j_pattern import translate
 from frontend.observe.logs import (
@@ -186,7 +188,9 @@ def config_file(args: argparse.Namespace) -> Path | None:
 
 
 def resolve_config(args: argparse.Namespace) -> ServerConfig:
-    config = load_config(config_file(args), cli_overrides(args))
+    overrides = cli_overrides(args)
+    vertex = vertex_mode(args, overrides)
+    config = load_config(config_file(args), overrides, vertex=vertex)
     if config.model_store is None:
         raise ConfigError("Missing mandatory parameter --model-store (or model_store= in the "
                           "config file)")
@@ -195,6 +199,29 @@ def resolve_config(args: argparse.Namespace) -> ServerConfig:
     if config.workflow_store is not None and not config.workflow_store.is_dir():
         raise ConfigError(f"workflow store {config.workflow_store} is not a folder")
     return config
+
+
+def vertex_mode(args: argparse.Namespace, overrides: dict[str, str]) -> dict[str, str] | None:
+    """Vertex AI's ``AIP_*`` environment, when it is set and the command line names no models:
+    the keys that serve what Google's prebuilt PyTorch image serves (docs/container.md,
+    "Vertex AI"), its ``model.mar`` fetched from ``AIP_STORAGE_URI``; None otherwise. Its
+    model store replaces ``--model-store``."""
+    vertex = vertex_env(os.environ)
+    if vertex is None:
+        return None
+    if args.models:
+        logger.warning("Vertex AI's AIP_* variables are set, but --models names the models: "
+                       "serving those, as without AIP_*")
+        return None
+    if overrides.pop("model_store", None) is not None:
+        logger.info("--model-store has no effect under Vertex AI: the model store is "
+                    "AIP_STORAGE_URI's")
+    store = model_folder(vertex.storage_uri)
+    logger.info("Vertex AI: %s/%s (AIP_STORAGE_URI %s) as %r on port %d; health %s, "
+                "predictions %s; %s", store, ARCHIVE, vertex.storage_uri, MODEL_NAME,
+                vertex.http_port, vertex.health_route, vertex.predict_route,
+                " ".join(f"{k}={v}" for k, v in vertex.recorded.items()) or "no other AIP_*")
+    return vertex.overrides(str(store))
 
 
 # ---- state file -------------------------------------------------------------------------

@@ -12,6 +12,7 @@ By area (every name is imported from here):
 - ``server``: ``ServerConfig``, its fields grouped by area, each with its ``option``;
 - ``properties``: reading config.properties (``$$NAME$$`` references, glued lines);
 - ``environment``: ``TS_<KEY>`` variables, KServe's ``PROTOCOL_VERSION``, OpenTelemetry's;
+- ``vertex``: Vertex AI's ``AIP_*`` variables (the prebuilt PyTorch image's contract);
 - ``checks``: TLS and KServe's ports, across keys;
 - ``load``: ``build_config`` and the whole startup path, ``load_config``.
 """

@@ -1,6 +1,7 @@
 """The config built from its sources, later wins: built-in defaults < config.properties <
-OpenTelemetry's variables < ``TS_<KEY>`` variables < KServe's ``PROTOCOL_VERSION`` <
-command-line flags (``load_config``); each key read with its field's parser
+OpenTelemetry's variables < ``TS_<KEY>`` variables < KServe's ``PROTOCOL_VERSION`` < Vertex
+AI's ``AIP_*`` (frontend/config/vertex.py, as the command line resolved them) < command-line
+flags (``load_config``); each key read with its field's parser
 (``build_config``)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from frontend.config.environment import env_overrides, kserve_env, otel_env
 from frontend.config.properties import read_properties, resolve_env_references, unglue_lines
 from frontend.config.server import ACCEPTED_WITHOUT_EFFECT, PARSERS, ServerConfig
 from frontend.config.values import parse_bool, shown
+from frontend.config.vertex import VERTEX_MAX_REQUEST_SIZE
 from frontend.errors import ConfigError
 from frontend.torchserve_keys import NO_EFFECT
 
@@ -45,6 +47,9 @@ def build_config(*sources: Mapping[str, str]) -> tuple[ServerConfig, list[str]]:
     if config.kserve_protocol:
         check_kserve_ports(config)
     check_tls(config)
+    if config.vertex_predict_route and config.vertex_predict_route == config.vertex_health_route:
+        raise ConfigError(f"vertex_predict_route and vertex_health_route are both "
+                          f"{config.vertex_predict_route!r}: they must differ")
     return config, unknown
 
 
@@ -53,8 +58,10 @@ def load_config(
     config_file: Path | None,
     cli_overrides: Mapping[str, str],
     environ: Mapping[str, str] | None = None,
+    vertex: Mapping[str, str] | None = None,
 ) -> ServerConfig:
-    """The whole startup path: file, environment, then command-line flags."""
+    """The whole startup path: file, environment, then command-line flags; ``vertex``: the
+    keys Vertex AI's mode sets (``VertexEnv.overrides``), when it is on."""
     environ = os.environ if environ is None else environ
     file_values: dict[str, str] = {}
     if config_file is not None:
@@ -66,7 +73,7 @@ def load_config(
     urls_from_env = _file_flag(file_values, "use_env_allowed_urls")
     sources = [file_values, otel_env(environ),
                env_overrides(environ, envvars_on, urls_from_env),
-               kserve_env(environ, envvars_on), cli_overrides]
+               kserve_env(environ, envvars_on), vertex or {}, cli_overrides]
     config, unknown = build_config(*sources)
     for key in unknown:
         logger.warning("config: unknown key %r ignored (check the spelling)", key)
@@ -85,13 +92,21 @@ def load_config(
         config = replace(config, disable_token_authorization=True,
                          token_authorization_off_by="KServe's mode (PROTOCOL_VERSION); set "
                          "disable_token_authorization=false to keep tokens")
+    elif vertex and "disable_token_authorization" not in given:
+        # Vertex AI sends no TorchServe token (it authenticates its callers itself), as
+        # KServe. Set the key to keep tokens on.
+        config = replace(config, disable_token_authorization=True,
+                         token_authorization_off_by="Vertex AI's mode (AIP_*); set "
+                         "disable_token_authorization=false to keep tokens")
     elif config.disable_token_authorization:
         labels = [f"disable_token_authorization=true in {config_file}", "",
-                  "TS_DISABLE_TOKEN_AUTHORIZATION=true", "", "--disable-token-auth"]
+                  "TS_DISABLE_TOKEN_AUTHORIZATION=true", "", "", "--disable-token-auth"]
         setter = next(label for source, label in zip(reversed(sources), reversed(labels),
                                                      strict=True)
                       if "disable_token_authorization" in source)
         config = replace(config, token_authorization_off_by=setter)
+    if vertex and "max_request_size" not in given:
+        config = replace(config, max_request_size_bytes=VERTEX_MAX_REQUEST_SIZE)
     return config
 
 

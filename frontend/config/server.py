@@ -38,6 +38,7 @@ from frontend.config.values import (
     whole,
     worker_start,
 )
+from frontend.config.vertex import route_path
 from frontend.settings import MAX_TIMEOUT_S, PolicyName
 from frontend.torchserve_keys import NO_EFFECT
 
@@ -292,6 +293,13 @@ class ServerConfig:
         "kserve_protocol", parse=choice(KSERVE_PROTOCOLS), default="")
     kserve_rest_port: int = option("kserve_rest_port", parse=port, default=8080)
     kserve_grpc_port: int = option("kserve_grpc_port", parse=port, default=8081)
+
+    # ---- Vertex AI ------------------------------------------------------------------------------
+    #: Vertex AI's ``AIP_HEALTH_ROUTE`` and ``AIP_PREDICT_ROUTE`` (frontend/config/vertex.py);
+    #: set, the inference API also answers TorchServe's ``/ping`` on the one and predictions of
+    #: the model ``model`` on the other, before its own routes.
+    vertex_health_route: str = option("vertex_health_route", parse=route_path, default="")
+    vertex_predict_route: str = option("vertex_predict_route", parse=route_path, default="")
 
     # ---- stopping -------------------------------------------------------------------------------
     #: Once asked to stop (SIGTERM), how long open requests may take to finish before the

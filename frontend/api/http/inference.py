@@ -1,7 +1,8 @@
 """The inference API (port 8080) as an ASGI app: the inference routes of the route table
 (frontend/api/http/routes.py), each with its handler here. /ping; TorchServe's prediction
 routes (frontend/api/http/predictions.py: served here when the connection's fast path does
-not serve them, and /explanations always); SageMaker's /execution-parameters; KServe's v1/v2
+not serve them, and /explanations always); SageMaker's /execution-parameters; Vertex AI's
+health and predict routes (``AIP_HEALTH_ROUTE``, ``AIP_PREDICT_ROUTE``); KServe's v1/v2
 protocols (frontend/api/http/kserve.py); TorchServe's workflow predictions,
 /wfpredict/{workflow} (frontend/ops/workflow_runs.py); the API's OpenAPI description.
 """
@@ -17,6 +18,7 @@ from frontend.api.http.kserve import KServeRoutes
 from frontend.api.http.openapi import inference_description
 from frontend.api.http.predictions import PredictionRoutes, request_inputs
 from frontend.api.http.routes import Api, RoutedApp, RouteTable, Target
+from frontend.config.vertex import MODEL_NAME as VERTEX_MODEL
 from frontend.errors import MethodNotAllowed, RouteNotFound
 from frontend.ops import health, sagemaker
 from frontend.ops.auth import KeyKind
@@ -40,7 +42,15 @@ class InferenceApp(RoutedApp):
         self.workflows = WorkflowRunner(services.workflows.registry, services.plane,
                                         services.metrics)
         predict = self.predict
-        super().__init__(RouteTable.of([self.api], kserve=bool(self.config.kserve_protocol)), {
+        config = self.config
+        #: Vertex AI's health and predict routes (frontend/config/vertex.py), when set.
+        vertex = routes.vertex_routes(config.vertex_health_route, config.vertex_predict_route,
+                                      VERTEX_MODEL)
+        handlers: dict[routes.Route, routes.Handler] = {
+            route: self.ping if route.name == "vertex-health" else predict for route in vertex}
+        super().__init__(RouteTable.of([self.api], kserve=bool(config.kserve_protocol),
+                                       first=vertex), {
+            **handlers,
             routes.PREDICTIONS: predict, routes.EXPLANATIONS: predict, routes.LEGACY: predict,
             routes.INVOCATIONS: predict, routes.INVOKE: predict,
             routes.PING: self.ping,

@@ -101,10 +101,13 @@ class RouteTable:
                        for first in firsts}
 
     @classmethod
-    def of(cls, apis: Iterable[Api], kserve: bool = False) -> RouteTable:
+    def of(cls, apis: Iterable[Api], kserve: bool = False,
+           first: Sequence[Route] = ()) -> RouteTable:
         """The table of a listener serving ``apis``, in that order; ``kserve``: KServe's
-        liveness on ``GET /`` too (``PROTOCOL_VERSION`` set)."""
-        return cls([route for api in apis for route in ROUTES
+        liveness on ``GET /`` too (``PROTOCOL_VERSION`` set); ``first``: routes of the
+        server's own (Vertex AI's, ``vertex_routes``) tried before the rest of their API's."""
+        return cls([route for api in apis
+                    for route in (*(r for r in first if r.api == api), *ROUTES)
                     if route.api == api and (kserve or route is not KSERVE_LIVE)])
 
     def resolve(self, method: str, path: str) -> Target | None:
@@ -231,6 +234,34 @@ def _models(method: str, path: str, parts: list[str]) -> Bound | None:
 
 def _metrics(method: str, path: str, parts: list[str]) -> Bound | None:
     return _NOTHING if path == "/metrics" else None
+
+
+def vertex_routes(health: str, predict: str, model: str) -> tuple[Route, ...]:
+    """Vertex AI's routes (``AIP_HEALTH_ROUTE``, ``AIP_PREDICT_ROUTE``: the config's
+    ``vertex_health_route`` and ``vertex_predict_route``), each its one path exactly: health
+    checks, answered as ``/ping``, and predictions of ``model``, as ``/predictions/{model}``
+    (POST; the fast path serves them). None where unset."""
+    found: list[Route] = []
+    if health:
+        found.append(Route("vertex-health", "inference", (health,), _exactly(health, None),
+                           (_first(health),)))
+    if predict:
+        found.append(Route("vertex-predict", "inference", (predict,), _exactly(predict, model),
+                           (_first(predict),), _PREDICTION_METHODS, fast=True))
+    return tuple(found)
+
+
+def _exactly(route_path: str, name: str | None) -> Binder:
+    bound: Bound = (name, None)
+
+    def bind(method: str, path: str, parts: list[str]) -> Bound | None:
+        return bound if path == route_path else None
+    return bind
+
+
+def _first(path: str) -> str:
+    """The first non-empty segment of a path ("" for ``/``), as ``resolve`` indexes it."""
+    return next((part for part in path.split("/") if part), "")
 
 
 # -- the table ------------------------------------------------------------------------------
