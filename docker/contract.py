@@ -57,9 +57,10 @@ def run_checks(checks: Sequence[tuple[str, Check]]) -> tuple[int, int]:
 
 
 def http(method: str, url: str, body: Any = None, *, content_type: str = "application/json",
-         timeout: float = 30) -> tuple[int, Any]:
-    """One HTTP exchange with a JSON body: (status, the answer decoded as JSON, else text)."""
-    data = None if body is None else json.dumps(body).encode()
+         timeout: float = 30, raw: bytes | None = None) -> tuple[int, Any]:
+    """One HTTP exchange with a JSON body (or ``raw`` bytes as they are): (status, the answer
+    decoded as JSON, else text)."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method,
                                      headers={"Content-Type": content_type})
     try:

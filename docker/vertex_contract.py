@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from docker.sagemaker_smoke import call as http_call
+from docker.contract import http
 from docker.sagemaker_smoke import readable
 from frontend.config.vertex import VERTEX_MAX_REQUEST_SIZE
 from model_archiver.packaging import ArchiveOptions, build_archive
@@ -79,10 +79,7 @@ def b64(text: str) -> dict[str, dict[str, str]]:
 def call(method: str, url: str, body: Any = None, raw: bytes | None = None,
          timeout: float = 60) -> tuple[int, Any]:
     """(status, the JSON answer, else its text): ``body`` sent as JSON, or ``raw`` as it is."""
-    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    answer = http_call(method, url, data, {"Content-Type": "application/json"}, timeout)
-    parsed = answer.json()
-    return answer.status, parsed if parsed is not None else answer.body.decode(errors="replace")
+    return http(method, url, body, timeout=timeout, raw=raw)
 
 
 def sized_body(size: int) -> bytes:
