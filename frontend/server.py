@@ -36,6 +36,7 @@ from frontend.observe.metric_specs import load_metrics_config
 from frontend.observe.metrics import ServerMetrics
 from frontend.observe.status import ModelStatus, Statuses
 from frontend.ops.auth import TokenAuthority
+from frontend.ops.tenants import Tenancy
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
 from frontend.serving.capacity import HostLimits, worker_caps
@@ -206,9 +207,11 @@ class Server:
                              forkserver=self._forkserver)
         auth = None
         if not config.disable_token_authorization:
-            auth = TokenAuthority(config.key_file, config.token_expiration_min)
+            auth = TokenAuthority(config.key_file, config.token_expiration_min,
+                                  tenants=[name for name, _ in config.tenant_weights])
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
-        plane = InferencePlane(registry, subscribed, logs.access, config.server_timing)
+        plane = InferencePlane(registry, subscribed, logs.access, config.server_timing,
+                               Tenancy(config.tenant_header, config.priority_header, auth))
         workflows = WorkflowLoader(config, loader, WorkflowRegistry(), run_dir / "workflows")
         dashboard = Dashboard(statuses(registry), metrics, busy=busy, gpu_count=gpus.count)
         self.services = Services(config, registry, loader, metrics, auth, snapshots, plane,
