@@ -36,9 +36,9 @@ from frontend.observe.metric_specs import load_metrics_config
 from frontend.observe.metrics import ServerMetrics
 from frontend.observe.status import ModelStatus, Statuses
 from frontend.ops.auth import TokenAuthority
-from frontend.ops.tenants import Tenancy
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
+from frontend.ops.tenants import Tenancy
 from frontend.serving.capacity import HostLimits, worker_caps
 from frontend.serving.forkserver import Launch
 from frontend.serving.placement import CpuAssigner, GpuAssigner, Placement
@@ -115,7 +115,8 @@ def server_metrics(config: ServerConfig, models: Statuses, gpu_count: int,
         log_dir=Path(location) if location else config.log_location,
         system_metrics=not config.disable_system_metrics, gpu_count=gpu_count,
         interval_s=config.metric_time_interval_s, named_loggers=named_loggers,
-        phases=config.request_phases, dispatch_stats=config.dispatch_stats)
+        phases=config.request_phases, dispatch_stats=config.dispatch_stats,
+        tenants=bool(config.tenant_header or config.tenant_weights))
 
 
 def start_tracing(config: ServerConfig) -> Tracing:

@@ -223,6 +223,9 @@ class CallFacts:
         None when it ran, or was answered otherwise."""
         if self.status not in (503, 504) or self.job.batch is not None:
             return None
+        reason: str | None = getattr(self.error, "refusal", None)
+        if reason is not None:  # the fair queue's own (frontend/serving/fairness.py)
+            return reason
         if isinstance(self.error, QueueFull):
             return "queue_full"
         return "deadline" if self.status == 504 else "unavailable"

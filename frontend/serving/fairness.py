@@ -50,6 +50,8 @@ MIN_LEARNED_BATCHES = 5
 class Displaced(ServiceUnavailable):
     """A queued job gave its place to a tenant under its share of the full queue (503)."""
 
+    refusal = "displaced"
+
     def __init__(self, tenant: str) -> None:
         super().__init__(f"job queue is full and tenant {tenant!r} holds more than its share "
                          "of it; retry later", headers={"Retry-After": "1"})
@@ -58,6 +60,8 @@ class Displaced(ServiceUnavailable):
 class LevelFull(ServiceUnavailable):
     """The request's priority level holds its ``maxQueueSize`` jobs (503)."""
 
+    refusal = "level_full"
+
     def __init__(self, level: int, limit: int) -> None:
         super().__init__(f"priority level {level} queue is full ({limit} requests waiting, "
                          "its maxQueueSize); retry later", headers={"Retry-After": "1"})
@@ -65,6 +69,8 @@ class LevelFull(ServiceUnavailable):
 
 class DeadlineUnmeetable(ServiceUnavailable):
     """The request could not be answered by its deadline: refused now, not timed out late."""
+
+    refusal = "deadline_unmeetable"
 
     def __init__(self, wait_s: float, budget_s: float) -> None:
         super().__init__(f"the work queued ahead needs about {wait_s:.3f} s, more than the "
