@@ -86,7 +86,7 @@ class Model:
         self.tenanted = tenants is not None or settings.priority_levels > 0
         #: Its fair queue (docs/scheduling.md); None: FIFO (and always for a stateful model,
         #: whose sequences keep their order on their lanes).
-        self.fair: FairQueue | None = None
+        self.fair: FairQueue[Job] | None = None
         if self.tenanted and not settings.sequence_batching:
             self.fair = FairQueue(Scheduling(
                 dict(tenants or {}), settings.priority_levels, settings.default_priority_level,

@@ -122,7 +122,7 @@ class Batcher:
         call_later: CallLater = loop_call_later,
         on_formed: Callable[[Batch], None] | None = None,
         sequence: bool = False,
-        fair: FairQueue | None = None,
+        fair: FairQueue[Job] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -139,7 +139,7 @@ class Batcher:
         self._clock = clock
         self._call_later = call_later
         self._fair = fair  # None: the queue is FIFO
-        self._queue: collections.deque[Job] | FairQueue = collections.deque()
+        self._queue: collections.deque[Job] | FairQueue[Job] = collections.deque()
         if fair is not None:
             self._queue = fair
         self._emptied = asyncio.Event()

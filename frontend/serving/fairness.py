@@ -28,14 +28,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 from frontend.errors import BadRequest, QueueFull, ServiceUnavailable
-
-if TYPE_CHECKING:
-    from frontend.serving.batching import Job
+from protos import worker_pb2
 
 #: The tenant of requests that name none.
 DEFAULT_TENANT = "default"
@@ -76,6 +74,24 @@ class DeadlineUnmeetable(ServiceUnavailable):
         super().__init__(f"the work queued ahead needs about {wait_s:.3f} s, more than the "
                          f"request's {budget_s:g} s deadline; retry later",
                          headers={"Retry-After": str(max(1, math.ceil(wait_s)))})
+
+
+class Queued(Protocol):
+    """What the fair queue reads of a job (the batcher's ``Job``)."""
+
+    request: worker_pb2.Request
+    tenant: str
+    priority: int
+    deadline: float
+    budget_s: float
+    weight: int
+
+    def is_live(self) -> bool: ...
+
+    def fail(self, error: BaseException) -> None: ...
+
+
+J = TypeVar("J", bound=Queued)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +144,7 @@ class CostModel:
         self.batches = 0
 
     @staticmethod
-    def bucket(job: Job) -> tuple[int, int]:
+    def bucket(job: Queued) -> tuple[int, int]:
         size = sum(len(data) for data in job.request.inputs.values())
         return job.weight, size.bit_length()
 
@@ -136,11 +152,11 @@ class CostModel:
     def learned(self) -> bool:
         return self.batches >= MIN_LEARNED_BATCHES
 
-    def predict(self, job: Job) -> float:
+    def predict(self, job: Queued) -> float:
         cost = self._buckets.get(self.bucket(job))
         return cost if cost is not None else self.item_s * job.weight
 
-    def learn(self, jobs: list[Job], service_s: float) -> None:
+    def learn(self, jobs: Sequence[Queued], service_s: float) -> None:
         """A batch of ``jobs`` took ``service_s`` in its worker."""
         items = sum(job.weight for job in jobs)
         if items <= 0 or service_s <= 0:
@@ -155,7 +171,7 @@ class CostModel:
             self._buckets[key] = share if old is None else old + COST_ALPHA * (share - old)
 
 
-class _Tenant:
+class _Tenant(Generic[J]):
     """One tenant's jobs at one level: a heap by deadline, and its fair-queuing tag."""
 
     __slots__ = ("backlog_s", "finish", "head", "jobs", "weight")
@@ -163,7 +179,7 @@ class _Tenant:
     def __init__(self, weight: float) -> None:
         self.weight = weight
         #: (deadline, arrival number, cost, job)
-        self.jobs: list[tuple[float, int, float, Job]] = []
+        self.jobs: list[tuple[float, int, float, J]] = []
         #: The tag of its next job (while backlogged), and where its last one finished.
         self.head = 0.0
         self.finish = 0.0
@@ -171,17 +187,17 @@ class _Tenant:
         self.backlog_s = 0.0
 
 
-class _Level:
+class _Level(Generic[J]):
     __slots__ = ("count", "tenants", "virtual")
 
     def __init__(self) -> None:
-        self.tenants: dict[str, _Tenant] = {}
+        self.tenants: dict[str, _Tenant[J]] = {}
         #: The level's virtual time: the tag of the job it sent last.
         self.virtual = 0.0
         self.count = 0
 
 
-class FairQueue:
+class FairQueue(Generic[J]):
     """The queued jobs of one model in fair order (see the module's docstring)."""
 
     def __init__(self, scheduling: Scheduling, capacity: int,
@@ -190,7 +206,7 @@ class FairQueue:
         #: The model's job_queue_size.
         self.capacity = capacity
         self.costs = costs or CostModel()
-        self._levels: dict[int, _Level] = {}
+        self._levels: dict[int, _Level[J]] = {}
         self._count = 0
         self._arrivals = itertools.count()
         #: Queued jobs per tenant (all levels), for admission.
@@ -206,26 +222,26 @@ class FairQueue:
     def __bool__(self) -> bool:
         return self._count > 0
 
-    def __iter__(self) -> Iterator[Job]:
+    def __iter__(self) -> Iterator[J]:
         for level in list(self._levels.values()):
             for tenant in list(level.tenants.values()):
                 for entry in list(tenant.jobs):
                     yield entry[3]
 
-    def __getitem__(self, index: int) -> Job:
+    def __getitem__(self, index: int) -> J:
         if index != 0 or not self._count:
             raise IndexError(index)
         _, tenant = self._next()
         return tenant.jobs[0][3]
 
-    def append(self, job: Job) -> None:
+    def append(self, job: J) -> None:
         self._push(job, self.costs.predict(job), front=False)
 
-    def appendleft(self, job: Job) -> None:
+    def appendleft(self, job: J) -> None:
         """A job put back (its worker went away): it goes next among its tenant's."""
         self._push(job, self.costs.predict(job), front=True)
 
-    def popleft(self) -> Job:
+    def popleft(self) -> J:
         if not self._count:
             raise IndexError("pop from an empty queue")
         level, tenant = self._next()
@@ -266,7 +282,7 @@ class FairQueue:
 
     # -- admission and deadlines ----------------------------------------------------------------
 
-    def check(self, job: Job) -> None:
+    def check(self, job: J) -> None:
         """Raise the refusal ``job`` gets now, before its body is read: a bad priority
         (BadRequest), its level full, or the queue full with nobody to give it a place."""
         level = self.scheduling.level_of(job.priority)
@@ -279,7 +295,7 @@ class FairQueue:
         if self._count >= capacity and self._victim(job.tenant, capacity) is None:
             raise QueueFull(capacity)
 
-    def enter(self, job: Job, now: float, service_s: float) -> Job | None:
+    def enter(self, job: J, now: float, service_s: float) -> J | None:
         """Queue ``job``, which ``check`` let in, or raise DeadlineUnmeetable; returns the
         queued job it displaced (answered ``Displaced`` now), if the queue was full."""
         victim = None
@@ -305,7 +321,7 @@ class FairQueue:
         total = sum(weights.values())
         return {name: capacity * weight / total for name, weight in weights.items()}
 
-    def _victim(self, tenant: str, capacity: int) -> Job | None:
+    def _victim(self, tenant: str, capacity: int) -> J | None:
         """The newest job of the tenant most over its share, if ``tenant`` is under its own."""
         shares = self._shares(capacity, tenant)
         if self.queued.get(tenant, 0) + 1 > shares[tenant]:
@@ -322,7 +338,7 @@ class FairQueue:
                     newest = entry
         return newest[3] if newest is not None else None
 
-    def wait_s(self, job: Job, service_s: float) -> float | None:
+    def wait_s(self, job: J, service_s: float) -> float | None:
         """Seconds until ``job``, just queued, is predicted to be answered: the work ahead
         of it in fair order and its own, over the workers, and one batch in flight; None
         before the costs are learned."""
@@ -349,16 +365,16 @@ class FairQueue:
     def _weight(self, tenant: str) -> float:
         return self.scheduling.weights.get(tenant, 1.0)
 
-    def _push(self, job: Job, cost: float, front: bool) -> None:
+    def _push(self, job: J, cost: float, front: bool) -> None:
         number = self.scheduling.level_of(job.priority)
         job.priority = number
         level = self._levels.get(number)
         if level is None:
-            level = self._levels[number] = _Level()
+            level = self._levels[number] = _Level[J]()
             self._levels = dict(sorted(self._levels.items()))
         tenant = level.tenants.get(job.tenant)
         if tenant is None:
-            tenant = level.tenants[job.tenant] = _Tenant(self._weight(job.tenant))
+            tenant = level.tenants[job.tenant] = _Tenant[J](self._weight(job.tenant))
         if not tenant.jobs:
             tenant.head = level.virtual if front else max(level.virtual, tenant.finish)
         elif front:
@@ -372,7 +388,7 @@ class FairQueue:
         self._count += 1
         self.queued[job.tenant] = self.queued.get(job.tenant, 0) + 1
 
-    def _left(self, level: _Level, job: Job) -> None:
+    def _left(self, level: _Level[J], job: J) -> None:
         level.count -= 1
         self._count -= 1
         left = self.queued[job.tenant] - 1
@@ -381,7 +397,7 @@ class FairQueue:
         else:
             del self.queued[job.tenant]
 
-    def _remove(self, job: Job) -> None:
+    def _remove(self, job: J) -> None:
         level = self._levels[job.priority]
         tenant = level.tenants[job.tenant]
         kept = [entry for entry in tenant.jobs if entry[3] is not job]
@@ -392,7 +408,7 @@ class FairQueue:
             tenant.finish, tenant.backlog_s = tenant.head, 0.0
         self._left(level, job)
 
-    def _next(self) -> tuple[_Level, _Tenant]:
+    def _next(self) -> tuple[_Level[J], _Tenant[J]]:
         """The level and tenant whose job goes next: the highest level with jobs, its tenant
         with the smallest tag."""
         for level in self._levels.values():
