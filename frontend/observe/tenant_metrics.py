@@ -62,14 +62,14 @@ class TenantMetrics:
         return tenants
 
     def families(self) -> Iterator[Family]:
-        requests = Family("batchserve_tenant_requests_total",
-                          "A tenant's predictions answered, by status (0: the client left "
-                          "first)", "counter")
-        for key, count in list(self.requests.items()):
-            requests.add((*TENANT_LABELS, "status"), key, float(count))
-        refused = Family("batchserve_tenant_refused_total",
-                         "A tenant's predictions answered without running, by reason",
-                         "counter")
-        for key, count in list(self.refused.items()):
-            refused.add((*TENANT_LABELS, "reason"), key, float(count))
-        yield from (requests, refused, self.latency.family())
+        counters = (
+            ("batchserve_tenant_requests_total", "status", self.requests,
+             "A tenant's predictions answered, by status (0: the client left first)"),
+            ("batchserve_tenant_refused_total", "reason", self.refused,
+             "A tenant's predictions answered without running, by reason"))
+        for name, label, counts, documentation in counters:
+            family = Family(name, documentation, "counter")
+            for key, count in list(counts.items()):
+                family.add((*TENANT_LABELS, label), key, float(count))
+            yield family
+        yield self.latency.family()

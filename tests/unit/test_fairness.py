@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from collections.abc import Iterator
 
 import pytest
@@ -31,10 +32,9 @@ INF = float("inf")
 
 @pytest.fixture
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """A loop for the jobs' futures only: it never runs."""
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
+    """The jobs' futures' loop (never run)."""
+    with contextlib.closing(asyncio.new_event_loop()) as made:
+        yield made
 
 
 def job(loop: asyncio.AbstractEventLoop, tenant: str = "default", name: str = "",
