@@ -40,6 +40,7 @@ from frontend.observe.status import ModelStatus, Statuses
 from frontend.ops.auth import TokenAuthority
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
+from frontend.ops.tenants import Tenancy
 from frontend.serving.capacity import HostLimits, worker_caps
 from frontend.serving.forkserver import Launch
 from frontend.serving.placement import CpuAssigner, GpuAssigner, Placement
@@ -116,7 +117,8 @@ def server_metrics(config: ServerConfig, models: Statuses, gpu_count: int,
         log_dir=Path(location) if location else config.log_location,
         system_metrics=not config.disable_system_metrics, gpu_count=gpu_count,
         interval_s=config.metric_time_interval_s, named_loggers=named_loggers,
-        phases=config.request_phases, dispatch_stats=config.dispatch_stats)
+        phases=config.request_phases, dispatch_stats=config.dispatch_stats,
+        tenants=bool(config.tenant_header or config.tenant_weights))
 
 
 def start_tracing(config: ServerConfig) -> Tracing:
@@ -212,9 +214,11 @@ class Server:
                              forkserver=self._forkserver)
         auth = None
         if not config.disable_token_authorization:
-            auth = TokenAuthority(config.key_file, config.token_expiration_min)
+            auth = TokenAuthority(config.key_file, config.token_expiration_min,
+                                  tenants=[name for name, _ in config.tenant_weights])
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
-        plane = InferencePlane(registry, subscribed, logs.access, config.server_timing)
+        plane = InferencePlane(registry, subscribed, logs.access, config.server_timing,
+                               Tenancy(config.tenant_header, config.priority_header, auth))
         workflows = WorkflowLoader(config, loader, WorkflowRegistry(), run_dir / "workflows")
         dashboard = Dashboard(statuses(registry), metrics, busy=busy, gpu_count=gpus.count)
         metrics.front_requests = self._front_requests

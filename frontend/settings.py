@@ -17,6 +17,7 @@ over an alias; two aliases that disagree are an error.
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -177,6 +178,35 @@ def _torchrun_processes(key: str, value: object) -> int:
     return processes
 
 
+#: The most priority levels a model may have (Triton allows more; 100 is plenty here).
+MAX_PRIORITY_LEVELS = 100
+
+
+def _level_policies(key: str, value: object) -> tuple[tuple[int, int, int], ...]:
+    """``priorityQueuePolicy`` (Triton's ``priority_queue_policy``): a mapping of level to
+    ``{maxQueueSize, timeoutMs}`` (0: no limit), or its JSON text; as (level, max queue size,
+    timeout ms), by level."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"{key} must be a mapping (or its JSON text) of level to "
+                             f"{{maxQueueSize, timeoutMs}}, got {quoted(value)}") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key} must be a mapping of level to {{maxQueueSize, timeoutMs}}, "
+                         f"got {quoted(value)}")
+    policies = []
+    for level, limits in value.items():
+        number = integer(1, MAX_PRIORITY_LEVELS)(f"{key} level", level)
+        if not isinstance(limits, Mapping) or set(limits) - {"maxQueueSize", "timeoutMs"}:
+            raise ValueError(f"{key}.{number} must be a mapping with maxQueueSize and/or "
+                             f"timeoutMs, got {quoted(limits)}")
+        policies.append((number,
+                         integer(0)(f"{key}.{number}.maxQueueSize", limits.get("maxQueueSize", 0)),
+                         integer(0)(f"{key}.{number}.timeoutMs", limits.get("timeoutMs", 0))))
+    return tuple(sorted(policies))
+
+
 # ---- the fields ---------------------------------------------------------------------------
 
 
@@ -285,6 +315,17 @@ class ModelSettings:
     async_communication: bool = setting("asyncCommunication", _boolean, shown=False,
                                         default=False)
     use_job_ticket: bool = setting("useJobTicket", _boolean, shown=False, default=False)
+    #: Priority levels (Triton's ``priority_levels``; 0: none), 1 the highest; the level of a
+    #: request that names none (0: the lowest); each level's limits (docs/scheduling.md).
+    priority_levels: int = setting("priorityLevels", integer(0, MAX_PRIORITY_LEVELS),
+                                   param="priority_levels", shown=False, default=0)
+    default_priority_level: int = setting("defaultPriorityLevel",
+                                          integer(0, MAX_PRIORITY_LEVELS),
+                                          param="default_priority_level", shown=False,
+                                          default=0)
+    priority_queue_policy: tuple[tuple[int, int, int], ...] = setting(
+        "priorityQueuePolicy", _level_policies, param="priority_queue_policy", shown=False,
+        default=())
 
     def __post_init__(self) -> None:
         """Every count and duration is in its range, whichever source or code set it: what
@@ -292,6 +333,11 @@ class ModelSettings:
         for declared in FIELDS:
             if isinstance(declared.parse, Integer):
                 declared.parse(declared.json, getattr(self, declared.name))
+        levels = self.priority_levels
+        if self.default_priority_level > levels or any(
+                level > levels for level, _, _ in self.priority_queue_policy):
+            raise ValueError(f"defaultPriorityLevel and priorityQueuePolicy's levels must be "
+                             f"within priorityLevels (1 to {levels})")
 
     def torchserve_fields(self) -> dict[str, int]:
         """The settings TorchServe shows under its JSON names (describe bodies, snapshots)."""

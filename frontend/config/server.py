@@ -20,6 +20,7 @@ from frontend.config.values import (
     address,
     batch_policy,
     choice,
+    header_name,
     metrics_mode,
     module_names,
     name_list,
@@ -35,6 +36,7 @@ from frontend.config.values import (
     positive_int,
     regex,
     regex_list,
+    tenant_weights,
     whole,
     worker_start,
 )
@@ -138,6 +140,20 @@ class ServerConfig:
     max_workers_per_server: int | None = option("max_workers_per_server", parse=whole(1),
                                                 default=None)
     job_queue_size: int = option("job_queue_size", parse=whole(1), default=100)
+
+    # ---- tenants and priorities (docs/scheduling.md) --------------------------------------------
+    #: The request header (and gRPC metadata) that names a request's tenant; empty: none.
+    #: Set (or tenants listed below with token authorization on), every model that is not
+    #: stateful shares its queue fairly between tenants (frontend/serving/fairness.py).
+    tenant_header: str = option("tenant_header", parse=header_name, default="")
+    #: ``a:3,b:1``: tenants' weights (a tenant not listed, ``default`` included, weighs 1).
+    #: With token authorization on, each listed tenant gets an inference key of its own in
+    #: the key file (``tenants``).
+    tenant_weights: tuple[tuple[str, float], ...] = option(
+        "tenant_weights", parse=tenant_weights, default=())
+    #: The header (and gRPC metadata) that carries a request's priority level, for models
+    #: with ``priorityLevels`` (KServe v2's ``priority`` parameter too); 1 is the highest.
+    priority_header: str = option("priority_header", parse=header_name, default="x-priority")
     default_response_timeout_s: int = option(
         "default_response_timeout", parse=whole(1, MAX_TIMEOUT_S), default=120)
     default_startup_timeout_s: int = option(

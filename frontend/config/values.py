@@ -219,3 +219,40 @@ def otlp_endpoint(text: str) -> str:
     if text and urlsplit(text).scheme not in ("http", "https"):
         raise ValueError("expected http://host:port or https://host:port")
     return text
+
+
+#: A tenant's name: what a header or the key file may name (it labels metrics).
+TENANT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+#: The largest weight a tenant may have (weights are relative: 1 to 1000 covers any split).
+MAX_TENANT_WEIGHT = 1000.0
+
+
+def tenant_weights(text: str) -> tuple[tuple[str, float], ...]:
+    """``tenant_weights``: ``a:3,b:1`` (name:weight, weight a number > 0 and at most 1000; a
+    name alone weighs 1), each tenant once."""
+    weights: dict[str, float] = {}
+    for item in name_list(text):
+        name, _, raw = item.partition(":")
+        name = name.strip()
+        if not TENANT_NAME.fullmatch(name):
+            raise ValueError(f"tenant name {shown(name)!r} must be 1 to 64 letters, digits, "
+                             "'_', '-' or '.'")
+        try:
+            weight = float(raw) if raw.strip() else 1.0
+        except ValueError:
+            raise ValueError(f"weight of tenant {name} must be a number, got {shown(raw)!r}"
+                             ) from None
+        if not 0 < weight <= MAX_TENANT_WEIGHT:
+            raise ValueError(f"weight of tenant {name} must be > 0 and <= "
+                             f"{MAX_TENANT_WEIGHT:g}, got {shown(raw)}")
+        if name in weights:
+            raise ValueError(f"tenant {name} is listed twice")
+        weights[name] = weight
+    return tuple(weights.items())
+
+
+def header_name(text: str) -> str:
+    """An HTTP header's name (also gRPC metadata's), kept lower-case; empty: none."""
+    if text and not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", text):
+        raise ValueError(f"{shown(text)!r} is not an HTTP header name")
+    return text.lower()

@@ -164,6 +164,11 @@ class ModelLoader:
         self.registry = registry
         self._placement = placement
         self._model_log = model_log
+        #: Tenants' weights when the server tells requests apart by tenant (``tenant_header``
+        #: or ``tenant_weights``: docs/scheduling.md); None when it does not.
+        self.tenants: dict[str, float] | None = None
+        if config.tenant_header or config.tenant_weights:
+            self.tenants = dict(config.tenant_weights)
         self._dependencies = DependencyInstaller(
             run_dir / "envs", config.install_py_dep_per_model, config.install_py_dep_timeout_s,
             model_log)
@@ -317,7 +322,7 @@ class ModelLoader:
                       self._launch(name, version, unpacked, plan.handler, settings,
                                    environment, request.workflow_function),
                       self._placement, self._model_log, request.loaded_at_startup,
-                      plan.tensors, environment, request.workflow)
+                      plan.tensors, environment, request.workflow, self.tenants)
         self.registry.add(model,
                           make_default=self._configured(name, version).is_default_version)
         self._observers.registered(name, version)

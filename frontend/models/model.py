@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ from frontend.models.dependencies import NO_ENVIRONMENT, ModelEnvironment
 from frontend.observe.status import ModelStatus, WorkerStatus
 from frontend.serving import buckets
 from frontend.serving.batching import Batcher, Job
+from frontend.serving.fairness import FairQueue, LevelPolicy, Scheduling
 from frontend.serving.placement import Placement
 from frontend.serving.policies import make_policy
 from frontend.serving.sequences import SequenceBatcher
@@ -55,6 +57,7 @@ class Model:
         tensors: TensorMetadata = TensorMetadata(),
         environment: ModelEnvironment = NO_ENVIRONMENT,
         workflow: str | None = None,
+        tenants: Mapping[str, float] | None = None,
     ) -> None:
         self.name = name
         #: The workflow this model is a node of (registered and removed with it), or None.
@@ -78,6 +81,18 @@ class Model:
                                    settings.max_batch_delay_ms / 1000)
         #: A stateful model's queue (its sequences, a lane per worker); None otherwise.
         self.sequences: SequenceBatcher | None = None
+        #: Its requests are told apart by tenant and priority (the plane stamps their jobs):
+        #: the server names tenants (``tenants``: their weights), or it has priority levels.
+        self.tenanted = tenants is not None or settings.priority_levels > 0
+        #: Its fair queue (docs/scheduling.md); None: FIFO (and always for a stateful model,
+        #: whose sequences keep their order on their lanes).
+        self.fair: FairQueue[Job] | None = None
+        if self.tenanted and not settings.sequence_batching:
+            self.fair = FairQueue(Scheduling(
+                dict(tenants or {}), settings.priority_levels, settings.default_priority_level,
+                {level: LevelPolicy(size, timeout_ms)
+                 for level, size, timeout_ms in settings.priority_queue_policy}),
+                settings.job_queue_size)
         self.batcher: Batcher | SequenceBatcher
         if settings.sequence_batching:
             self.batcher = self.sequences = SequenceBatcher(
@@ -90,7 +105,7 @@ class Model:
         else:
             self.batcher = Batcher(max_batch_size=settings.batch_size,
                                    capacity=settings.job_queue_size, policy=policy(),
-                                   on_formed=launch.events.formed)
+                                   on_formed=launch.events.formed, fair=self.fair)
         self.workers: list[Worker] = []
         #: The batch buckets in effect (``buckets.in_effect`` of its workers' reports; empty:
         #: none), known to its batcher's policy once a worker has loaded.
@@ -166,6 +181,8 @@ class Model:
                             self._worker_down, self._model_log, lane, self._worker_loaded)
             self.workers.append(worker)
             started.append(worker)
+        if self.fair is not None:
+            self.fair.workers = len(self.workers)
         return started
 
     async def scale(self, min_workers: int, max_workers: int,
@@ -179,6 +196,8 @@ class Model:
             return self.start_workers(min_workers - len(self.workers))
         surplus = self.workers[min_workers:]
         del self.workers[min_workers:]
+        if self.fair is not None:
+            self.fair.workers = max(1, min_workers)
         self._worker_loaded()  # the workers left may agree on more buckets
         await asyncio.gather(*(worker.stop(drain_timeout_s) for worker in surplus))
         return []

@@ -117,6 +117,10 @@ class JobFacts:
     batch: Batch | None = field(default=None, kw_only=True)
     #: Which batch it rode in, as the client may be told (KServe's batchId), once sent.
     batch_id: str = field(default="", kw_only=True)
+    #: Who sent it (``tenant_header``, or a tenant's inference key), and its priority level
+    #: (0: none given; the fair queue puts it at its level), docs/scheduling.md.
+    tenant: str = field(default="default", kw_only=True)
+    priority: int = field(default=0, kw_only=True)
 
     @property
     def queue_wait_s(self) -> float:
@@ -219,6 +223,9 @@ class CallFacts:
         None when it ran, or was answered otherwise."""
         if self.status not in (503, 504) or self.job.batch is not None:
             return None
+        reason: str | None = getattr(self.error, "refusal", None)
+        if reason is not None:  # the fair queue's own (frontend/serving/fairness.py)
+            return reason
         if isinstance(self.error, QueueFull):
             return "queue_full"
         return "deadline" if self.status == 504 else "unavailable"

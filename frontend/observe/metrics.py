@@ -30,6 +30,7 @@ from frontend.observe.histograms import MODEL_LABELS, Histogram
 from frontend.observe.metric_specs import MetricsConfig
 from frontend.observe.our_metrics import BatchMetrics, RequestMetrics, WorkflowMetrics
 from frontend.observe.status import Statuses, no_models
+from frontend.observe.tenant_metrics import TenantMetrics
 from frontend.observe.timing import PhaseMetrics
 from frontend.observe.torchserve_metrics import HOSTNAME as HOSTNAME
 from frontend.observe.torchserve_metrics import METRICS_MODES as METRICS_MODES
@@ -43,12 +44,14 @@ class ServerMetrics:
                  config: MetricsConfig | None = None, auto_detect: bool = False,
                  log_dir: Path | None = None, system_metrics: bool = True, gpu_count: int = 0,
                  interval_s: float = 60.0, named_loggers: bool = False,
-                 phases: bool = True, dispatch_stats: bool = True) -> None:
+                 phases: bool = True, dispatch_stats: bool = True,
+                 tenants: bool = False) -> None:
         """``models``: the model versions now (for the gauges); ``log_dir``: where the metric
         logs are (None: none); ``named_loggers``: they go to the loggers TS_METRICS and
         MODEL_METRICS instead (a log4j2 configuration set them); ``phases``:
         ``batchserve_request_phase_seconds`` is kept (``request_phases``);
-        ``dispatch_stats``: the dispatch reasons and batch fill are."""
+        ``dispatch_stats``: the dispatch reasons and batch fill are; ``tenants``: each
+        tenant's requests are counted (the server tells tenants apart)."""
         self.torchserve = TorchServeMetrics(
             mode=mode, config=config, auto_detect=auto_detect, log_dir=log_dir,
             system_metrics=system_metrics, gpu_count=gpu_count, interval_s=interval_s,
@@ -58,6 +61,8 @@ class ServerMetrics:
         self.batches = BatchMetrics()
         self.timing = PhaseMetrics()
         self.records = BatchRecords(dispatch_stats)
+        self.tenants = TenantMetrics()
+        self.tenants_on = tenants
         #: Each request's phases are observed (else the family stays empty).
         self.phases_on = phases
         self.mode = mode
@@ -98,6 +103,8 @@ class ServerMetrics:
             observers.call_ended.append(self.timing.call_ended)
         if records.dispatch_stats:
             observers.batch_formed.append(records.batch_formed)
+        if self.tenants_on:
+            observers.call_ended.append(self.tenants.call_ended)
 
     def histograms(self) -> tuple[Histogram, ...]:
         """Our histograms per model version, as kept (the live page reads them directly)."""
@@ -134,6 +141,8 @@ class ServerMetrics:
             for number, count in sorted(fronts.items()):
                 family.add(("front",), (str(number),), count)
             yield family
+        if self.tenants_on:
+            yield from self.tenants.families()
 
     def _model_gauges(self) -> Iterator[Family]:
         depth = Family("batchserve_queue_depth", "Requests waiting in a model's queue", "gauge")

@@ -3,6 +3,9 @@
 At start the server writes ``key_file.json`` (mode 0600) holding an inference key, a
 management key (both expire after ``token_expiration_min``) and an API key that rotates
 the other two through ``GET /token?type=inference|management`` on the management port.
+With tenants listed in ``tenant_weights`` it also holds an inference key for each tenant
+(``"tenants": {"a": {"key": ...}}``, which never expire, as the API key): a request that
+carries one is authorized as an inference request of that tenant (docs/scheduling.md).
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from frontend.errors import BadRequest, Unauthorized
 
@@ -50,28 +54,43 @@ class TokenAuthority:
     """Holds the current keys, checks requests against them, and keeps the key file."""
 
     def __init__(self, path: Path, expiration_min: int,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, tenants: Sequence[str] = ()) -> None:
         self.path = path
         self.expiration_s = expiration_min * 60
         self._clock = clock
         self._keys: dict[KeyKind, _Key] = {}
+        self._tenants = tuple(tenants)
+        #: key -> tenant, for the tenants' own inference keys.
+        self._tenant_keys: dict[str, str] = {}
+
+    @property
+    def has_tenant_keys(self) -> bool:
+        return bool(self._tenants)
 
     def start(self) -> None:
         for kind in KeyKind:
             self._keys[kind] = self._new_key(kind)
+        self._tenant_keys = {secrets.token_urlsafe(18): tenant for tenant in self._tenants}
         self._write()
+
+    def tenant_of(self, token: str | None) -> str | None:
+        """The tenant whose inference key ``token`` is (None: no tenant's)."""
+        return self._tenant_keys.get(token) if token is not None else None
 
     def _new_key(self, kind: KeyKind) -> _Key:
         expires = None if kind is KeyKind.API else self._clock() + self.expiration_s
         return _Key(secrets.token_urlsafe(18), expires)
 
-    def _document(self) -> dict[str, dict[str, str]]:
-        document: dict[str, dict[str, str]] = {}
+    def _document(self) -> dict[str, Any]:
+        document: dict[str, Any] = {}
         for kind, key in self._keys.items():
             entry = {"key": key.value}
             if key.expires_at is not None:
                 entry["expiration time"] = _timestamp(key.expires_at)
             document[kind.value] = entry
+        if self._tenant_keys:
+            document["tenants"] = {tenant: {"key": key}
+                                   for key, tenant in self._tenant_keys.items()}
         return document
 
     def _write(self) -> None:
@@ -87,6 +106,8 @@ class TokenAuthority:
     def check(self, kind: KeyKind, headers: Iterable[tuple[bytes, bytes]]) -> None:
         """Raise Unauthorized unless the request carries the current, unexpired ``kind`` key."""
         token = bearer_token(headers)
+        if kind is KeyKind.INFERENCE and token in self._tenant_keys:
+            return  # a tenant's own key (it never expires)
         key = self._keys.get(kind)
         if token is None or key is None or not hmac.compare_digest(token.encode(),
                                                                    key.value.encode()):
@@ -108,4 +129,5 @@ class TokenAuthority:
         assert kind is not None
         self._keys[kind] = self._new_key(kind)
         self._write()
-        return self._document()[kind.value]
+        entry: dict[str, str] = self._document()[kind.value]
+        return entry

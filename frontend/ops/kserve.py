@@ -14,6 +14,7 @@ from typing import Any
 from frontend.errors import BadRequest, quoted
 from frontend.models.model import Model
 from frontend.models.registry import ModelRegistry
+from frontend.ops.tenants import parse_priority
 from protos import json_limits
 
 SERVER_NAME = "batchserve"
@@ -89,6 +90,15 @@ def v2_rows(payload: Any, max_inputs: int, max_rows: int) -> int:
                          "(max_request_inputs)")
     shapes = [tensor.get("shape") if isinstance(tensor, dict) else None for tensor in inputs]
     return _rows(shapes, max_rows)
+
+
+def v2_priority(payload: Any) -> int:
+    """The priority level a v2 request's ``parameters`` name (Triton's ``priority``; 0:
+    none); BadRequest for one that is not a level."""
+    parameters = payload.get("parameters") if isinstance(payload, dict) else None
+    if not isinstance(parameters, dict) or parameters.get("priority") in (None, 0):
+        return 0  # Triton: 0 is the model's default level
+    return parse_priority("parameter priority", parameters["priority"])
 
 
 def _rows(shapes: list[Any], max_rows: int) -> int:

@@ -24,6 +24,7 @@ from frontend.errors import BadRequest, Forbidden, InternalError, MethodNotAllow
 from frontend.models.loader import RegisterRequest
 from frontend.models.model import Model
 from frontend.observe.batches import BatchRecords, ModelBatches
+from frontend.observe.tenant_metrics import TenantMetrics
 from frontend.ops.params import bool_param, int_param
 from frontend.ops.plane import InferencePlane
 from frontend.ops.services import Services
@@ -46,6 +47,8 @@ class ManagementOps:
         self.snapshots = services.snapshots
         #: What is kept of each model version's batches (its describe's ``batching``).
         self.records = services.metrics.records
+        #: Each tenant's requests (its describe's ``scheduling``).
+        self.tenants = services.metrics.tenants
 
     def _require_model_api(self) -> None:
         if not self.config.enable_model_api:
@@ -78,7 +81,8 @@ class ManagementOps:
                 if worker.gpu_id is not None}
         usage = dict(zip(gpus, await asyncio.gather(*(gpu_usage(gpu) for gpu in gpus)),
                          strict=True))
-        descriptions = [describe_model(model, self.records, usage) for model in models]
+        descriptions = [describe_model(model, self.records, usage, self.tenants)
+                        for model in models]
         if customized:
             for model, description in zip(models, descriptions, strict=True):
                 description["customizedMetadata"] = await _customized_metadata(self.plane,
@@ -192,10 +196,12 @@ def _registered_message(model: Model, synchronous: bool) -> str:
 
 
 def describe_model(model: Model, records: BatchRecords,
-                   gpu_usage: Mapping[int, str] | None = None) -> dict[str, object]:
+                   gpu_usage: Mapping[int, str] | None = None,
+                   tenants: TenantMetrics | None = None) -> dict[str, object]:
     """TorchServe 0.12's describe body for one model version (its fields in its order), with
-    our ``batching`` section (what ``records`` kept of its batches); ``gpu_usage`` maps GPU ids
-    to each worker's ``gpuUsage``."""
+    our ``batching`` section (what ``records`` kept of its batches), and for a model that
+    tells tenants apart its ``scheduling`` (``tenants``: their requests); ``gpu_usage`` maps
+    GPU ids to each worker's ``gpuUsage``."""
     s = model.settings
     batches = records.of(model.name, model.version) or ModelBatches(records.dispatch_stats)
     sizes = list(batches.recent_sizes)
@@ -242,6 +248,27 @@ def describe_model(model: Model, records: BatchRecords,
             **({"openSequences": model.sequences.open_sequences}
                if model.sequences is not None else {}),
         },
+        **({"scheduling": describe_scheduling(model, tenants)} if model.tenanted else {}),
+    }
+
+
+def describe_scheduling(model: Model, tenants: TenantMetrics | None) -> dict[str, object]:
+    """A tenanted model's queue (docs/scheduling.md): fair or FIFO (a stateful model), each
+    tenant's weight, queued requests and what was answered (``requests``, ``ok``: status 200,
+    ``refused_<reason>``), its priority levels."""
+    s, fair = model.settings, model.fair
+    seen = tenants.of_model(model.name, model.version) if tenants is not None else {}
+    queued = fair.tenants() if fair is not None else {}
+    return {
+        "queue": "fair" if fair is not None else "fifo",
+        "tenants": {name: {**queued.get(name, {}), **seen.get(name, {})}
+                    for name in sorted({*queued, *seen})},
+        "priorityLevels": s.priority_levels,
+        "defaultPriorityLevel": s.default_priority_level or s.priority_levels,
+        "priorityQueuePolicy": {str(level): {"maxQueueSize": size, "timeoutMs": timeout_ms}
+                                for level, size, timeout_ms in s.priority_queue_policy},
+        **({"costLearned": fair.costs.learned, "itemCostMs": round(fair.costs.item_s * 1000, 3)}
+           if fair is not None else {}),
     }
 
 

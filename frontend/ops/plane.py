@@ -7,7 +7,8 @@ plane in the same two phases, so the order of the steps cannot be got wrong:
 * ``begin`` (or ``call``, for the async transports) opens a ``Call`` for one prediction (who
   asked, when, its job);
 * ``open``, as soon as the request names its model, before any body is read: the model and
-  version it names (404), refused at once (503) when the model's queue is full;
+  version it names (404), its tenant and priority (frontend/ops/tenants.py, for a model that
+  tells them apart), refused at once (503) when the model's queue has no room for it;
 * ``send``, once the request is read: the worker's request is built (a fresh request id, the
   client's headers or gRPC metadata, its inputs, its weight in batch items, whether it asks
   for an explanation) and queued with its deadline (the model's ``response_timeout``, or the
@@ -45,6 +46,7 @@ from frontend.observe.events import Origin as Origin
 from frontend.observe.logs import AccessLog
 from frontend.observe.timing import SERVER_TIMING as SERVER_TIMING
 from frontend.ops.ids import new_request_id
+from frontend.ops.tenants import Tenancy
 from frontend.serving.batching import Job
 from frontend.serving.sequences import SEQUENCE_ID_HEADER as SEQUENCE_ID_HEADER
 from frontend.serving.sequences import name_sequence
@@ -117,8 +119,11 @@ class InferencePlane:
     """Resolve, build, queue, await, record: see the module's docstring."""
 
     def __init__(self, registry: ModelRegistry, observers: Observers,
-                 access: AccessLog, server_timing: str = timing.OFF) -> None:
+                 access: AccessLog, server_timing: str = timing.OFF,
+                 tenancy: Tenancy | None = None) -> None:
         self.registry = registry
+        #: Reads a request's tenant and priority (for models that tell them apart).
+        self.tenancy = tenancy or Tenancy("", "")
         #: Told of each call as it ends (``observers.call_ended``: the metrics, the access
         #: log, the traces, as the server subscribed them).
         self._ended = observers.call_ended
@@ -134,13 +139,17 @@ class InferencePlane:
     def begin(self, origin: Origin, loop: asyncio.AbstractEventLoop) -> Call:
         return Call(origin, Job(_NO_REQUEST, loop.create_future()))
 
-    def open(self, call: Call, name: str, version: str | None = None) -> Model:
-        """Phase one, before the body is read: the model the call names (ModelNotFound), and
-        a refusal (503) now if its queue has no room."""
+    def open(self, call: Call, name: str, version: str | None = None,
+             headers: Iterable[tuple[bytes, bytes]] = ()) -> Model:
+        """Phase one, before the body is read: the model the call names (ModelNotFound), its
+        tenant and priority from ``headers`` (BadRequest), and a refusal (503) now if its
+        queue has no room for it."""
         model = call.model = self.registry.get(name, version or None)
         call.key = model.key
         call.version = version or None
-        model.batcher.refuse_if_full()
+        if model.tenanted:
+            self.tenancy.stamp(call.job, headers)
+        model.batcher.refuse_if_full(call.job)
         return model
 
     @staticmethod
@@ -159,17 +168,21 @@ class InferencePlane:
         model.batcher.when_room(resume)
         return True
 
-    def open_model(self, call: Call, model: Model) -> Model:
+    def open_model(self, call: Call, model: Model,
+                   headers: Iterable[tuple[bytes, bytes]] = ()) -> Model:
         """Phase one for a call of this very version, which a caller holds rather than names
-        (a workflow's node): ModelNotFound once it is no longer registered, and a refusal
-        (503) now if its queue has no room. Its metrics say "default", as the version of a
-        call naming none (as TorchServe's node calls)."""
+        (a workflow's node, with the workflow request's ``headers``: its tenant):
+        ModelNotFound once it is no longer registered, and a refusal (503) now if its queue
+        has no room. Its metrics say "default", as the version of a call naming none (as
+        TorchServe's node calls)."""
         if not self.registry.holds(model):
             raise ModelNotFound(f"Model {model.name} version {model.version} is no longer "
                                 "registered")
         call.model, call.key = model, model.key
         call.version = None
-        model.batcher.refuse_if_full()
+        if model.tenanted:
+            self.tenancy.stamp(call.job, headers)
+        model.batcher.refuse_if_full(call.job)
         return model
 
     def send(self, call: Call, headers: Sequence[tuple[bytes, bytes]],
@@ -177,14 +190,19 @@ class InferencePlane:
              deadline_s: float | None = None, loop: asyncio.AbstractEventLoop | None = None,
              weight: int = 1, instances: bool = False,
              tensor_format: worker_pb2.TensorFormat = worker_pb2.TENSOR_FORMAT_NONE,
-             sequence_id: str | None = None, explain: bool = False) -> None:
+             sequence_id: str | None = None, explain: bool = False,
+             priority: int = 0) -> None:
         """Phase two, once the request is read: build the call's worker request and queue it.
 
         ``inputs``: (name, bytes, content type or None) for each input; ``deadline_s``: a
         transport's own deadline (gRPC's); ``explain``: the request asks for an explanation
-        (/explanations, KServe's explain). Raises BadRequest for a bad ``X-Request-Timeout``.
+        (/explanations, KServe's explain); ``priority``: the level the body names (KServe
+        v2's ``priority`` parameter; 0: none). Raises BadRequest for a bad
+        ``X-Request-Timeout``.
         """
         assert call.model is not None, "open first"
+        if priority:
+            call.job.priority = priority
         timeout_s = self._build(call, headers, inputs, weight, instances, tensor_format,
                                 sequence_id, explain)
         if self._timing_on:  # one attribute read per request when off
@@ -234,6 +252,11 @@ class InferencePlane:
         assert model is not None, "open first"
         budget_s = float(model.settings.response_timeout_s)
         queue_s = budget_s
+        if model.fair is not None:  # a priority level's timeoutMs, as a client's own
+            scheduling = model.fair.scheduling
+            level_s = scheduling.timeout_s(scheduling.level_of(call.job.priority))
+            if level_s is not None:
+                timeout_s = level_s if timeout_s is None else min(timeout_s, level_s)
         if timeout_s is not None:
             budget_s = queue_s = min(budget_s, timeout_s)
         elif model.settings.client_timeout_ms:
@@ -313,7 +336,7 @@ class InferencePlane:
                       inputs: Iterable[tuple[str, bytes, str | None]], *,
                       abandoned: asyncio.Future[Any] | None = None, **flags: Any) -> Answer:
         """Open, send and await, for a request read whole (``flags`` go to ``send``)."""
-        self.open(call, name, version)
+        self.open(call, name, version, headers)
         self.send(call, headers, inputs, **flags)
         return await self.outcome(call, abandoned)
 

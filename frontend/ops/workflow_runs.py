@@ -217,7 +217,7 @@ class WorkflowRunner:
         try:
             try:
                 # The very model the workflow registered, never one found by its name.
-                plane.open_model(call, model)
+                plane.open_model(call, model, headers)
                 plane.send(call, headers, inputs, deadline_s=timeout_s)
                 answer = await plane.outcome(call)
             except (NotFound, ServiceUnavailable) as exc:

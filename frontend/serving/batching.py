@@ -3,9 +3,10 @@
 The batcher only groups jobs; it never touches sockets or processes. Each worker pulls a
 batch when it is free (as TorchServe's WorkerThread does; a worker with a batch in flight
 takes a second only when it is full, ``park_for_full``), and the queue fills naturally while
-every worker is busy. *When* a batch is
-released is decided by a small pure policy object, so other policies plug in without touching
-the queue. Time comes in through two seams, a ``clock`` and a ``call_later`` timer, so tests and
+every worker is busy. *When* a batch is released is decided by a small pure policy object, so
+other policies plug in without touching the queue; *which* jobs go is the queue's order: FIFO,
+or fair between tenants and priority levels (frontend/serving/fairness.py). Time comes in
+through two seams, a ``clock`` and a ``call_later`` timer, so tests and
 frontend/serving/simulation.py drive the same batcher with simulated time.
 
 It keeps no record for anyone to read: each batch that leaves is a ``Batch`` of raw facts
@@ -21,7 +22,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from frontend.errors import QueueFull, ServeError, ServiceUnavailable, expired
 from frontend.observe.events import (
@@ -34,15 +34,18 @@ from frontend.observe.events import (
     Batch,
     JobFacts,
 )
+from frontend.serving.fairness import FairQueue
 from frontend.serving.policies import BatchPolicy
 from frontend.serving.streams import ResponseStream
+from frontend.serving.timers import CallLater as CallLater
+from frontend.serving.timers import Timer as Timer
+from frontend.serving.timers import loop_call_later as loop_call_later
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
 
-#: A policy's wait at most this long is no wait. "D - waited" from float times can come out a
-#: few ulps above 0 at the very wake-up that asked for it; asyncio, too, runs a timer up to its
-#: clock's resolution (1 ns) early.
+#: A policy's wait at most this long is no wait. "D - waited" from float times can come out a few
+#: ulps above 0 at the very wake-up that asked for it; asyncio runs a timer up to 1 ns early.
 MIN_WAIT_S = 1e-9
 
 #: Weight of one completed batch in the service-time estimate a deadline keeps in reserve.
@@ -100,22 +103,6 @@ class Job(JobFacts):
 Take = Callable[[list[Job] | ServeError], None]
 
 
-class Timer(Protocol):
-    """A pending callback (asyncio's TimerHandle, or a simulated one)."""
-
-    def cancel(self) -> None: ...
-
-
-#: ``call_later(delay_s, callback)``: runs ``callback`` ``delay_s`` seconds from now, on the
-#: clock the caller reads.
-CallLater = Callable[[float, Callable[[], None]], Timer]
-
-
-def loop_call_later(delay_s: float, callback: Callable[[], None]) -> Timer:
-    """The running event loop's ``call_later``: the production timer."""
-    return asyncio.get_running_loop().call_later(delay_s, callback)
-
-
 class Batcher:
     """Groups the queued jobs of one model (version) into batches of up to ``max_batch_size``.
 
@@ -135,6 +122,7 @@ class Batcher:
         call_later: CallLater = loop_call_later,
         on_formed: Callable[[Batch], None] | None = None,
         sequence: bool = False,
+        fair: FairQueue[Job] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -150,7 +138,10 @@ class Batcher:
         #: The batcher's clock (monotonic seconds), which its jobs' times are read on.
         self._clock = clock
         self._call_later = call_later
-        self._queue: collections.deque[Job] = collections.deque()
+        self._fair = fair  # None: the queue is FIFO
+        self._queue: collections.deque[Job] | FairQueue[Job] = collections.deque()
+        if fair is not None:
+            self._queue = fair
         self._emptied = asyncio.Event()
         self._emptied.set()
         self._closed: ServeError | None = None
@@ -189,12 +180,15 @@ class Batcher:
         """No room for one more job (cheap: what refuse_if_full just found)."""
         return len(self._queue) >= self.capacity
 
-    def refuse_if_full(self) -> None:
-        """Raise QueueFull (503) now if a job would be refused: lets the HTTP layer answer
-        503 before it reads the body (overload must stay cheap to turn away)."""
+    def refuse_if_full(self, job: Job | None = None) -> None:
+        """Raise QueueFull (503) now if ``job`` would be refused (a fair queue's rules: its
+        ``check``): the HTTP layer answers before it reads the body (cheap to turn away)."""
         if self._closed is not None:
             raise self._closed
-        if len(self._queue) >= self.capacity:
+        if self._fair is not None and job is not None:
+            self._drop_finished()
+            self._fair.check(job)
+        elif len(self._queue) >= self.capacity:
             self._drop_finished()
             if len(self._queue) >= self.capacity:
                 # A full queue answers at once instead of holding memory and latency for
@@ -216,13 +210,17 @@ class Batcher:
                 logger.exception("a queue-room callback failed")
 
     def submit(self, job: Job) -> None:
-        """Queue a job, or raise QueueFull (503) at once when the queue is full."""
-        self.refuse_if_full()
+        """Queue a job, or raise QueueFull (503) at once when the queue is full (a fair queue
+        may displace another tenant's job instead, or refuse a hopeless deadline)."""
+        self.refuse_if_full(job)
         job.enqueued_at = now = self._clock()
+        if self._fair is None:
+            self._queue.append(job)
+        elif (displaced := self._fair.enter(job, now, self._service_s)) is not None:
+            self._queued_weight -= displaced.weight
         if job.deadline < self._earliest:
             self._earliest = job.deadline
         self.policy.on_arrival(now)
-        self._queue.append(job)
         self._queued_weight += job.weight
         self._emptied.clear()
         if self._parked or self._parked_full:
@@ -232,7 +230,10 @@ class Batcher:
         """Forget jobs whose future is already done (client gone, or expired)."""
         if any(not job.is_live() for job in self._queue):
             self._earliest_stale = True
-            self._queue = collections.deque(job for job in self._queue if job.is_live())
+            if self._fair is not None:
+                self._fair.retain_live()
+            else:
+                self._queue = collections.deque(job for job in self._queue if job.is_live())
             self._queued_weight = sum(job.weight for job in self._queue)
             if not self._queue:
                 self._emptied.set()
@@ -242,8 +243,6 @@ class Batcher:
             if job.deadline <= now and job.is_live():
                 job.future.set_exception(expired(job.budget_s, dispatched=False))
         self._drop_finished()
-
-    # -- handing batches to free workers --------------------------------------------------
 
     def park(self, take: Take) -> None:
         """A free worker waits for its next batch: ``take`` is called, from an arrival or a
@@ -401,9 +400,11 @@ class Batcher:
         """The model's batch buckets, for the policy (frontend/serving/buckets.py)."""
         self.policy.use_buckets(buckets)
 
-    def completed(self, size: int, service_s: float) -> None:
-        """A worker answered a batch of ``size`` in ``service_s`` (feeds the policy)."""
+    def completed(self, size: int, service_s: float, jobs: list[Job] | None = None) -> None:
+        """A worker answered a batch of ``size`` (``jobs``) in ``service_s``."""
         self.policy.on_completed(size, service_s, self._clock())
+        if self._fair is not None and jobs:
+            self._fair.costs.learn(jobs, service_s)
         if self._service_s == 0.0:
             self._service_s = service_s
         else:
@@ -462,12 +463,13 @@ class Batcher:
     def take_queued(self) -> list[Job]:
         """Take every queued job out, in order (to be queued elsewhere: a stateful model's
         jobs leave a worker that went down)."""
-        jobs, self._queue = self._queue, collections.deque()
+        jobs = list(self._queue)
+        self._queue.clear()
         self._queued_weight = 0
         self._earliest, self._earliest_stale = float("inf"), False
         self._emptied.set()
         self._make_room(len(jobs))
-        return list(jobs)
+        return jobs
 
     def fail_queued(self, error: ServeError) -> None:
         """Answer every queued job with ``error`` now (its workers cannot serve it soon)."""

@@ -82,7 +82,7 @@ class PredictExchange:
                 facts.frontend_marks.append(began)
         self._on_batch(jobs, result)
         if result is not None:
-            self._batcher.completed(sum(job.weight for job in jobs), service_s)
+            self._batcher.completed(sum(job.weight for job in jobs), service_s, jobs)
             if len(result.responses) != len(jobs):
                 fail_jobs(jobs, InternalError(
                     f"{self.name} returned {len(result.responses)} responses for a batch of "

@@ -226,7 +226,7 @@ class SequenceBatcher:
         """Never, for the whole model: limits are per sequence, known once its id is read."""
         return False
 
-    def refuse_if_full(self) -> None:
+    def refuse_if_full(self, job: Job | None = None) -> None:
         if self._closed is not None:
             raise self._closed
 

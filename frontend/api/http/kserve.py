@@ -111,7 +111,7 @@ class KServeRoutes:
             raise RouteNotFound()
         self._expect(scope, "POST")
         async with self.plane.call(http_origin(scope)) as call:
-            self.plane.open(call, name)
+            self.plane.open(call, name, None, scope["headers"])
             call.status = await self._v1_predict(call, scope, receive, send,
                                                  verb == "explain")
 
@@ -179,7 +179,7 @@ class KServeRoutes:
         elif rest in (["infer"], ["explain"]):
             self._expect(scope, "POST")
             async with self.plane.call(http_origin(scope)) as call:
-                self.plane.open(call, name, version)
+                self.plane.open(call, name, version, scope["headers"])
                 call.status = await self._v2_infer(call, scope, receive, send,
                                                    rest == ["explain"])
         else:
@@ -192,11 +192,12 @@ class KServeRoutes:
             return await self._enveloped(call, scope, receive, send, body, explain)
         length = next((value.decode("latin-1") for name, value in scope["headers"]
                        if name == kserve.HEADER_LENGTH.encode()), None)
-        header = kserve.split_v2_body(body, length)
-        rows = kserve.v2_rows(kserve.parse_json(header), self.config.max_request_inputs,
+        header = kserve.parse_json(kserve.split_v2_body(body, length))
+        rows = kserve.v2_rows(header, self.config.max_request_inputs,
                               self.config.max_request_instances)
         self.plane.send(call, scope["headers"], [("body", body, None)], weight=rows,
-                        tensor_format=worker_pb2.TENSOR_FORMAT_REST, explain=explain)
+                        tensor_format=worker_pb2.TENSOR_FORMAT_REST, explain=explain,
+                        priority=kserve.v2_priority(header))
         return await self._answer_as_is(call, receive, send)
 
     async def _enveloped(self, call: Call, scope: common.Scope, receive: common.Receive,

@@ -73,7 +73,7 @@ class PredictionRoutes:
                 return
         elif name is None:
             raise RouteNotFound()
-        self.plane.open(call, name, target.version)
+        self.plane.open(call, name, target.version, scope["headers"])
         common.check_content_length(scope, self.max_body_bytes)
 
     def send(self, call: Call, target: Target, scope: common.Scope, body: bytes,
@@ -83,7 +83,7 @@ class PredictionRoutes:
         model a form names when ``open`` left it to it."""
         inputs = request_inputs(scope, body, self.config.max_request_inputs)
         if call.model is None:
-            self.plane.open(call, sagemaker.model_from_fields(inputs))
+            self.plane.open(call, sagemaker.model_from_fields(inputs), None, scope["headers"])
         route = target.route
         if route.query_inputs and scope["query_string"]:
             inputs = [*self.query_inputs(target, scope), *inputs]
