@@ -218,7 +218,8 @@ class Server:
                                   tenants=[name for name, _ in config.tenant_weights])
         snapshots = Snapshots(config.log_location / "config", not config.snapshot_disabled)
         plane = InferencePlane(registry, subscribed, logs.access, config.server_timing,
-                               Tenancy(config.tenant_header, config.priority_header, auth))
+                               Tenancy(config.tenant_header, config.priority_header, auth,
+                                       [name for name, _ in config.tenant_weights]))
         workflows = WorkflowLoader(config, loader, WorkflowRegistry(), run_dir / "workflows")
         dashboard = Dashboard(statuses(registry), metrics, busy=busy, gpu_count=gpus.count)
         metrics.front_requests = self._front_requests

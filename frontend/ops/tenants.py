@@ -10,6 +10,7 @@ of a model that tells requests apart (``Model.tenanted``); for any other it read
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from frontend.config.values import TENANT_NAME
@@ -18,6 +19,14 @@ from frontend.ops.auth import TokenAuthority, bearer_token
 from frontend.serving.batching import Job
 from frontend.serving.fairness import DEFAULT_TENANT
 from frontend.settings import MAX_PRIORITY_LEVELS
+
+logger = logging.getLogger(__name__)
+
+#: At most this many tenants are told apart by name (those in ``tenant_weights`` first, then
+#: names in the order requests bring them); a request naming another is the default tenant's.
+#: Every name is a queue, a weight and series in the metrics: clients must not make them
+#: without end.
+MAX_TENANTS = 256
 
 
 def parse_priority(name: str, value: object) -> int:
@@ -36,13 +45,16 @@ class Tenancy:
     """Reads a request's tenant and priority from its headers (see the module's docstring)."""
 
     def __init__(self, tenant_header: str, priority_header: str,
-                 auth: TokenAuthority | None = None) -> None:
+                 auth: TokenAuthority | None = None, listed: Iterable[str] = ()) -> None:
         self._tenant_name = tenant_header.lower().encode() if tenant_header else None
         self._tenant_header = tenant_header
         self._priority_name = priority_header.lower().encode() if priority_header else None
         self._priority_header = priority_header
         #: Tenants' keys, when the key file has some.
         self._auth = auth if auth is not None and auth.has_tenant_keys else None
+        #: The names told apart so far (``MAX_TENANTS`` at most; the listed ones first).
+        self._known: set[str] = set(list(dict.fromkeys(listed))[:MAX_TENANTS])
+        self._full = False
 
     def stamp(self, job: Job, headers: Iterable[tuple[bytes, bytes]]) -> None:
         """Set ``job``'s tenant and priority from ``headers`` (BadRequest for bad values)."""
@@ -59,4 +71,18 @@ class Tenancy:
             keyed = self._auth.tenant_of(bearer_token(headers))
             if keyed is not None:
                 tenant = keyed
-        job.tenant = tenant or DEFAULT_TENANT
+        job.tenant = self._bounded(tenant) if tenant else DEFAULT_TENANT
+
+    def _bounded(self, tenant: str) -> str:
+        """``tenant``, or the default tenant once ``MAX_TENANTS`` others are known."""
+        known = self._known
+        if tenant in known:
+            return tenant
+        if len(known) < MAX_TENANTS:
+            known.add(tenant)
+            return tenant
+        if not self._full:  # said once
+            self._full = True
+            logger.warning("%d tenants are told apart already: requests naming another are "
+                           "the default tenant's", MAX_TENANTS)
+        return DEFAULT_TENANT

@@ -13,6 +13,7 @@ import pytest
 
 from frontend.config.values import tenant_weights
 from frontend.errors import BadRequest, QueueFull, ServeError
+from frontend.ops.tenants import MAX_TENANTS, Tenancy
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.fairness import (
     MIN_LEARNED_BATCHES,
@@ -184,3 +185,19 @@ def test_tenant_weights_name_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         tenant_weights(text)
     assert tenant_weights("a:3, b ,c:0.5") == (("a", 3.0), ("b", 1.0), ("c", 0.5))
+
+
+def test_clients_cannot_make_tenants_without_end(loop: asyncio.AbstractEventLoop) -> None:
+    """Every tenant name is a queue and metric series: past MAX_TENANTS names (those listed in
+    tenant_weights first), a request naming a new one is the default tenant's."""
+    tenancy = Tenancy("X-Tenant", "", listed=["gold"])
+    seen = []
+    for number in range(MAX_TENANTS + 50):
+        named = job(loop)
+        tenancy.stamp(named, [(b"x-tenant", f"t{number}".encode())])
+        seen.append(named.tenant)
+    assert len(set(seen) - {"default"}) == MAX_TENANTS - 1  # "gold" holds one place
+    assert seen[-50:] == ["default"] * 50
+    gold = job(loop)
+    tenancy.stamp(gold, [(b"x-tenant", b"gold")])
+    assert gold.tenant == "gold"  # a listed tenant is always told apart
