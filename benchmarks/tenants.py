@@ -321,10 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device-weights", type=float, nargs=2, default=(1.0, 1.0))
     parser.add_argument("--no-torchserve", action="store_true")
     parser.add_argument("--smoke", action="store_true",
-                        help="batchserve only, 1 s phases: checks that it all still runs")
+                        help="batchserve only, 0.8 s phases: checks that it all still runs")
     parser.add_argument("--out", type=Path, help="append the report to this file")
     args = parser.parse_args(argv)
-    settings = Settings(1.0 if args.smoke else args.duration, args.capacity, args.deadline,
+    settings = Settings(0.8 if args.smoke else args.duration, args.capacity, args.deadline,
                         not args.fixed, 5.0 if args.smoke else args.drain,
                         tuple(args.device_weights))  # type: ignore[arg-type]
     print(HEADER, flush=True)
