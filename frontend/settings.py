@@ -169,6 +169,31 @@ def _choice(*choices: str) -> Parse:
     return parse
 
 
+#: The largest ``deviceWeight``.
+MAX_DEVICE_WEIGHT = 1000.0
+_GROUP_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
+
+
+def _device_weight(key: str, value: object) -> float:
+    """A model's weight in its device group: a number in (0, MAX_DEVICE_WEIGHT]."""
+    number = _number(value)
+    if isinstance(number, bool) or not isinstance(number, int | float) \
+            or not math.isfinite(number) or not 0 < number <= MAX_DEVICE_WEIGHT:
+        raise ValueError(f"{key} must be a number in (0, {MAX_DEVICE_WEIGHT:g}], got "
+                         f"{quoted(value)}")
+    return float(number)
+
+
+def _device_group(key: str, value: object) -> str:
+    """A device group's name (a metric label: letters, digits and ``_.:-``, at most 64);
+    "" names none."""
+    if not isinstance(value, str) or len(value.strip()) > 64 \
+            or not set(value.strip()) <= _GROUP_CHARACTERS:
+        raise ValueError(f"{key} must be a name of at most 64 letters, digits, '_', '.', ':' "
+                         f"or '-', got {quoted(value)}")
+    return value.strip()
+
+
 def _torchrun_processes(key: str, value: object) -> int:
     """model-config.yaml's ``torchrun`` section: its ``nproc-per-node`` (TorchServe's default
     1), which TorchServe takes for the model's ``parallelLevel``."""
@@ -261,6 +286,12 @@ class ModelSettings:
                                   server_default="job_queue_size")
     #: GPUs this model's workers may use (model-config.yaml ``deviceIds``); empty: any.
     device_ids: tuple[int, ...] = setting("deviceIds", _device_ids, shown=False, default=())
+    #: The device whose time this model's workers share by weight with the other models of
+    #: the group ("": none; frontend/serving/devices.py, docs/devices.md), and its weight.
+    device_group: str = setting("deviceGroup", _device_group, param="device_group",
+                                shown=False, default="")
+    device_weight: float = setting("deviceWeight", _device_weight, param="device_weight",
+                                   shown=False, default=1.0)
     #: ADAPTIVE (default) or FIXED (TorchServe's behaviour).
     batch_policy: PolicyName = setting("batchPolicy", policy, param="batch_policy",
                                        shown=False, server_default="default_batch_policy",

@@ -12,16 +12,21 @@ at import in the worker, from the environment the server was started with:
 
 * ``BENCH_ACCEL_OVERHEAD_MS`` (a, default 20)
 * ``BENCH_ACCEL_PER_ITEM_MS`` (b, default 1)
+* ``BENCH_ACCEL_DEVICE`` (default unset): a lock file; every worker that names the same file
+  shares one device that runs one batch at a time (each batch holds an exclusive ``flock`` on
+  it while it sleeps), as one GPU shared by several models (benchmarks/tenants.py)
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from typing import Any
 
 OVERHEAD_MS = float(os.environ.get("BENCH_ACCEL_OVERHEAD_MS", "20"))
 PER_ITEM_MS = float(os.environ.get("BENCH_ACCEL_PER_ITEM_MS", "1"))
+DEVICE = os.environ.get("BENCH_ACCEL_DEVICE", "")
 
 
 def batch_cost_s(size: int) -> float:
@@ -32,7 +37,12 @@ def batch_cost_s(size: int) -> float:
 def handle(data: list[dict[str, Any]] | None, context: Any) -> list[Any] | None:
     if data is None:  # the load-time call: nothing to initialise
         return None
-    time.sleep(batch_cost_s(len(data)))
+    if DEVICE:
+        with open(DEVICE, "a") as device:
+            fcntl.flock(device, fcntl.LOCK_EX)  # the device runs one batch at a time
+            time.sleep(batch_cost_s(len(data)))
+    else:
+        time.sleep(batch_cost_s(len(data)))
     size = str(len(data))
     for index in range(len(data)):
         context.set_response_header(index, "X-Batch-Size", size)

@@ -31,6 +31,7 @@ from frontend.models.registry import ModelRegistry
 from frontend.observe.events import Observers
 from frontend.observe.metric_specs import DEFAULT_METRICS_CONFIG
 from frontend.processes import worker_environment
+from frontend.serving.devices import DeviceGroups
 from frontend.serving.forkserver import ForkServer, Launch, fork_unsupported
 from frontend.serving.placement import Placement
 from frontend.serving.workers import WorkerLaunch, start_failures
@@ -169,6 +170,8 @@ class ModelLoader:
         self.tenants: dict[str, float] | None = None
         if config.tenant_header or config.tenant_weights:
             self.tenants = dict(config.tenant_weights)
+        #: The devices shared by models that name a ``deviceGroup`` (frontend/serving/devices.py).
+        self.devices = DeviceGroups()
         self._dependencies = DependencyInstaller(
             run_dir / "envs", config.install_py_dep_per_model, config.install_py_dep_timeout_s,
             model_log)
@@ -318,13 +321,18 @@ class ModelLoader:
         name, version, settings = plan.name, plan.version, plan.settings
         # The worker caps, counted with no await before its workers start (_register).
         self._placement.admit(name, settings.min_workers, settings.max_workers, 0)
-        model = Model(name, version, unpacked, plan.handler, settings,
-                      self._launch(name, version, unpacked, plan.handler, settings,
-                                   environment, request.workflow_function),
-                      self._placement, self._model_log, request.loaded_at_startup,
-                      plan.tensors, environment, request.workflow, self.tenants)
-        self.registry.add(model,
-                          make_default=self._configured(name, version).is_default_version)
+        launch = self._launch(name, version, unpacked, plan.handler, settings, environment,
+                              request.workflow_function)
+        try:
+            model = Model(name, version, unpacked, plan.handler, settings, launch,
+                          self._placement, self._model_log, request.loaded_at_startup,
+                          plan.tensors, environment, request.workflow, self.tenants)
+            self.registry.add(model,
+                              make_default=self._configured(name, version).is_default_version)
+        except BaseException:
+            if launch.device is not None:
+                self.devices.leave(launch.device)
+            raise
         self._observers.registered(name, version)
         log_model_config(name, version, unpacked.model_config)
         logger.info("registered model %s version %s (batch_size=%d, max_batch_delay=%d ms, "
@@ -363,6 +371,9 @@ class ModelLoader:
             python=environment.python,
             env_blocklist=config.blacklist_env_vars,
             forkserver=self._forkserver_for(name, version, settings, environment),
+            device=self.devices.join(settings.device_group, name, version,
+                                     settings.device_weight)
+            if settings.device_group else None,
         )
 
     def _forkserver_for(self, name: str, version: str, settings: ModelSettings,
@@ -395,6 +406,8 @@ class ModelLoader:
         self.registry.remove(model)
         self._observers.removed(model.name, model.version)
         await model.stop(drain_timeout_s)
+        if model.launch.device is not None:
+            self.devices.leave(model.launch.device)
         archives.remove_unpacked(model.archive, self.archive_dir)
         await asyncio.to_thread(model.environment.remove)  # a venv can be large
         logger.info("unregistered model %s version %s", model.name, model.version)

@@ -20,7 +20,7 @@ from typing import Any
 from frontend.errors import ServiceUnavailable
 from frontend.models import archive as archives
 from frontend.models.dependencies import NO_ENVIRONMENT, ModelEnvironment
-from frontend.observe.status import ModelStatus, WorkerStatus
+from frontend.observe.status import DeviceStatus, ModelStatus, WorkerStatus
 from frontend.serving import buckets
 from frontend.serving.batching import Batcher, Job
 from frontend.serving.fairness import FairQueue, LevelPolicy, Scheduling
@@ -260,4 +260,12 @@ class Model:
             tuple(WorkerStatus(worker.id, worker.state.value, worker.is_up, worker.in_flight,
                                worker.restarts, worker.pid, worker.gpu_id,
                                worker.working_since, worker.execution)
-                  for worker in self.workers), self.buckets)
+                  for worker in self.workers), self.buckets, self.device_status())
+
+    def device_status(self) -> DeviceStatus | None:
+        """Its share of its device group's time now (None: it names no ``deviceGroup``)."""
+        share = self.launch.device
+        if share is None:
+            return None
+        return DeviceStatus(share.group.name, share.weight, share.used_s, share.share,
+                            share.running, len(share.waiting))

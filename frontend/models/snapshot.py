@@ -45,6 +45,8 @@ def snapshot_document(registry: ModelRegistry) -> dict[str, Any]:
             **s.torchserve_fields(),
             "handler": model.handler,
             "batchPolicy": s.batch_policy.value,
+            **({"deviceGroup": s.device_group, "deviceWeight": s.device_weight}
+               if s.device_group else {}),
         }
     count = sum(len(versions) for versions in models.values())
     return {"name": "snapshot", "modelCount": count, "created": int(time.time() * 1000),

@@ -364,6 +364,10 @@ class Dashboard:
             "models": [_model_state(model, self._metrics.records.of(model.name, model.version))
                        for model in self._statuses()],
             "samples": [sample for _, sample in self.samples.since(since)],
+            # Device groups' models and each model's tenants: their device time and share
+            # (docs/devices.md).
+            "devices": self._metrics.devices.device_rows(),
+            "tenants": self._metrics.devices.tenant_rows(),
         }
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from frontend.observe.batches import BatchRecords
+from frontend.observe.device_metrics import DeviceMetrics
 from frontend.observe.events import Observers
 from frontend.observe.exposition import Family, render
 from frontend.observe.families import LEGACY as LEGACY
@@ -63,6 +64,8 @@ class ServerMetrics:
         self.records = BatchRecords(dispatch_stats)
         self.tenants = TenantMetrics()
         self.tenants_on = tenants
+        #: Device time per device group's model and per tenant (docs/devices.md).
+        self.devices = DeviceMetrics(models)
         #: Each request's phases are observed (else the family stays empty).
         self.phases_on = phases
         self.mode = mode
@@ -91,12 +94,12 @@ class ServerMetrics:
         torchserve, records = self.torchserve, self.records
         observers.call_ended += [torchserve.call_ended, self.requests.call_ended]
         observers.batch_ended += [torchserve.batch_ended, self.batches.batch_ended,
-                                  records.batch_ended]
+                                  records.batch_ended, self.devices.batch_ended]
         observers.worker_loaded.append(
             lambda key, worker, load_ms, metrics: torchserve.worker_loaded(worker, load_ms,
                                                                            metrics))
         observers.model_registered.append(records.registered)
-        observers.model_removed.append(records.removed)
+        observers.model_removed += [records.removed, self.devices.removed]
         observers.frontend_time = observers.frontend_time or torchserve.reads_frontend_time
         if self.phases_on:
             observers.batch_ended.append(self.timing.batch_ended)
@@ -143,6 +146,7 @@ class ServerMetrics:
             yield family
         if self.tenants_on:
             yield from self.tenants.families()
+        yield from self.devices.families()
 
     def _model_gauges(self) -> Iterator[Family]:
         depth = Family("batchserve_queue_depth", "Requests waiting in a model's queue", "gauge")

@@ -48,6 +48,27 @@ class WorkerStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceStatus:
+    """A model version's share of a device's time (its ``deviceGroup``: docs/devices.md)."""
+
+    group: str
+    weight: float
+    #: Device seconds its batches took (their measured service times) since it joined.
+    device_time_s: float
+    #: Its fraction of the device time the group's models used (0 before any).
+    share: float
+    #: Batches of it on the device now, and its workers' batches waiting for the device.
+    running: int = 0
+    waiting: int = 0
+
+    def fields(self) -> dict[str, object]:
+        """As describe and the live page show it."""
+        return {"group": self.group, "weight": self.weight,
+                "deviceTimeS": round(self.device_time_s, 6), "share": round(self.share, 4),
+                "running": self.running, "waiting": self.waiting}
+
+
+@dataclass(frozen=True, slots=True)
 class ModelStatus:
     """One model version now."""
 
@@ -63,6 +84,8 @@ class ModelStatus:
     workers: tuple[WorkerStatus, ...] = ()
     #: The batch buckets in effect for its batcher (empty: none; ``Model.buckets``).
     buckets: tuple[int, ...] = ()
+    #: Its share of a device group's time (None: it names no ``deviceGroup``).
+    device: DeviceStatus | None = None
 
     @property
     def restarts(self) -> int:

@@ -248,6 +248,10 @@ def describe_model(model: Model, records: BatchRecords,
             **({"openSequences": model.sequences.open_sequences}
                if model.sequences is not None else {}),
         },
+        # Its share of a device's time, with the other models of its deviceGroup
+        # (docs/devices.md).
+        **({"device": device.fields()} if (device := model.device_status()) is not None
+           else {}),
         **({"scheduling": describe_scheduling(model, tenants)} if model.tenanted else {}),
     }
 

@@ -18,6 +18,12 @@ per batch. The states:
     STOPPING  asked to stop: no new batch; waits for the ones in flight
     DONE      stopped, or the connection is gone (``on_done`` was called)
 
+A model in a device group (frontend/serving/devices.py) asks its share of the device for a
+grant before each batch goes: the batch waits, out of the queue, until the group's scheduler
+gives the device to this model (``waiting``; no other batch is taken meanwhile), and the grant
+goes back, with the batch's service time, when its reply is read or it is lost. A waiting batch
+of a dispatcher that stops goes back to the queue.
+
 The response timeout of a batch runs from when the worker could start it: from its sending
 when nothing was ahead of it, else from the reply to the batch before it. When it passes, the
 batch is answered 504, the batches behind it 500 (their worker is killed), and the worker is
@@ -35,6 +41,7 @@ from typing import Protocol
 
 from frontend.errors import GatewayTimeout, InternalError, ServeError, WorkerDied
 from frontend.serving.batching import Batcher, CallLater, Job, Take, Timer, fail_jobs
+from frontend.serving.devices import DeviceShare
 from protos import worker_pb2
 from protos.framing import Frame
 
@@ -69,6 +76,8 @@ class InFlight:
     #: clock() when the worker could start it (None: a batch is still ahead of it).
     started: float | None = None
     timer: Timer | None = None
+    #: It holds a grant of its model's device share (given back as it ends).
+    granted: bool = False
 
     @property
     def weight(self) -> int:
@@ -124,6 +133,7 @@ class Dispatcher:
         on_done: Callable[[BaseException | None], None],
         call_later: CallLater,
         clock: Callable[[], float],
+        device: DeviceShare | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -138,6 +148,10 @@ class Dispatcher:
         self._clock = clock
         self.in_flight: collections.deque[InFlight] = collections.deque()
         self._parked: Take | None = None
+        #: Its model's share of a device (None: no device group, nothing to ask).
+        self._device = device
+        #: A batch waiting for its device grant (only with ``device``).
+        self.waiting: list[Job] | None = None
         self._stopping = False
         self._done = False
         connection.on_partial = self._route_partial
@@ -167,6 +181,7 @@ class Dispatcher:
         """Take no new batch; finish once the batches in flight are answered."""
         self._stopping = True
         self._unpark()
+        self._withdraw()
         if not self.in_flight:
             self._finish(None)
 
@@ -176,12 +191,14 @@ class Dispatcher:
         here."""
         self._stopping = True
         self._unpark()
+        self._withdraw()
         if not self.in_flight:
             self._finish(error)
 
     def abandon(self, error: ServeError) -> None:
         """End now (the supervisor was cancelled): the batches in flight get ``error``."""
         self._unpark()
+        self._withdraw()
         self._connection.forget_replies()
         self._fail_in_flight(error)
         self._finish(None)
@@ -191,13 +208,13 @@ class Dispatcher:
     def _fill(self) -> None:
         """Send what may go now; park for the rest."""
         while not self._stopping and not self._done and len(self.in_flight) < \
-                self._max_in_flight:
+                self._max_in_flight and self.waiting is None:
             jobs = (self._batcher.take_ready() if not self.in_flight
                     else self._batcher.take_full())
             if jobs is None:
                 self._park()
                 return
-            self._send(jobs)
+            self._go(jobs)
 
     def _park(self) -> None:
         if self._parked is not None:
@@ -221,17 +238,50 @@ class Dispatcher:
         elif self._stopping or self._done:
             self._batcher.requeue(outcome)  # for another worker
         else:
-            self._send(outcome)
+            self._go(outcome)
             self._fill()
 
-    def _send(self, jobs: list[Job]) -> None:
-        batch = InFlight(jobs)
+    def _go(self, jobs: list[Job]) -> None:
+        """Send ``jobs`` now, or once its model's device share grants it."""
+        if self._device is None:
+            self._send(jobs)
+            return
+        self.waiting = jobs
+        self._device.ask(self._granted)
+
+    def _granted(self) -> None:
+        """The device share's callback: the waiting batch may go."""
+        jobs, self.waiting = self.waiting, None
+        if jobs is None or self._stopping or self._done:  # withdrawn meanwhile
+            if jobs is not None:
+                self._batcher.requeue(jobs)
+            self._give_back(0.0)
+            return
+        self._send(jobs, granted=True)
+        self._fill()
+
+    def _withdraw(self) -> None:
+        """A waiting batch goes back to the queue (this dispatcher takes no more)."""
+        jobs, self.waiting = self.waiting, None
+        if jobs is not None:
+            assert self._device is not None
+            self._device.withdraw(self._granted)
+            self._batcher.requeue(jobs)
+
+    def _give_back(self, service_s: float) -> None:
+        assert self._device is not None
+        self._device.release(service_s)
+
+    def _send(self, jobs: list[Job], granted: bool = False) -> None:
+        batch = InFlight(jobs, granted=granted)
         try:
             self._connection.send(self._exchange.frame(jobs),
                                   lambda outcome: self._on_reply(batch, outcome))
         except WorkerDied as exc:
             # Never sent: the jobs go back to the queue for another worker.
             self._batcher.requeue(jobs)
+            if granted:
+                self._give_back(0.0)
             self.connection_lost(exc)
             return
         self.in_flight.append(batch)
@@ -257,6 +307,9 @@ class Dispatcher:
             fail_jobs(batch.jobs, WorkerDied(
                 f"{outcome} while handling a batch of {len(batch.jobs)}"))
             self._exchange.lost(batch.jobs)
+            if batch.granted:
+                self._withdraw()  # its worker is gone: the next batch waits elsewhere
+                self._give_back(service_s)
             if not self.in_flight:
                 self._unpark()
                 self._finish(outcome)
@@ -266,6 +319,9 @@ class Dispatcher:
         except BaseException as exc:
             fail_jobs(batch.jobs, exc if isinstance(exc, ServeError)
                       else InternalError(f"{self.name}: {exc}"))
+            if batch.granted:
+                self._withdraw()
+                self._give_back(service_s)
             self._connection.forget_replies()
             self._connection.kill()
             self._fail_in_flight(WorkerDied(f"{self.name} was killed: {exc}"))
@@ -281,6 +337,10 @@ class Dispatcher:
                 self._unpark()
                 self._fill()
         finally:
+            if batch.granted:
+                # The device is free, once this model's next batch (if any) asked for it:
+                # the grant goes to whichever model's turn it is, sent at once.
+                self._give_back(service_s)
             if deliver is not None:
                 deliver()
 
@@ -289,7 +349,10 @@ class Dispatcher:
             return
         self.in_flight.popleft()
         self._forget(batch)
-        batch.ended(self._clock())
+        service_s = batch.ended(self._clock())
+        if batch.granted:
+            self._withdraw()
+            self._give_back(service_s)
         error = GatewayTimeout(f"{self.name} did not answer within the response timeout of "
                                f"{self._timeout_s:g} s")
         fail_jobs(batch.jobs, error)
@@ -321,6 +384,9 @@ class Dispatcher:
             batch = self.in_flight.popleft()
             self._forget(batch)
             fail_jobs(batch.jobs, error)
+            if batch.granted:
+                started = batch.started
+                self._give_back(self._clock() - started if started is not None else 0.0)
 
     def _finish(self, error: BaseException | None) -> None:
         if self._done:

@@ -34,6 +34,7 @@ from frontend.observe.status import ExecutionStatus
 from frontend.processes import python_module, worker_environment
 from frontend.serving.buckets import normalise
 from frontend.serving.connection import WorkerConnection, WorkerProcess
+from frontend.serving.devices import DeviceShare
 from frontend.serving.forkserver import ForkOrder, ForkServer, ForkUnavailable
 from frontend.serving.wire import read_frame
 from protos import worker_pb2
@@ -75,6 +76,9 @@ class WorkerLaunch:
     events: ModelEvents = NO_EVENTS
     #: Forks the workers (None: each starts as a fresh interpreter).
     forkserver: ForkServer | None = None
+    #: Its share of a device's time (``deviceGroup``; None: it names none): its workers ask
+    #: it before each batch (frontend/serving/devices.py).
+    device: DeviceShare | None = None
 
 
 async def _forward_output(stream: asyncio.StreamReader | None, name: str,

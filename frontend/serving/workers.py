@@ -275,7 +275,8 @@ class Worker:
             self.name, self._batcher, connection,
             timeout_s=self._launch.response_timeout_s,
             max_in_flight=self._launch.batches_in_flight,
-            exchange=self._exchange, on_done=done, call_later=loop.call_later, clock=time.monotonic)
+            exchange=self._exchange, on_done=done, call_later=loop.call_later, clock=time.monotonic,
+            device=self._launch.device)
         self._dispatcher = dispatcher
 
         def on_exit(_: object) -> None:

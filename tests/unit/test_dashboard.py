@@ -446,7 +446,8 @@ def test_without_token_authorization_the_data_needs_no_key(tmp_path: Path) -> No
         assert b"content-security-policy" in page.headers
         data = await call(app, "GET", "/dashboard/data", query=b"since=12.5")
         assert data.status == 200 and data.headers[b"cache-control"] == b"no-store"
-        assert set(data.json()) == {"now", "intervalS", "windowS", "gpus", "models", "samples"}
+        assert set(data.json()) == {"now", "intervalS", "windowS", "gpus", "models", "samples",
+                                    "devices", "tenants"}
         assert (await call(app, "GET", "/dashboard/data", query=b"since=soon")).status == 400
         assert (await call(app, "GET", "/dashboard/data", query=b"since=nan")).status == 400
         assert (await call(app, "POST", "/dashboard/data")).status == 405
