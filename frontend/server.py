@@ -27,6 +27,7 @@ from frontend.config import Address, ServerConfig
 from frontend.errors import ConfigError, ServeError
 from frontend.models.loader import ModelLoader, RegisterRequest
 from frontend.models.registry import ModelRegistry
+from frontend.models.residency import residency_limits
 from frontend.models.snapshot import Snapshots, restore_requests
 from frontend.models.startup import model_store_lister, startup_entries
 from frontend.observe.dashboard import BusyTime, Dashboard
@@ -114,7 +115,8 @@ def server_metrics(config: ServerConfig, models: Statuses, gpu_count: int,
         log_dir=Path(location) if location else config.log_location,
         system_metrics=not config.disable_system_metrics, gpu_count=gpu_count,
         interval_s=config.metric_time_interval_s, named_loggers=named_loggers,
-        phases=config.request_phases, dispatch_stats=config.dispatch_stats)
+        phases=config.request_phases, dispatch_stats=config.dispatch_stats,
+        residency=residency_limits(config).on)
 
 
 def start_tracing(config: ServerConfig) -> Tracing:
@@ -203,7 +205,7 @@ class Server:
         caps = placement.caps = worker_caps(config, HostLimits.detect(placement.cores,
                                                                       gpus.count))
         loader = ModelLoader(config, run_dir, registry, placement, subscribed, logs.model,
-                             forkserver=self._forkserver)
+                             forkserver=self._forkserver, paging=metrics.residency)
         auth = None
         if not config.disable_token_authorization:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)

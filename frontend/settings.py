@@ -285,6 +285,9 @@ class ModelSettings:
     async_communication: bool = setting("asyncCommunication", _boolean, shown=False,
                                         default=False)
     use_job_ticket: bool = setting("useJobTicket", _boolean, shown=False, default=False)
+    #: With residency limits on (``max_loaded_models``, ``max_loaded_memory``,
+    #: ``gpu_memory_budget``): always loaded, never paged out (docs/residency.md).
+    pinned: bool = setting("pinned", _boolean, param="pinned", shown=False, default=False)
 
     def __post_init__(self) -> None:
         """Every count and duration is in its range, whichever source or code set it: what

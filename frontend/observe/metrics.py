@@ -29,6 +29,7 @@ from frontend.observe.families import LEGACY as LEGACY
 from frontend.observe.histograms import MODEL_LABELS, Histogram
 from frontend.observe.metric_specs import MetricsConfig
 from frontend.observe.our_metrics import BatchMetrics, RequestMetrics, WorkflowMetrics
+from frontend.observe.residency import ResidencyMetrics
 from frontend.observe.status import Statuses, no_models
 from frontend.observe.timing import PhaseMetrics
 from frontend.observe.torchserve_metrics import HOSTNAME as HOSTNAME
@@ -43,12 +44,14 @@ class ServerMetrics:
                  config: MetricsConfig | None = None, auto_detect: bool = False,
                  log_dir: Path | None = None, system_metrics: bool = True, gpu_count: int = 0,
                  interval_s: float = 60.0, named_loggers: bool = False,
-                 phases: bool = True, dispatch_stats: bool = True) -> None:
+                 phases: bool = True, dispatch_stats: bool = True,
+                 residency: bool = False) -> None:
         """``models``: the model versions now (for the gauges); ``log_dir``: where the metric
         logs are (None: none); ``named_loggers``: they go to the loggers TS_METRICS and
         MODEL_METRICS instead (a log4j2 configuration set them); ``phases``:
         ``batchserve_request_phase_seconds`` is kept (``request_phases``);
-        ``dispatch_stats``: the dispatch reasons and batch fill are."""
+        ``dispatch_stats``: the dispatch reasons and batch fill are; ``residency``: the
+        residency metrics are (residency limits are on)."""
         self.torchserve = TorchServeMetrics(
             mode=mode, config=config, auto_detect=auto_detect, log_dir=log_dir,
             system_metrics=system_metrics, gpu_count=gpu_count, interval_s=interval_s,
@@ -58,6 +61,8 @@ class ServerMetrics:
         self.batches = BatchMetrics()
         self.timing = PhaseMetrics()
         self.records = BatchRecords(dispatch_stats)
+        #: Page-ins and evictions (None: no residency limits, nothing pages).
+        self.residency = ResidencyMetrics() if residency else None
         #: Each request's phases are observed (else the family stays empty).
         self.phases_on = phases
         self.mode = mode
@@ -124,6 +129,8 @@ class ServerMetrics:
             yield histogram.family()
         yield from self.records.families()
         yield from self.workflows.families()
+        if self.residency is not None:
+            yield from self.residency.families(self._models)
 
     def _model_gauges(self) -> Iterator[Family]:
         depth = Family("batchserve_queue_depth", "Requests waiting in a model's queue", "gauge")

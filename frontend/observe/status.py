@@ -63,6 +63,9 @@ class ModelStatus:
     workers: tuple[WorkerStatus, ...] = ()
     #: The batch buckets in effect for its batcher (empty: none; ``Model.buckets``).
     buckets: tuple[int, ...] = ()
+    #: Its residency (docs/residency.md): loaded, loading, paged_out or evicting; always
+    #: loaded without residency limits.
+    residency: str = "loaded"
 
     @property
     def restarts(self) -> int:
