@@ -13,6 +13,7 @@ it shows.
 from __future__ import annotations
 
 import re
+import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ import requests
 import torch
 import yaml
 
+from frontend.config import Address
 from tests.conftest import RunningServer
 
 SEQUENCE = "ts_request_sequence_id"
@@ -292,3 +294,47 @@ def test_page_in_on_a_gpu(echoes: Callable[..., list[str]],
     assert server.describe("b")["workers"][0]["gpu"] is True  # type: ignore[index]
     assert (_state(server, "a"), _state(server, "b")) == ("paged_out", "loaded")
 
+
+
+def _sagemaker_calls(server: RunningServer) -> list[tuple[int, object]]:
+    """A SageMaker multi-model agent's calls on one listener (inference and management share
+    it, as the toolkit starts the server): load three models, invoke each in turn twice, list,
+    unload one, invoke the others; each answer's status and body (a load's: its status)."""
+    url = server.inference
+    seen: list[tuple[int, object]] = []
+    for name in ("m1", "m2", "m3"):
+        loaded = requests.post(f"{url}/models", timeout=60,
+                               json={"model_name": name, "url": f"{name}.mar"})
+        seen.append((loaded.status_code, None))
+    for name in ("m1", "m2", "m3", "m1", "m3", "m2"):
+        invoked = requests.post(f"{url}/models/{name}/invoke", data=name.encode(), timeout=60)
+        seen.append((invoked.status_code, invoked.content))
+    listed = requests.get(f"{url}/models", timeout=30)
+    seen.append((listed.status_code, listed.json()))
+    unloaded = requests.delete(f"{url}/models/m1", timeout=60)
+    seen.append((unloaded.status_code, unloaded.json()))
+    for name in ("m2", "m3", "m1"):
+        invoked = requests.post(f"{url}/models/{name}/invoke", data=name.encode(), timeout=60)
+        seen.append((invoked.status_code, invoked.content))
+    return seen
+
+
+def test_sagemaker_multi_model_calls_answer_as_without_limits(
+        echoes: Callable[..., list[str]], start_server: Callable[..., RunningServer]) -> None:
+    echoes("m1", "m2", "m3")
+    answers = []
+    for limits in ({}, {"max_loaded_models": 1}):
+        port = _free_port()
+        address = Address("127.0.0.1", port)
+        server = start_server(inference_address=address, management_address=address,
+                              snapshot_disabled=True, **limits)
+        answers.append(_sagemaker_calls(server))
+    assert answers[0] == answers[1]
+    assert answers[1][-1][0] == 404  # unloaded
+    assert _residency(server, "m3")["pageIns"] == 3  # invoked three times, one slot
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
