@@ -206,8 +206,7 @@ class Residency:
             residence.state = PAGED_OUT
             await model.page_out(0)
         else:
-            residence.state = LOADED
-            residence.resident_since = time.time()
+            residence.state = LOADED  # resident since it was registered (in their order)
         self._changed.set()
 
     def forget(self, model: Model) -> None:
