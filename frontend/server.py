@@ -205,7 +205,7 @@ class Server:
         caps = placement.caps = worker_caps(config, HostLimits.detect(placement.cores,
                                                                       gpus.count))
         loader = ModelLoader(config, run_dir, registry, placement, subscribed, logs.model,
-                             forkserver=self._forkserver, paging=metrics.residency)
+                             forkserver=self._forkserver)
         auth = None
         if not config.disable_token_authorization:
             auth = TokenAuthority(config.key_file, config.token_expiration_min)

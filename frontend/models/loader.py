@@ -31,7 +31,6 @@ from frontend.models.registry import ModelRegistry
 from frontend.models.residency import Residency, residency_limits
 from frontend.observe.events import Observers
 from frontend.observe.metric_specs import DEFAULT_METRICS_CONFIG
-from frontend.observe.residency import ResidencyMetrics
 from frontend.processes import worker_environment
 from frontend.serving.forkserver import ForkServer, Launch, fork_unsupported
 from frontend.serving.placement import Placement
@@ -158,8 +157,7 @@ class ModelLoader:
 
     def __init__(self, config: ServerConfig, run_dir: Path, registry: ModelRegistry,
                  placement: Placement, observers: Observers, model_log: logging.Logger, *,
-                 forkserver: Launch | None = None,
-                 paging: ResidencyMetrics | None = None) -> None:
+                 forkserver: Launch | None = None) -> None:
         self.config = config
         #: Who is told what each model version's batches and workers do, and of each version
         #: registered and removed (the server's observers: frontend/observe/events.py).
@@ -172,7 +170,8 @@ class ModelLoader:
         self._model_log = model_log
         limits = residency_limits(config)
         #: Which models are loaded, with residency limits on (None: all of them, always).
-        self.residency = Residency(limits, registry, placement, paging) if limits.on else None
+        self.residency = Residency(limits, registry, placement, observers) if limits.on \
+            else None
         self._dependencies = DependencyInstaller(
             run_dir / "envs", config.install_py_dep_per_model, config.install_py_dep_timeout_s,
             model_log)

@@ -35,7 +35,7 @@ from frontend.errors import InternalError, OutOfResources, ServeError, ServiceUn
 from frontend.models.model import Model
 from frontend.models.registry import ModelRegistry
 from frontend.models.residence import EVICTING, LOADED, LOADING, PAGED_OUT, Residence
-from frontend.observe.residency import ResidencyMetrics
+from frontend.observe.events import Observers
 from frontend.serving.placement import Placement
 from frontend.serving.workers import Worker, start_failures
 
@@ -81,11 +81,12 @@ class Residency:
     """Which model versions are loaded, within the limits (see the module's text)."""
 
     def __init__(self, limits: ResidencyLimits, registry: ModelRegistry, placement: Placement,
-                 metrics: ResidencyMetrics | None = None) -> None:
+                 observers: Observers | None = None) -> None:
         self.limits = limits
         self._registry = registry
         self._placement = placement
-        self._metrics = metrics or ResidencyMetrics()
+        #: Told of each page-in, eviction and page-in's time (the metrics).
+        self._observers = observers or Observers()
         #: Set whenever room may have been made (a page-in or eviction ended, a model left).
         self._changed = asyncio.Event()
         self._page_ins: dict[Model, asyncio.Task[None]] = {}
@@ -263,7 +264,8 @@ class Residency:
         residence.state = LOADED
         residence.resident_since = time.time()
         residence.page_ins += 1
-        self._metrics.paged_in(model.key)
+        for subscriber in self._observers.paged_in:
+            subscriber(model.key)
         ready = time.monotonic()
         worker = workers[0]
         logger.info("paged in model %s version %s in %.0f ms (%.0f ms making room)",
@@ -278,10 +280,11 @@ class Residency:
         """The request that asked for a page-in was answered: the page-in's time, by step."""
         answered = max(time.monotonic(), ready)
         residence.last_page_in_ms = (answered - asked_at) * 1000
-        self._metrics.timed(model.key, {
-            "evict": made_room - asked_at, "fork": hello_ms / 1000,
-            "load": max(0.0, load_ms - hello_ms) / 1000, "first_batch": answered - ready,
-            "total": answered - asked_at})
+        steps = {"evict": made_room - asked_at, "fork": hello_ms / 1000,
+                 "load": max(0.0, load_ms - hello_ms) / 1000, "first_batch": answered - ready,
+                 "total": answered - asked_at}
+        for subscriber in self._observers.page_in_timed:
+            subscriber(model.key, steps)
 
     async def _room(self, model: Model, wanted: Any) -> list[Model] | None:
         """Wait until room can be made for ``model`` while ``wanted()`` holds (None once it
@@ -320,7 +323,8 @@ class Residency:
         if residence.state == EVICTING:
             residence.state = PAGED_OUT
         residence.evictions += 1
-        self._metrics.evicted(victim.key)
+        for subscriber in self._observers.evicted:
+            subscriber(victim.key)
         self._changed.set()
         if victim.batcher.depth and self._registry.holds(victim):
             # A request came while it was leaving: it comes back for it.

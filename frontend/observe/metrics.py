@@ -100,6 +100,10 @@ class ServerMetrics:
             observers.call_ended.append(self.timing.call_ended)
         if records.dispatch_stats:
             observers.batch_formed.append(records.batch_formed)
+        if self.residency is not None:
+            observers.paged_in.append(self.residency.paged_in)
+            observers.evicted.append(self.residency.evicted)
+            observers.page_in_timed.append(self.residency.timed)
 
     def histograms(self) -> tuple[Histogram, ...]:
         """Our histograms per model version, as kept (the live page reads them directly)."""
