@@ -29,6 +29,7 @@ from frontend.errors import ConfigError, ServeError
 from frontend.front.owner import Fronts
 from frontend.models.loader import ModelLoader, RegisterRequest
 from frontend.models.registry import ModelRegistry
+from frontend.models.residency import residency_limits
 from frontend.models.snapshot import Snapshots, restore_requests
 from frontend.models.startup import model_store_lister, startup_entries
 from frontend.observe.dashboard import BusyTime, Dashboard
@@ -118,7 +119,8 @@ def server_metrics(config: ServerConfig, models: Statuses, gpu_count: int,
         system_metrics=not config.disable_system_metrics, gpu_count=gpu_count,
         interval_s=config.metric_time_interval_s, named_loggers=named_loggers,
         phases=config.request_phases, dispatch_stats=config.dispatch_stats,
-        tenants=bool(config.tenant_header or config.tenant_weights))
+        tenants=bool(config.tenant_header or config.tenant_weights),
+        residency=residency_limits(config).on)
 
 
 def start_tracing(config: ServerConfig) -> Tracing:

@@ -357,6 +357,9 @@ class ModelSettings:
     priority_queue_policy: tuple[tuple[int, int, int], ...] = setting(
         "priorityQueuePolicy", _level_policies, param="priority_queue_policy", shown=False,
         default=())
+    #: With residency limits on (``max_loaded_models``, ``max_loaded_memory``,
+    #: ``gpu_memory_budget``): always loaded, never paged out (docs/residency.md).
+    pinned: bool = setting("pinned", _boolean, param="pinned", shown=False, default=False)
 
     def __post_init__(self) -> None:
         """Every count and duration is in its range, whichever source or code set it: what

@@ -19,6 +19,7 @@ from frontend.config.values import (
     absolute_path,
     address,
     batch_policy,
+    byte_size,
     choice,
     header_name,
     metrics_mode,
@@ -160,6 +161,17 @@ class ServerConfig:
         "default_startup_timeout", parse=whole(1, MAX_TIMEOUT_S), default=120)
     unregister_model_timeout_s: int = option(
         "unregister_model_timeout", parse=non_negative_int, default=120)
+
+    # ---- residency: more models than fit (docs/residency.md) -----------------------------------
+    #: The most model versions loaded (with workers) at once; beyond it, the least recently
+    #: used idle one is paged out when another is asked for. 0: no limit (nothing pages).
+    max_loaded_models: int = option("max_loaded_models", parse=whole(0), default=0)
+    #: The host memory the loaded models' weights may take together (bytes; None: no budget).
+    max_loaded_memory_bytes: int | None = option("max_loaded_memory", parse=byte_size,
+                                                 default=None)
+    #: The memory each GPU may give the loaded models' weights (bytes; None: no budget).
+    gpu_memory_budget_bytes: int | None = option("gpu_memory_budget", parse=byte_size,
+                                                 default=None)
 
     # ---- requests and connections: sizes, counts, timeouts, CORS --------------------------------
     max_request_size_bytes: int = option(

@@ -121,6 +121,29 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+#: The units of a size in bytes (``max_loaded_memory``, ``gpu_memory_budget``): decimal and
+#: binary, any case; none is bytes.
+BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+              "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "kib": 1024,
+              "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
+
+
+def byte_size(text: str) -> int | None:
+    """A size in bytes (``8GiB``, ``500MB``, ``1048576``: BYTE_UNITS), > 0; empty: None (no
+    budget)."""
+    if not text.strip():
+        return None
+    match = _SIZE.fullmatch(text.strip().lower())
+    if match is None or match.group(2) not in BYTE_UNITS:
+        raise ValueError(f"expected a size in bytes such as 8GiB, 500MB or 1048576, got "
+                         f"{shown(text)!r}")
+    size = int(float(match.group(1)) * BYTE_UNITS[match.group(2)])
+    if size < 1:
+        raise ValueError(f"must be at least 1 byte, got {shown(text)!r}")
+    return size
+
+
 def parse_timing_mode(text: str) -> str:
     """``server_timing``: off (also false), request (also true, on), always."""
     value = text.strip().lower()

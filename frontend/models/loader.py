@@ -28,6 +28,7 @@ from frontend.models.dependencies import NO_ENVIRONMENT, DependencyInstaller, Mo
 from frontend.models.download import download_archive
 from frontend.models.model import Model, TensorMetadata
 from frontend.models.registry import ModelRegistry
+from frontend.models.residency import Residency, residency_limits
 from frontend.observe.events import Observers
 from frontend.observe.metric_specs import DEFAULT_METRICS_CONFIG
 from frontend.processes import worker_environment
@@ -97,6 +98,9 @@ class _Plan:
     handler: str
     settings: ModelSettings
     tensors: TensorMetadata
+    #: Always loaded, with residency limits on: ``pinned: true``, or the operator's own
+    #: ``minWorkers`` above 0 (config.properties ``models=``).
+    pinned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +176,10 @@ class ModelLoader:
             self.tenants = dict(config.tenant_weights)
         #: The devices shared by models that name a ``deviceGroup`` (frontend/serving/devices.py).
         self.devices = DeviceGroups()
+        limits = residency_limits(config)
+        #: Which models are loaded, with residency limits on (None: all of them, always).
+        self.residency = Residency(limits, registry, placement, observers) if limits.on \
+            else None
         self._dependencies = DependencyInstaller(
             run_dir / "envs", config.install_py_dep_per_model, config.install_py_dep_timeout_s,
             model_log)
@@ -278,7 +286,15 @@ class ModelLoader:
             archives.remove_unpacked(unpacked, self.archive_dir)
             environment.remove()
             raise
-        workers = model.start_workers(model.settings.min_workers)
+        if self.residency is None:
+            workers = model.start_workers(model.settings.min_workers)
+        else:
+            try:
+                self.residency.enroll(model, plan.pinned)
+                workers = await self.residency.admit(model, model.settings.startup_timeout_s)
+            except BaseException:
+                await self._remove(model, drain_timeout_s=0)
+                raise
         if not request.synchronous or not workers:
             return model
         failures = await start_failures(workers)
@@ -312,9 +328,11 @@ class ModelLoader:
         settings = self.settings(name, version, request, unpacked.model_config)
         # Early, before its packages are installed; _add asks again as its workers start.
         self._placement.admit(name, settings.min_workers, settings.max_workers, 0)
+        operator_workers = self._configured(name, version).settings.get("min_workers", 0)
         return _Plan(name, version, handler, settings,
                      TensorMetadata(tensor_metadata(unpacked.model_config, "inputs"),
-                                    tensor_metadata(unpacked.model_config, "outputs")))
+                                    tensor_metadata(unpacked.model_config, "outputs")),
+                     pinned=settings.pinned or operator_workers > 0)
 
     def _add(self, request: RegisterRequest, unpacked: archives.UnpackedArchive, plan: _Plan,
              environment: ModelEnvironment) -> Model:
@@ -405,6 +423,8 @@ class ModelLoader:
     async def _remove(self, model: Model, drain_timeout_s: float | None) -> None:
         self.registry.remove(model)
         self._observers.removed(model.name, model.version)
+        if self.residency is not None:
+            self.residency.forget(model)
         await model.stop(drain_timeout_s)
         if model.launch.device is not None:
             self.devices.leave(model.launch.device)
@@ -416,6 +436,8 @@ class ModelLoader:
         """Stop every model, draining in-flight requests within ``drain_timeout_s``, then the
         fork server."""
         try:
+            if self.residency is not None:
+                await self.residency.close()
             await asyncio.gather(*(self._remove(model, drain_timeout_s)
                                    for model in list(self.registry)))
         finally:

@@ -20,6 +20,7 @@ from typing import Any
 from frontend.errors import ServiceUnavailable
 from frontend.models import archive as archives
 from frontend.models.dependencies import NO_ENVIRONMENT, ModelEnvironment
+from frontend.models.residence import LOADED, PAGED_OUT, Residence
 from frontend.observe.status import DeviceStatus, ModelStatus, WorkerStatus
 from frontend.serving import buckets
 from frontend.serving.batching import Batcher, Job
@@ -112,6 +113,9 @@ class Model:
         self.buckets = buckets.NO_BUCKETS
         #: Set when a worker fails: all of them may be down (only then is it worked out).
         self._maybe_down = False
+        #: Its residency when residency limits are on (frontend/models/residency.py), else
+        #: None: it is loaded while registered.
+        self.residence: Residence | None = None
 
     def restarts_total(self) -> int:
         return sum(worker.restarts for worker in self.workers)
@@ -124,15 +128,25 @@ class Model:
         self.sequences.finished(jobs, result.responses if result is not None else None)
 
     def submit(self, job: Job) -> None:
+        residence = self.residence
         if not self.workers:
-            raise ServiceUnavailable(
-                f'Model "{self.name}" has no worker to serve inference request. '
-                "Please use scale workers API to add workers.")
+            if residence is None:
+                raise ServiceUnavailable(
+                    f'Model "{self.name}" has no worker to serve inference request. '
+                    "Please use scale workers API to add workers.")
+            # Paged out (or being paged out): it waits in the queue, within its deadline and
+            # job_queue_size, while the model is paged in (once, however many wait).
+            self.batcher.submit(job)
+            residence.last_used = time.time()
+            residence.page_in(job.future)
+            return
         if self._maybe_down:  # only after a worker failed: no cost on the hot path
             if self._all_workers_down():
                 raise self._down_error()
             self._maybe_down = False
         self.batcher.submit(job)
+        if residence is not None:  # only with residency limits on
+            residence.last_used = time.time()
 
     def _all_workers_down(self) -> bool:
         return bool(self.workers) and all(worker.is_down for worker in self.workers)
@@ -192,6 +206,8 @@ class Model:
         worker caps."""
         self._placement.admit(self.name, min_workers, max_workers, len(self.workers))
         self.settings = self.settings.with_workers(min_workers, max_workers)
+        if self.residence is not None and self.residence.state != LOADED:
+            return []  # not loaded: the workers it is paged in with (residency limits)
         if min_workers > len(self.workers):
             return self.start_workers(min_workers - len(self.workers))
         surplus = self.workers[min_workers:]
@@ -199,8 +215,23 @@ class Model:
         if self.fair is not None:
             self.fair.workers = max(1, min_workers)
         self._worker_loaded()  # the workers left may agree on more buckets
+        if self.residence is not None and not self.workers:
+            self.residence.state = PAGED_OUT  # scaled to none: its next request pages it in
         await asyncio.gather(*(worker.stop(drain_timeout_s) for worker in surplus))
         return []
+
+    def page_out(self, drain_timeout_s: float | None) -> asyncio.Future[list[None]]:
+        """Stop its workers after the batches they hold (within ``drain_timeout_s``), keeping
+        its queue, settings and registration: it is paged in again on demand. The workers
+        leave it at once (a request from now on asks for a page-in); the future is their
+        stop."""
+        workers, self.workers = self.workers, []
+        return asyncio.gather(*(worker.stop(drain_timeout_s) for worker in workers))
+
+    def is_idle(self) -> bool:
+        """Nothing queued, nothing in a worker, no open sequence: it may be paged out."""
+        return (not self.batcher.depth and not any(w.in_flight for w in self.workers)
+                and (self.sequences is None or not self.sequences.open_sequences))
 
     async def stop(self, drain_timeout_s: float | None) -> None:
         """Let the workers take what is queued (bounded), then stop them."""
@@ -241,12 +272,19 @@ class Model:
         return self.health() != "Unhealthy"
 
     def is_ready(self) -> bool:
-        """Ready when one of its workers can take a batch."""
-        return any(worker.is_up for worker in self.workers)
+        """Ready when one of its workers can take a batch, or it is paged out or being paged
+        in (a request pages it in: residency limits)."""
+        return any(worker.is_up for worker in self.workers) or self._on_demand()
+
+    def _on_demand(self) -> bool:
+        """Not loaded, and loaded by its next request (residency limits)."""
+        return self.residence is not None and self.residence.state != LOADED
 
     def has_min_workers_up(self) -> bool:
         """As many workers up as ``min_workers`` (at least one): what a pod's readiness asks,
         so that a replica takes its share of traffic only with all of its batch capacity."""
+        if self._on_demand():
+            return True
         up = sum(1 for worker in self.workers if worker.is_up)
         return up >= max(1, self.settings.min_workers)
 
@@ -260,7 +298,8 @@ class Model:
             tuple(WorkerStatus(worker.id, worker.state.value, worker.is_up, worker.in_flight,
                                worker.restarts, worker.pid, worker.gpu_id,
                                worker.working_since, worker.execution)
-                  for worker in self.workers), self.buckets, self.device_status())
+                  for worker in self.workers), self.buckets, self.device_status(),
+            self.residence.state if self.residence is not None else LOADED)
 
     def device_status(self) -> DeviceStatus | None:
         """Its share of its device group's time now (None: it names no ``deviceGroup``)."""

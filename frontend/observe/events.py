@@ -238,6 +238,8 @@ BatchEnded = Callable[[ModelKey, Batch, Sequence[JobFacts], "worker_pb2.PredictR
 WorkerLoaded = Callable[[ModelKey, str, float, Iterable[worker_pb2.Metric]], None]
 CallEnded = Callable[[CallFacts], None]
 ModelChange = Callable[[ModelKey], None]
+#: A page-in's steps and their seconds (docs/residency.md).
+PageInTimed = Callable[[ModelKey, dict[str, float]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +278,12 @@ class Observers:
         #: A model version was registered (its records start afresh) or removed.
         self.model_registered: list[ModelChange] = []
         self.model_removed: list[ModelChange] = []
+        #: Residency limits on (docs/residency.md): a model version was paged in (its workers
+        #: are up), was paged out to make room, and how long its page-in's steps took (told
+        #: when the request that asked for it is answered).
+        self.paged_in: list[ModelChange] = []
+        self.evicted: list[ModelChange] = []
+        self.page_in_timed: list[PageInTimed] = []
         #: An observer reads the frontend's own time on each batch (WorkerThreadTime).
         self.frontend_time = False
 

@@ -30,6 +30,7 @@ from frontend.observe.families import LEGACY as LEGACY
 from frontend.observe.histograms import MODEL_LABELS, Histogram
 from frontend.observe.metric_specs import MetricsConfig
 from frontend.observe.our_metrics import BatchMetrics, RequestMetrics, WorkflowMetrics
+from frontend.observe.residency import ResidencyMetrics
 from frontend.observe.status import Statuses, no_models
 from frontend.observe.tenant_metrics import TenantMetrics
 from frontend.observe.timing import PhaseMetrics
@@ -46,13 +47,14 @@ class ServerMetrics:
                  log_dir: Path | None = None, system_metrics: bool = True, gpu_count: int = 0,
                  interval_s: float = 60.0, named_loggers: bool = False,
                  phases: bool = True, dispatch_stats: bool = True,
-                 tenants: bool = False) -> None:
+                 tenants: bool = False, residency: bool = False) -> None:
         """``models``: the model versions now (for the gauges); ``log_dir``: where the metric
         logs are (None: none); ``named_loggers``: they go to the loggers TS_METRICS and
         MODEL_METRICS instead (a log4j2 configuration set them); ``phases``:
         ``batchserve_request_phase_seconds`` is kept (``request_phases``);
         ``dispatch_stats``: the dispatch reasons and batch fill are; ``tenants``: each
-        tenant's requests are counted (the server tells tenants apart)."""
+        tenant's requests are counted (the server tells tenants apart); ``residency``: the
+        residency metrics are (residency limits are on)."""
         self.torchserve = TorchServeMetrics(
             mode=mode, config=config, auto_detect=auto_detect, log_dir=log_dir,
             system_metrics=system_metrics, gpu_count=gpu_count, interval_s=interval_s,
@@ -66,6 +68,8 @@ class ServerMetrics:
         self.tenants_on = tenants
         #: Device time per device group's model and per tenant (docs/devices.md).
         self.devices = DeviceMetrics(models)
+        #: Page-ins and evictions (None: no residency limits, nothing pages).
+        self.residency = ResidencyMetrics() if residency else None
         #: Each request's phases are observed (else the family stays empty).
         self.phases_on = phases
         self.mode = mode
@@ -108,6 +112,10 @@ class ServerMetrics:
             observers.batch_formed.append(records.batch_formed)
         if self.tenants_on:
             observers.call_ended.append(self.tenants.call_ended)
+        if self.residency is not None:
+            observers.paged_in.append(self.residency.paged_in)
+            observers.evicted.append(self.residency.evicted)
+            observers.page_in_timed.append(self.residency.timed)
 
     def histograms(self) -> tuple[Histogram, ...]:
         """Our histograms per model version, as kept (the live page reads them directly)."""
@@ -147,6 +155,8 @@ class ServerMetrics:
         if self.tenants_on:
             yield from self.tenants.families()
         yield from self.devices.families()
+        if self.residency is not None:
+            yield from self.residency.families(self._models)
 
     def _model_gauges(self) -> Iterator[Family]:
         depth = Family("batchserve_queue_depth", "Requests waiting in a model's queue", "gauge")

@@ -86,6 +86,9 @@ class ModelStatus:
     buckets: tuple[int, ...] = ()
     #: Its share of a device group's time (None: it names no ``deviceGroup``).
     device: DeviceStatus | None = None
+    #: Its residency (docs/residency.md): loaded, loading, paged_out or evicting; always
+    #: loaded without residency limits.
+    residency: str = "loaded"
 
     @property
     def restarts(self) -> int:

@@ -188,7 +188,9 @@ def _registered_message(model: Model, synchronous: bool) -> str:
     workers = len(model.workers)
     text = f'Model "{model.name}" Version: {model.version} registered with {workers} ' \
            "initial workers"
-    if workers == 0:
+    if workers == 0 and model.residence is not None:
+        text += " (paged out: its first request loads it)"
+    elif workers == 0:
         text += ". Use scale workers API to add workers for the model."
     elif not synchronous:
         text += ". Processing worker updates..."
@@ -231,6 +233,8 @@ def describe_model(model: Model, records: BatchRecords,
             "remainingCapacity": model.batcher.remaining_capacity,
             "pendingRequests": model.batcher.depth,
         },
+        # Residency limits on (docs/residency.md): loaded, loading, paged out or evicting.
+        **({"residency": model.residence.fields()} if model.residence is not None else {}),
         "batching": {
             "policy": s.batch_policy.value,
             "queueDepth": model.batcher.depth,

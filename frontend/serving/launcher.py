@@ -129,6 +129,9 @@ class Launcher:
         self.start_mode: StartMode | None = None
         #: Milliseconds from this life's start until it was READY (None until it is).
         self.load_time_ms: float | None = None
+        #: Of those, the milliseconds until its process said HELLO: forked or spawned, not yet
+        #: loading (None until it did).
+        self.hello_ms: float | None = None
         #: How this life runs batches, as its LOADED said (None until it is loaded).
         self.execution: ExecutionStatus | None = None
         self._started_at = time.monotonic()
@@ -188,6 +191,7 @@ class Launcher:
             await process.wait()
             raise WorkerStartError(f"{self.name} sent no HELLO ({type(exc).__name__})"
                                    f"{self.tail_text()}") from None
+        self.hello_ms = (time.monotonic() - self._started_at) * 1000
         connection = WorkerConnection(self.name, process, reader, writer)
         try:
             if hello.kind is not Kind.HELLO:
@@ -202,7 +206,7 @@ class Launcher:
         """Fork the worker from the fork server, or, where that is not possible (or not
         wanted), start it as a fresh interpreter."""
         launch = self.launch
-        self.load_time_ms = self.execution = None
+        self.load_time_ms = self.hello_ms = self.execution = None
         environment = self._environment()
         if launch.forkserver is not None:
             order = ForkOrder(name=self.name, socket_path=str(path), environment=environment,

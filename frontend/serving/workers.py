@@ -131,6 +131,12 @@ class Worker:
         return self._launcher.load_time_ms
 
     @property
+    def hello_ms(self) -> float | None:
+        """Of ``load_time_ms``, the milliseconds until its process said HELLO (forked or
+        spawned, before loading; None until it did)."""
+        return self._launcher.hello_ms
+
+    @property
     def batcher(self) -> Batcher:
         """The queue it takes batches from (its model's, or its lane of a stateful model)."""
         return self._batcher

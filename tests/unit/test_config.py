@@ -386,3 +386,30 @@ def test_environment_references_in_values_are_resolved(tmp_path: Path) -> None:
     assert config.default_service_handler == "/opt/service.py:handle"
     with pytest.raises(ConfigError, match="SAGEMAKER_HANDLER"):
         load_config(path, {}, environ={})
+
+
+# ---- residency limits (docs/residency.md) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("8GiB", 8 * 1024**3), ("500MB", 500 * 10**6), ("1048576", 1048576), (" 1.5 gib ", 3 << 29),
+    ("64k", 65536), ("2TB", 2 * 10**12), ("", None)])
+def test_residency_budgets_read_sizes_with_units(text: str, size: int | None) -> None:
+    config, _ = build_config({"max_loaded_memory": text, "gpu_memory_budget": text,
+                              "max_loaded_models": "6"})
+    assert config.max_loaded_memory_bytes == config.gpu_memory_budget_bytes == size
+    assert config.max_loaded_models == 6
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("max_loaded_memory", "8 furlongs"), ("max_loaded_memory", "-1GiB"),
+    ("gpu_memory_budget", "0"), ("max_loaded_models", "-1"), ("max_loaded_models", "two")])
+def test_residency_limits_refuse_bad_values_naming_the_key(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        build_config({key: value})
+
+
+def test_no_residency_limits_by_default() -> None:
+    config, _ = build_config({})
+    assert (config.max_loaded_models, config.max_loaded_memory_bytes,
+            config.gpu_memory_budget_bytes) == (0, None, None)

@@ -1,0 +1,71 @@
+"""One model version's residency, with residency limits on (docs/residency.md): whether its
+workers run (its state), when it was last asked for, whether it may be paged out, what it
+takes in memory, and its page-ins so far. The manager (frontend/models/residency.py) changes
+it; the model (frontend/models/model.py) notes each request in it and asks for a page-in when
+a request finds it without workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Its states, as describe and the live page show them.
+LOADED = "loaded"
+LOADING = "loading"
+PAGED_OUT = "paged_out"
+EVICTING = "evicting"
+STATES = (LOADED, LOADING, PAGED_OUT, EVICTING)
+
+
+@dataclass(slots=True, eq=False)
+class Residence:
+    """A model version's residency (see the module's text)."""
+
+    #: Always loaded (``pinned: true``, or workers the operator asked for).
+    pinned: bool
+    #: What its weights take in host memory, and on the GPUs when its workers run there.
+    memory_bytes: int
+    #: Asks the manager to page it in, for the request whose answer is this future (set by
+    #: the manager when it takes the model on).
+    page_in: Callable[[asyncio.Future[Any]], None] = field(default=lambda _: None)
+    state: str = PAGED_OUT
+    #: time.time() of its last request (None: none yet), and of when it last became resident
+    #: (the least recently used order counts a model never asked for from then).
+    last_used: float | None = None
+    resident_since: float = field(default_factory=time.time)
+    page_ins: int = 0
+    evictions: int = 0
+    #: Milliseconds from the request that paged it in to that request's answer (None: none).
+    last_page_in_ms: float | None = None
+
+    @property
+    def is_resident(self) -> bool:
+        """Its workers run or are starting or stopping: it counts in the limits."""
+        return self.state != PAGED_OUT
+
+    @property
+    def recency(self) -> float:
+        """Its place in the least recently used order (smaller: used longer ago)."""
+        return self.last_used if self.last_used is not None else self.resident_since
+
+    def fields(self) -> dict[str, object]:
+        """As describe shows it."""
+        return {
+            "state": self.state,
+            "lastUsed": None if self.last_used is None else iso_time(self.last_used),
+            "pinned": self.pinned,
+            "memoryBytes": self.memory_bytes,
+            "pageIns": self.page_ins,
+            "evictions": self.evictions,
+            "lastPageInMs": None if self.last_page_in_ms is None
+            else round(self.last_page_in_ms, 3),
+        }
+
+
+def iso_time(seconds: float) -> str:
+    """time.time() as describe writes times (UTC, milliseconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + \
+        f".{int(seconds * 1000) % 1000:03d}Z"
