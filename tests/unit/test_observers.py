@@ -58,10 +58,11 @@ def test_the_serving_core_imports_no_observer() -> None:
 
 
 def test_a_job_keeps_facts_only() -> None:
-    """What a queued request is (its request, future, deadline, weight, stream) and what is
-    known of its trip (when it came, the batch it left in): nothing kept for an observer."""
+    """What a queued request is (its request, future, deadline, weight, stream, who sent it
+    and at which priority level: the fair queue orders by them) and what is known of its trip
+    (when it came, the batch it left in): nothing kept for an observer."""
     facts = {field.name for field in dataclasses.fields(JobFacts)}
-    assert facts == {"request", "enqueued_at", "batch", "batch_id"}
+    assert facts == {"request", "enqueued_at", "batch", "batch_id", "tenant", "priority"}
     assert {field.name for field in dataclasses.fields(Job)} - facts == {
         "future", "deadline", "budget_s", "stream", "dispatched", "weight"}
 
