@@ -63,6 +63,12 @@ class ModelStatus:
     workers: tuple[WorkerStatus, ...] = ()
     #: The batch buckets in effect for its batcher (empty: none; ``Model.buckets``).
     buckets: tuple[int, ...] = ()
+    #: Whether its workers are up to serve it (issue 36's residency): "loaded", "loading",
+    #: "evicting" or "paged_out" (registered, no workers: its next request pages it in). A
+    #: server without residency limits keeps every model "loaded".
+    residency: str = "loaded"
+    #: When a request last used it (``time.time()``; None: not since it was registered).
+    last_used: float | None = None
 
     @property
     def restarts(self) -> int:
