@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -455,28 +456,28 @@ def rows(plan: Plan, runs: Sequence[Run], theirs: list[OnDemand]) -> dict[str, A
     }
 
 
+#: Each Plan field is an option (``--weights-mb`` for ``weights_mb``); these say more of some.
+HELP = {
+    "max_loaded": "the paged server's max_loaded_models",
+    "requests": "measured requests per client",
+    "warmup": "uncounted requests per client first",
+    "zipf": "the exponent s: rank k asked with probability proportional to 1/k^s",
+    "hot": "how many of the hottest models' p99 are compared",
+    "rounds": "the measured requests in this many rounds, the servers in turn",
+    "probes": "paged-out models asked one at a time at the end",
+    "on_demand": "models registered on demand on each server",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
-    defaults = Plan()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=int, default=defaults.models)
-    parser.add_argument("--weights-mb", type=float, default=defaults.weights_mb)
-    parser.add_argument("--max-loaded", type=int, default=defaults.max_loaded,
-                        help="the paged server's max_loaded_models")
-    parser.add_argument("--clients", type=int, default=defaults.clients)
-    parser.add_argument("--requests", type=int, default=defaults.requests,
-                        help="measured requests per client")
-    parser.add_argument("--warmup", type=int, default=defaults.warmup,
-                        help="uncounted requests per client first")
-    parser.add_argument("--zipf", type=float, default=defaults.zipf, help="the exponent s")
-    parser.add_argument("--hot", type=int, default=defaults.hot)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--rounds", type=int, default=defaults.rounds,
-                        help="the measured requests in this many rounds, the servers in turn")
-    parser.add_argument("--sample-ms", type=float, default=defaults.sample_ms)
-    parser.add_argument("--probes", type=int, default=defaults.probes,
-                        help="paged-out models asked one at a time at the end")
-    parser.add_argument("--on-demand", type=int, default=defaults.on_demand,
-                        help="models registered on demand on each server")
+    parser = argparse.ArgumentParser(description="More models than fit (issue 36): a "
+                                     "residency limit against all resident, and TorchServe "
+                                     "0.12's registration on demand")
+    for option in dataclasses.fields(Plan):
+        default = option.default
+        parser.add_argument(f"--{option.name.replace('_', '-')}", type=type(default),
+                            default=default, help=f"{HELP.get(option.name, '')} "
+                                                  f"(default {default})".strip())
     parser.add_argument("--no-torchserve", action="store_true")
     parser.add_argument("--smoke", action="store_true",
                         help="6 models of 1 MB, at most 3 loaded, 8 requests per client")
@@ -491,9 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.models, args.weights_mb, args.max_loaded = 6, 1.0, 3
         args.requests, args.warmup, args.probes, args.on_demand = 8, 2, 1, 1
         args.rounds = 2
-    plan = Plan(args.models, args.weights_mb, args.max_loaded, args.clients, args.requests,
-                args.warmup, args.zipf, args.hot, args.seed, args.rounds, args.sample_ms,
-                probes=args.probes, on_demand=args.on_demand)
+    plan = Plan(**{option.name: getattr(args, option.name)
+                   for option in dataclasses.fields(Plan)})
     if not (1 <= plan.max_loaded < plan.models <= 100 and 1 <= plan.hot <= plan.max_loaded
             and 0 < plan.weights_mb <= 1000 and 1 <= plan.clients <= 64
             and 1 <= plan.rounds <= plan.requests
