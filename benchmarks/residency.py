@@ -49,7 +49,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,6 @@ import requests
 from benchmarks import torchserve
 from benchmarks.fronts import started
 from benchmarks.loadgen import percentile
-from benchmarks.management import ManagementClient
 from benchmarks.residency_watch import (
     OnDemand,
     PageInMetrics,
@@ -277,15 +276,17 @@ def account(run: Run, server: Batchserve, watch: ResidencyWatch, plan: Plan,
         chosen = names[-plan.on_demand:]
         for name in chosen:
             server.unregister(name)
-        run.on_demand = on_demand(server, chosen, _asker(server, checksums, plan), suffix="")
+        run.on_demand = on_demand(server, chosen, _asker(server.inference, checksums, plan),
+                                  suffix="")
 
 
-def _asker(server: ManagementClient, checksums: dict[str, str], plan: Plan) -> Any:
-    session = requests.Session()
+def _asker(inference: str, checksums: dict[str, str], plan: Plan) -> Callable[[str], bool]:
+    """Asks a model at ``inference`` once: answered right?"""
 
     def asked(name: str) -> bool:
-        return ask(session, server.inference, name, "first", checksums[name],  # type: ignore[attr-defined]
-                   plan.request_timeout_s).ok
+        with requests.Session() as session:
+            return ask(session, inference, name, "first", checksums[name],
+                       plan.request_timeout_s).ok
 
     return asked
 
@@ -326,7 +327,7 @@ def torchserve_on_demand(plan: Plan, checksums: dict[str, str], work: Path
                            archive_format="zip-store")
         path.unlink()
     with torchserve.TorchServe(store, quiet=True) as server:
-        return on_demand(server, chosen, _asker(server, checksums, plan))
+        return on_demand(server, chosen, _asker(server.inference, checksums, plan))
 
 
 # ---- the report -------------------------------------------------------------------------------
@@ -355,18 +356,13 @@ def report(plan: Plan, runs: Sequence[Run], theirs: list[OnDemand], header: str)
     for run in runs:
         others = plan.names[plan.hot:]
         rate = len(run.answers) / run.wall_s if run.wall_s else float("nan")
-        counted = run.metrics.present
+        paging = (f"{run.metrics.page_ins:.0f} | {run.metrics.evictions:.0f}"
+                  if run.metrics.present else "- | -")
         lines.append(
             f"| {run.name} | {len(run.answers)} | {len(run.wrong)} | {rate:.1f} | "
             f"{_ms(run.p(50))} | {_ms(run.p(99))} | {_ms(run.p(99, hot))} | "
             f"{_ms(run.p(99, others))} | {run.most_models} of {plan.models} "
-            f"({run.samples} samples) | {run.samples_over if run.limit else '-'} | "
-            f"{run.metrics.page_ins:.0f} | {run.metrics.evictions:.0f} |"
-            if counted else
-            f"| {run.name} | {len(run.answers)} | {len(run.wrong)} | {rate:.1f} | "
-            f"{_ms(run.p(50))} | {_ms(run.p(99))} | {_ms(run.p(99, hot))} | "
-            f"{_ms(run.p(99, others))} | {run.most_models} of {plan.models} "
-            f"({run.samples} samples) | {run.samples_over if run.limit else '-'} | - | - |")
+            f"({run.samples} samples) | {run.samples_over if run.limit else '-'} | {paging} |")
     lines += ["", f"**The {plan.hot} hottest models** (ms; ratio = paged p99 / resident p99)",
               "", "| model | share of requests | paged p50 | paged p99 | resident p50 | "
               "resident p99 | ratio |", "|---" * 7 + "|"]

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.management import ManagementClient
+
 #: The server's residency families (DESIGN36.md's names); page-in time may carry a ``step``
 #: label or come as families of their own (``..._page_in_<step>_seconds``).
 PAGE_INS = "batchserve_model_page_ins"
@@ -34,7 +36,7 @@ def weights_open(pid: int, weights: dict[str, str]) -> set[str]:
     """The models (by name) whose weights file process ``pid`` holds open; ``weights`` maps a
     weights file's name to its model (the file's name: the server may serve a model from a
     copy of its folder). Empty when the process is gone."""
-    found = set()
+    found: set[str] = set()
     fd_dir = f"/proc/{pid}/fd"
     try:
         fds = os.listdir(fd_dir)
@@ -223,15 +225,12 @@ class OnDemand:
     ok: bool
 
 
-def on_demand(server: object, names: Sequence[str], ask: Callable[[str], bool],
+def on_demand(server: ManagementClient, names: Sequence[str], ask: Callable[[str], bool],
               suffix: str = ".mar") -> list[OnDemand]:
     """For each model of ``names`` in turn (its archive: the name and ``suffix``, in the
     server's model store): ``POST /models`` with ``initial_workers=1`` and
     ``synchronous=true``, then one request (``ask``: answered right?), timed together from the
     registration's start (the time to first answer), then ``DELETE /models/{name}``."""
-    from benchmarks.management import ManagementClient
-
-    assert isinstance(server, ManagementClient)
     results = []
     for name in names:
         started = time.perf_counter()
