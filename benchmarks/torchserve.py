@@ -95,10 +95,14 @@ def ensure_venv(venv: Path = VENV, packages: Sequence[str] = PACKAGES) -> Path:
 
 def archive(bin_dir: Path, store: Path, name: str, handler: Path, *, version: str = "1.0",
             model_file: Path | None = None, serialized_file: Path | None = None,
-            extra_files: Sequence[Path] = (), config_file: Path | None = None) -> str:
-    """Pack a ``.mar`` with TorchServe's own ``torch-model-archiver``; returns its file name."""
+            extra_files: Sequence[Path] = (), config_file: Path | None = None,
+            archive_format: str = "default") -> str:
+    """Pack a ``.mar`` with TorchServe's own ``torch-model-archiver``; returns its file name.
+    ``archive_format``: its ``--archive-format`` (``zip-store``: no compression, quick for
+    large incompressible weights; a ``.mar`` all the same)."""
     command = [str(bin_dir / "torch-model-archiver"), "--model-name", name, "--version",
-               version, "--handler", str(handler), "--export-path", str(store), "--force"]
+               version, "--handler", str(handler), "--export-path", str(store), "--force",
+               "--archive-format", archive_format]
     if model_file is not None:
         command += ["--model-file", str(model_file)]
     if serialized_file is not None:

@@ -299,7 +299,8 @@ class Model:
                                worker.restarts, worker.pid, worker.gpu_id,
                                worker.working_since, worker.execution)
                   for worker in self.workers), self.buckets, self.device_status(),
-            self.residence.state if self.residence is not None else LOADED)
+            self.residence.state if self.residence is not None else LOADED,
+            self.residence.last_used if self.residence is not None else None)
 
     def device_status(self) -> DeviceStatus | None:
         """Its share of its device group's time now (None: it names no ``deviceGroup``)."""

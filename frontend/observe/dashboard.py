@@ -294,6 +294,7 @@ class Dashboard:
             "model": model.name, "version": model.version, "queue": model.queue_depth,
             "inFlight": model.in_flight,
             "workersUp": sum(1 for worker in model.workers if worker.is_up),
+            "residency": model.residency,
         }
         if before is None or elapsed is None or elapsed <= 0:
             return row
@@ -376,6 +377,8 @@ def _model_state(model: ModelStatus, batches: ModelBatches | None) -> dict[str, 
         "model": model.name,
         "version": model.version,
         "status": model.health,
+        "residency": model.residency,
+        "lastUsed": round(model.last_used, 3) if model.last_used is not None else None,
         "policy": model.policy,
         "batchSize": model.batch_size,
         "maxBatchDelayMs": model.max_batch_delay_ms,

@@ -86,9 +86,12 @@ class ModelStatus:
     buckets: tuple[int, ...] = ()
     #: Its share of a device group's time (None: it names no ``deviceGroup``).
     device: DeviceStatus | None = None
-    #: Its residency (docs/residency.md): loaded, loading, paged_out or evicting; always
-    #: loaded without residency limits.
+    #: Whether its workers are up to serve it (issue 36's residency): "loaded", "loading",
+    #: "evicting" or "paged_out" (registered, no workers: its next request pages it in). A
+    #: server without residency limits keeps every model "loaded".
     residency: str = "loaded"
+    #: When a request last used it (``time.time()``; None: not since it was registered).
+    last_used: float | None = None
 
     @property
     def restarts(self) -> int:

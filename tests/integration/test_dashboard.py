@@ -201,6 +201,10 @@ def test_the_data_shows_the_model_its_workers_and_its_history_under_load(
     assert 0 < row["utilisation"] <= 1
     assert set(row["busy"]) == {worker["id"] for worker in model["workers"]}
     assert row["workersUp"] == 2 and row["refused"] == 0
+    # No residency limits: the model is loaded in every second, and now.
+    assert model["residency"] == "loaded"
+    assert {row["residency"] for sample in document["samples"] for row in sample["models"]} == {
+        "loaded"}
     times = [sample["t"] for sample in document["samples"]]
     assert times == sorted(times) and len(set(times)) == len(times)
     assert all(0 <= sample["cpu"] <= 100 for sample in document["samples"]
@@ -221,7 +225,7 @@ _PAGE_STATE = """(() => {
 #: The plots the load draws now (those of the request phases, batch fill and dispatch reasons
 #: draw once the server keeps those families; until then they say so).
 _DRAWN = ("c-requests", "c-queue", "c-latency", "c-batch", "c-sizes", "c-buckets",
-          "c-workers", "c-host")
+          "c-workers", "c-host", "c-residency")
 _MAYBE = ("c-phases", "c-reasons", "c-fill")
 
 
@@ -260,6 +264,12 @@ def test_the_page_draws_its_plots_in_a_browser_with_token_auth(served: Served,
                                 "tr.children[8].textContent)") == ["padded 1, 2, 4"] * 2
         assert browser.evaluate(
             "document.querySelector('#models tbody tr').children[12].textContent") == "1, 2, 4"
+        # Its residency: loaded (no limits), in the table and in every second of its strip.
+        assert browser.evaluate(
+            "document.querySelector('#models tbody tr').children[15].textContent") == "loaded"
+        assert browser.evaluate("[...new Set([...document.querySelectorAll("
+                                "'#c-residency rect[data-residency]')].map("
+                                "(r) => r.dataset.residency))]") == ["loaded"]
         for plot in _MAYBE:
             if not page["points"][plot]:
                 assert "no data yet" in browser.evaluate(

@@ -133,10 +133,13 @@ class FakeModel:
         self.name, self.version = name, "1.0"
         self.key = (name, self.version)
         self.workers = [FakeWorker(str(i)) for i in range(workers)]
+        self.residency = "loaded"
+        self.last_used: float | None = None
 
     def status(self) -> ModelStatus:
         return ModelStatus(self.name, self.version, "Healthy", "adaptive", 4, 50, 3, 100,
-                           tuple(worker.status() for worker in self.workers))
+                           tuple(worker.status() for worker in self.workers),
+                           residency=self.residency, last_used=self.last_used)
 
 
 def listed(*models: FakeModel) -> Statuses:
@@ -372,6 +375,32 @@ def test_the_history_is_bounded_and_served_since_a_time() -> None:
     assert state["workers"] == [{"id": "0", "state": "READY", "inFlight": 0, "restarts": 0,
                                  "pid": 4242, "gpuId": None}]
     json.dumps(document)  # what the route sends
+
+
+def test_each_sample_and_the_models_now_carry_their_residency() -> None:
+    """The live page plots residency over time from the samples (issue 36): each model's
+    state in each second, and its state and last use now."""
+    clock, hot, cold = Clock(), fake_model("hot", workers=1), fake_model("cold", workers=0)
+    cold.residency = "paged_out"
+    metrics = registered(ServerMetrics(listed(hot, cold), system_metrics=False), hot, cold)
+    dashboard = Dashboard(listed(hot, cold), metrics, clock=clock, monotonic=clock)
+    dashboard.tick()
+    for residency in ("loading", "loaded", "evicting", "paged_out"):
+        clock.now += 1.0
+        hot.last_used = clock.now - 0.25
+        cold.residency = residency
+        dashboard.tick()
+    document = dashboard.document()
+    history = [{row["model"]: row["residency"] for row in sample["models"]}
+               for sample in document["samples"]]  # type: ignore[attr-defined]
+    assert history == [{"cold": state, "hot": "loaded"}
+                       for state in ("loading", "loaded", "evicting", "paged_out")]
+    now = {model["model"]: (model["residency"], model["lastUsed"])
+           for model in document["models"]}  # type: ignore[attr-defined]
+    assert now == {"cold": ("paged_out", None), "hot": ("loaded", 1003.75)}
+    json.dumps(document)
+    # A status made without residency (a server without limits): every model loaded.
+    assert ModelStatus("m", "1.0", "Healthy", "adaptive", 1, 0, 0, 100).residency == "loaded"
 
 
 def test_samples_are_taken_on_the_interval_boundaries_never_twice_in_a_moment() -> None:
