@@ -137,7 +137,7 @@ class Model:
             # Paged out (or being paged out): it waits in the queue, within its deadline and
             # job_queue_size, while the model is paged in (once, however many wait).
             self.batcher.submit(job)
-            residence.last_used = time.time()
+            residence.used(time.time())
             residence.page_in(job.future)
             return
         if self._maybe_down:  # only after a worker failed: no cost on the hot path
@@ -146,7 +146,7 @@ class Model:
             self._maybe_down = False
         self.batcher.submit(job)
         if residence is not None:  # only with residency limits on
-            residence.last_used = time.time()
+            residence.used(time.time())
 
     def _all_workers_down(self) -> bool:
         return bool(self.workers) and all(worker.is_down for worker in self.workers)

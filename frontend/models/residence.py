@@ -35,6 +35,8 @@ class Residence:
     #: time.time() of its last request (None: none yet), and of when it last became resident
     #: (the least recently used order counts a model never asked for from then).
     last_used: float | None = None
+    #: time.time() of the request before its last (None: fewer than two so far).
+    used_before: float | None = None
     resident_since: float = field(default_factory=time.time)
     page_ins: int = 0
     evictions: int = 0
@@ -46,10 +48,19 @@ class Residence:
         """Its workers run or are starting or stopping: it counts in the limits."""
         return self.state != PAGED_OUT
 
+    def used(self, now: float) -> None:
+        """A request for it came at ``now`` (time.time())."""
+        self.used_before, self.last_used = self.last_used, now
+
     @property
-    def recency(self) -> float:
-        """Its place in the least recently used order (smaller: used longer ago)."""
-        return self.last_used if self.last_used is not None else self.resident_since
+    def recency(self) -> tuple[float, float]:
+        """Its place in the eviction order, smaller first: least recently used by its request
+        before last (LRU-2, O'Neil, O'Neil and Weikum 1993), then by its last. A model asked
+        once lately (paged in for one request) goes before one asked again and again, whose
+        clients may just be waiting elsewhere: plain LRU would evict the hot models then."""
+        last = self.last_used if self.last_used is not None else self.resident_since
+        before = self.used_before if self.used_before is not None else float("-inf")
+        return before, last
 
     def fields(self) -> dict[str, object]:
         """As describe shows it."""

@@ -146,7 +146,8 @@ class Residency:
         idle = sorted((other for other in counted
                        if other.residence is not None and not other.residence.pinned
                        and other.residence.state == LOADED and other.is_idle()),
-                      key=lambda other: other.residence.recency if other.residence else 0.0)
+                      key=lambda other: other.residence.recency if other.residence
+                      else (0.0, 0.0))
         left, victims = list(counted), []
         for other in idle:
             left.remove(other)

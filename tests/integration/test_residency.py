@@ -132,6 +132,21 @@ def test_least_recently_used_idle_model_is_paged_out_and_the_limit_holds(
         assert f'model_name="c",model_version="1.0",step="{step}"' in text
 
 
+def test_a_model_asked_again_and_again_outlives_one_asked_once_lately(
+        echoes: Callable[..., list[str]], start_server: Callable[..., RunningServer]) -> None:
+    """LRU-2: the victim is the idle model least recently used by its request before last; a
+    model asked once (paged in for one request) goes before a hot one asked less lately."""
+    server = start_server(*echoes("hot", "once", "new"), max_loaded_models=2)
+    server.wait_for(lambda: _state(server, "hot") == _state(server, "once") == "loaded",
+                    "the first two models loaded")
+    for _ in range(3):
+        assert server.predict("hot", b"h").status_code == 200
+    assert server.predict("once", b"o").status_code == 200  # used last, but only once
+    assert server.predict("new", b"n").content == b"n"
+    assert (_state(server, "hot"), _state(server, "once"), _state(server, "new")) == \
+        ("loaded", "paged_out", "loaded")
+
+
 def test_concurrent_requests_for_a_paged_out_model_page_it_in_once(
         echoes: Callable[..., list[str]], start_server: Callable[..., RunningServer]) -> None:
     server = start_server(*echoes("a", "b"), max_loaded_models=1,
