@@ -15,7 +15,9 @@ any model, with the range of its batch dimension (``BatchLimits``).
   strides: a ``channels_last`` input would be misread).
 
 The batch dimension: an ExportedProgram's first input's first dimension (a symbol with its
-range in ``range_constraints``, or a fixed size); a list input's length, which export fixes.
+range in ``range_constraints``, or a fixed size); a list input's length, which export fixes
+(a detector's images: a list of another length runs in chunks of that length, the last one
+padded with its last image).
 An AOTInductor package does not keep its input shapes where they can be read, so
 ``batchserve-export`` records the range in its metadata (``BATCH_METADATA``); a package
 without it runs batches at their own size, and says so.
@@ -101,12 +103,35 @@ class Pt2Program(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._contiguous:
-            args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
-        return self.__dict__["_run"](*args, **kwargs)
+            args = tuple(_contiguous(arg) for arg in args)
+        run = self.__dict__["_run"]
+        limits = self.limits
+        if len(args) == 1 and not kwargs and isinstance(args[0], list) \
+                and not limits.dynamic and len(args[0]) != limits.low:
+            return _in_chunks(run, args[0], limits.low)
+        return run(*args, **kwargs)
 
     def describe(self) -> str:
         """What describe and the log say of it."""
         return f"{self.name}: {self.kind.title}, {self.limits.text()}"
+
+
+def _contiguous(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.contiguous()
+    if isinstance(value, list):
+        return [_contiguous(item) for item in value]
+    return value
+
+
+def _in_chunks(run: Callable[..., Any], items: list[Any], size: int) -> list[Any]:
+    """A list input (a detector's images) through a program exported for lists of ``size``:
+    in chunks of ``size``, the last one padded with its last item; one output per item."""
+    outputs: list[Any] = []
+    for start in range(0, len(items), size):
+        chunk = items[start:start + size]
+        outputs.extend(list(run(chunk + [chunk[-1]] * (size - len(chunk))))[:len(chunk)])
+    return outputs
 
 
 def is_pt2(path: Path) -> bool:

@@ -179,6 +179,22 @@ def test_a_program_module_tolerates_eval_and_feeds_aoti_contiguous_inputs() -> N
                                   "batch dimension 1..4")
 
 
+def test_a_list_input_runs_in_chunks_of_the_length_it_was_exported_for() -> None:
+    calls: list[int] = []
+
+    def detector(images: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        assert len(images) == 2 and all(image.is_contiguous() for image in images)
+        calls.append(len(images))
+        return [{"scores": image.sum().reshape(1)} for image in images]
+
+    program = Pt2Program(detector, Pt2Kind.AOTINDUCTOR, BatchLimits(2, 2, dynamic=False),
+                         "d.pt2", contiguous=True)
+    images = [torch.full((3, 2, 2), float(i)).transpose(1, 2) for i in range(5)]
+    outputs = program(images)
+    assert [float(output["scores"]) for output in outputs] == [0.0, 12.0, 24.0, 36.0, 48.0]
+    assert calls == [2, 2, 2]
+
+
 class _Pair(torch.nn.Module):
     def forward(self, images: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack([image.sum() for image in images])
@@ -189,16 +205,21 @@ def _exported(model: torch.nn.Module, example: Any, dynamic: Any = None
     return torch.export.export(model, example, dynamic_shapes=dynamic, strict=False)
 
 
-def test_the_batch_dimension_is_read_from_an_exported_program() -> None:
-    linear = torch.nn.Linear(2, 1)
-    rows = (torch.zeros(3, 2),)
-    batch = torch.export.Dim("batch", min=1, max=16)
-    assert exported_limits(_exported(linear, rows, ({0: batch},))) == BatchLimits(1, 16)
-    unbounded = torch.export.Dim("batch", min=2)
-    assert exported_limits(_exported(linear, rows, ({0: unbounded},))) == BatchLimits(2, None)
-    assert exported_limits(_exported(linear, rows)) == BatchLimits(3, 3, dynamic=False)
-    images = ([torch.zeros(3, 4, 4), torch.zeros(3, 4, 4)],)
-    assert exported_limits(_exported(_Pair(), images)) == BatchLimits(2, 2, dynamic=False)
+_ROWS = (torch.zeros(3, 2),)
+
+
+@pytest.mark.parametrize(("model", "example", "dynamic", "limits"), [
+    (torch.nn.Linear(2, 1), _ROWS, ({0: torch.export.Dim("batch", min=1, max=16)},),
+     BatchLimits(1, 16)),
+    (torch.nn.Linear(2, 1), _ROWS, ({0: torch.export.Dim("batch", min=2)},),
+     BatchLimits(2, None)),
+    (torch.nn.Linear(2, 1), _ROWS, None, BatchLimits(3, 3, dynamic=False)),
+    (_Pair(), ([torch.zeros(3, 4, 4), torch.zeros(3, 4, 4)],), None,
+     BatchLimits(2, 2, dynamic=False)),  # a list's length is fixed
+], ids=["dynamic", "unbounded", "static", "list"])
+def test_the_batch_dimension_is_read_from_an_exported_program(
+        model: torch.nn.Module, example: Any, dynamic: Any, limits: BatchLimits) -> None:
+    assert exported_limits(_exported(model, example, dynamic)) == limits
 
 
 def test_an_exported_program_loads_with_its_weights_mapped_from_the_archive(
