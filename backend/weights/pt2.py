@@ -25,8 +25,10 @@ without it runs batches at their own size, and says so.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,6 +206,29 @@ def exported_limits(program: torch.export.ExportedProgram) -> BatchLimits:
     return BatchLimits(low, None if math.isinf(upper) else int(upper), dynamic=True)
 
 
+def _compiled_for(path: Path) -> str:
+    """The device kind an AOTInductor package was compiled for, from its metadata files
+    ("" when none says)."""
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            if "/data/aotinductor/" in name and name.endswith("metadata.json"):
+                try:
+                    key = json.loads(archive.read(name)).get("AOTI_DEVICE_KEY")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(key, str) and key:
+                    return key
+    return ""
+
+
+def _check_device(path: Path, compiled_for: str, device: torch.device) -> None:
+    if compiled_for and compiled_for != device.type:
+        raise ModelLoadError(
+            f"{path.name} was compiled by AOTInductor for {compiled_for} and this worker runs "
+            f"on {device}: compile it for {device.type} (batchserve-export --device "
+            f"{device.type}), or serve it where it was compiled for")
+
+
 def _children(spec: Any) -> list[Any]:
     """A pytree spec's children (``children()`` since torch 2.10; ``children_specs`` before)."""
     children = getattr(spec, "children", None)
@@ -213,15 +238,11 @@ def _children(spec: Any) -> list[Any]:
 def _load_aoti(path: Path, device: torch.device) -> Pt2Program:
     import torch._inductor
 
+    _check_device(path, _compiled_for(path), device)  # before torch tries
     runner = torch._inductor.aoti_load_package(
         str(path), device_index=device.index if device.index is not None else -1)
     metadata: dict[str, str] = dict(runner.get_metadata())
-    compiled_for = metadata.get("AOTI_DEVICE_KEY", "")
-    if compiled_for and compiled_for != device.type:
-        raise ModelLoadError(
-            f"{path.name} was compiled by AOTInductor for {compiled_for} and this worker runs "
-            f"on {device}: compile it for {device.type} (batchserve-export --device "
-            f"{device.type}), or serve it where it was compiled for")
+    _check_device(path, metadata.get("AOTI_DEVICE_KEY", ""), device)
     text = metadata.get(BATCH_METADATA)
     if text is None:
         limits = BatchLimits(unknown=f"the package has no {BATCH_METADATA} metadata; "

@@ -217,3 +217,25 @@ def test_a_corrupt_pt2_is_refused_with_a_clear_error(server: RunningServer, fold
     assert answer.status_code == 500, answer.text
     message = answer.json()["message"]
     assert "cannot load model.pt2" in message and says in message, message
+
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", sorted(KINDS))
+def test_on_cuda_an_exported_program_runs_there_and_a_cpu_package_is_refused(
+        folder: Path, model: str) -> None:
+    from backend.errors import ModelLoadError
+    from backend.weights.pt2 import load_pt2
+
+    cuda = torch.device("cuda", 0)
+    path = folder / f"tiny.{KINDS[model]}.pt2"
+    if model == "aoti":  # the cached package was compiled for the CPU
+        with pytest.raises(ModelLoadError, match="compiled by AOTInductor for cpu and this "
+                                                 "worker runs on cuda:0"):
+            load_pt2(path, cuda)
+        return
+    on_cpu, on_gpu = load_pt2(path, torch.device("cpu")), load_pt2(path, cuda)
+    rows = torch.randn(3, 3, 224, 224)
+    with torch.inference_mode():
+        assert torch.allclose(on_gpu(rows.to(cuda)).cpu(), on_cpu(rows), atol=1e-4)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from backend.errors import ModelLoadError
 from backend.handlers.buckets import fit_buckets
 from backend.handlers.graphs import GraphSettings, make_runner
 from backend.handlers.tuning import Tuning, captured_elsewhere
@@ -316,3 +317,15 @@ def test_the_export_command_says_why_a_model_cannot_have_a_batch_dimension(
         "--static-batch", "2"])
     assert fixed.exit_code == 0, fixed.output
     assert "no dynamic batch dimension: batches run in chunks of 2" in fixed.output
+
+
+def test_an_aoti_package_for_another_device_is_refused_before_torch_loads_it(
+        tmp_path: Path) -> None:
+    package = tmp_path / "m.pt2"
+    with zipfile.ZipFile(package, "w") as archive:
+        archive.writestr("m/data/aotinductor/model/abc.wrapper.so", b"not a library")
+        archive.writestr("m/data/aotinductor/model/abc.wrapper_metadata.json",
+                         json.dumps({"AOTI_DEVICE_KEY": "cuda"}))
+    with pytest.raises(ModelLoadError, match=r"m\.pt2 was compiled by AOTInductor for cuda "
+                                             r"and this worker runs on cpu: compile it for cpu"):
+        load_pt2(package, CPU)
