@@ -191,6 +191,8 @@ def exported_limits(program: torch.export.ExportedProgram) -> BatchLimits:
         count = len(_children(arguments[0]))
         return BatchLimits(count, count, dynamic=False)
     inputs = program.graph_signature.user_inputs
+    if len(arguments) > 1:  # a text model's tokens and offsets, say: no one batch dimension
+        return BatchLimits(unknown=f"the program takes {len(arguments)} inputs")
     nodes = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
     value = nodes[inputs[0]].meta.get("val") if inputs and inputs[0] in nodes else None
     if not isinstance(value, torch.Tensor) or value.dim() == 0:

@@ -169,6 +169,41 @@ def test_torchserve_base_handler_serves_a_pt2(server: RunningServer, folder: Pat
     assert "ExportedProgram" in _execution(server, "reg")["program"]
 
 
+class _TextBag(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.EmbeddingBag(8, 4, mode="mean")
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, tokens: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.embedding(tokens, offsets))
+
+
+def test_the_text_classifier_serves_an_exported_program(server: RunningServer, store: Path,
+                                                         tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _TextBag().eval()
+    tokens, texts = torch.export.Dim("tokens", min=1, max=4096), torch.export.Dim("texts")
+    program = torch.export.export(model, (torch.tensor([1, 2, 3, 4, 5]), torch.tensor([0, 2])),
+                                  dynamic_shapes=({0: tokens}, {0: texts}), strict=False)
+    torch.export.save(program, str(tmp_path / "text.pt2"))
+    vocab = tmp_path / "source_vocab.pt"
+    torch.save({"<unk>": 0, "good": 1, "bad": 2, "film": 3, "good film": 4}, vocab)
+    build_archive(ArchiveOptions(
+        model_name="text", version="1.0", serialized_file=str(tmp_path / "text.pt2"),
+        handler="text_classifier", extra_files=(str(vocab),), export_path=store, force=True))
+    _register(server, "text.mar", "text", batch_size=3)
+    texts_sent = [b"good film", b"bad film, bad", b"good"]
+    batched = _together(server, "text", texts_sent, "text/plain")
+
+    lone = [server.predict("text", text).json() for text in texts_sent]
+    assert all(got == pytest.approx(want, abs=1e-5) for got, want in zip(batched, lone,
+                                                                         strict=True))
+    assert batched[0] != batched[1] and set(batched[0]) == {"0", "1"}
+    assert server.describe("text")["batching"]["recentBatchSizes"][-4:] == [3, 1, 1, 1]  # type: ignore[index]
+    assert "the program takes 2 inputs" in _execution(server, "text")["program"]
+
+
 @pytest.mark.parametrize("name", ["aoti_export_key", "aoti_compile_key"])
 def test_torchserve_pt2_model_config_keys_keep_working(server: RunningServer,
                                                        name: str) -> None:
