@@ -35,13 +35,28 @@ PROGRAMS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "seg": ("tiny_segmenter.py", "3,224,224", ("--max-batch", "4"), "exported_program"),
     "reg": ("tiny_regressor.py", "2", ("--max-batch", "8"), "exported_program"),
 }
+#: A program of two inputs (token ids and offsets, both dynamic), which batchserve-export does
+#: not make: exported by ``TEXT_EXPORT`` into ``text.export.pt2``.
+TEXT_MODEL = MODELS / "tiny_text.py"
+TEXT_EXPORT = """
+import sys, torch
+sys.path.insert(0, ".")
+from tiny_text import TinyText
+torch.manual_seed(0)
+model = TinyText().eval()
+dims = ({0: torch.export.Dim("tokens", min=1, max=4096)}, {0: torch.export.Dim("texts")})
+example = (torch.tensor([1, 2, 3, 4, 5]), torch.tensor([0, 2]))
+program = torch.export.export(model, example, dynamic_shapes=dims, strict=False)
+torch.export.save(program, "text.export.pt2")
+torch.save(model.state_dict(), "text_weights.pt")
+"""
 #: What shapes the programs, besides PROGRAMS itself: the exporter and the models.
-SOURCES = (ROOT / "backend" / "weights" / "export.py",
+SOURCES = (ROOT / "backend" / "weights" / "export.py", TEXT_MODEL,
            *(MODELS / spec[0] for spec in PROGRAMS.values()))
 
 
 def cache_folder() -> Path:
-    digest = hashlib.sha256(repr(sorted(PROGRAMS.items())).encode())
+    digest = hashlib.sha256((repr(sorted(PROGRAMS.items())) + TEXT_EXPORT).encode())
     for source in sorted(set(SOURCES)):
         digest.update(source.name.encode() + source.read_bytes())
     root = Path(os.environ.get("BATCHSERVE_TEST_CACHE")
@@ -96,6 +111,14 @@ def _make(folder: Path) -> None:
                         name, "--export-path", str(work), "--input-shape", shape, *batch,
                         "--kinds", kinds, "--check-batches", "1,3"],
                        check=True, env=env, cwd=work, timeout=900)
+    make_text_program(work, env)
     (work / "done").write_text("")
     shutil.rmtree(folder, ignore_errors=True)
     work.rename(folder)
+
+
+def make_text_program(work: Path, env: dict[str, str]) -> None:
+    """``text.export.pt2`` (and its model file) in ``work``."""
+    shutil.copy(TEXT_MODEL, work / TEXT_MODEL.name)
+    subprocess.run([sys.executable, "-c", TEXT_EXPORT], check=True, env=env, cwd=work,
+                   timeout=300)

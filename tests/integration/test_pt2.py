@@ -73,9 +73,12 @@ def _archive(store: Path, name: str, serialized: Path, handler: str,
         config_file=str(config) if config else None))
 
 
-def _register(server: RunningServer, url: str, name: str, batch_size: int = 1) -> None:
+def _register(server: RunningServer, url: str, name: str, batch_size: int = 1,
+              delay_ms: int = 5000) -> None:
+    """``url`` as ``name``: a fixed policy's batches, released when full (or after
+    ``delay_ms``: what a lone request to it waits)."""
     answer = requests.post(f"{server.management}/models", params={
-        "url": url, "model_name": name, "batch_size": batch_size, "max_batch_delay": 5000,
+        "url": url, "model_name": name, "batch_size": batch_size, "max_batch_delay": delay_ms,
         "batch_policy": "fixed", "initial_workers": 1, "synchronous": "true"}, timeout=120)
     assert answer.status_code == 200, answer.text
 
@@ -146,7 +149,7 @@ def test_a_program_without_a_batch_dimension_runs_one_request_at_a_time(
 
 def test_the_segmenter_serves_an_exported_program_batched(server: RunningServer,
                                                           folder: Path) -> None:
-    _register(server, "seg.mar", "seg", batch_size=2)
+    _register(server, "seg.mar", "seg", batch_size=2, delay_ms=1500)
     bodies = [jpeg(seed) for seed in range(2)]
     batched = _together(server, "seg", bodies)
 
@@ -169,30 +172,14 @@ def test_torchserve_base_handler_serves_a_pt2(server: RunningServer, folder: Pat
     assert "ExportedProgram" in _execution(server, "reg")["program"]
 
 
-class _TextBag(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embedding = torch.nn.EmbeddingBag(8, 4, mode="mean")
-        self.fc = torch.nn.Linear(4, 2)
-
-    def forward(self, tokens: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.embedding(tokens, offsets))
-
-
 def test_the_text_classifier_serves_an_exported_program(server: RunningServer, store: Path,
-                                                         tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = _TextBag().eval()
-    tokens, texts = torch.export.Dim("tokens", min=1, max=4096), torch.export.Dim("texts")
-    program = torch.export.export(model, (torch.tensor([1, 2, 3, 4, 5]), torch.tensor([0, 2])),
-                                  dynamic_shapes=({0: tokens}, {0: texts}), strict=False)
-    torch.export.save(program, str(tmp_path / "text.pt2"))
+                                                         folder: Path, tmp_path: Path) -> None:
     vocab = tmp_path / "source_vocab.pt"
     torch.save({"<unk>": 0, "good": 1, "bad": 2, "film": 3, "good film": 4}, vocab)
     build_archive(ArchiveOptions(
-        model_name="text", version="1.0", serialized_file=str(tmp_path / "text.pt2"),
+        model_name="text", version="1.0", serialized_file=str(folder / "text.export.pt2"),
         handler="text_classifier", extra_files=(str(vocab),), export_path=store, force=True))
-    _register(server, "text.mar", "text", batch_size=3)
+    _register(server, "text.mar", "text", batch_size=3, delay_ms=1500)
     texts_sent = [b"good film", b"bad film, bad", b"good"]
     batched = _together(server, "text", texts_sent, "text/plain")
 
@@ -202,6 +189,11 @@ def test_the_text_classifier_serves_an_exported_program(server: RunningServer, s
     assert batched[0] != batched[1] and set(batched[0]) == {"0", "1"}
     assert server.describe("text")["batching"]["recentBatchSizes"][-4:] == [3, 1, 1, 1]  # type: ignore[index]
     assert "the program takes 2 inputs" in _execution(server, "text")["program"]
+    state = torch.load(folder / "text_weights.pt", weights_only=True)
+    bag = torch.nn.functional.embedding_bag(torch.tensor([1, 3, 4]), state["embedding.weight"],
+                                            torch.tensor([0]), mode="mean")
+    want = torch.softmax(bag @ state["fc.weight"].T + state["fc.bias"], dim=1)[0].tolist()
+    assert [batched[0]["0"], batched[0]["1"]] == pytest.approx(want, abs=1e-5)
 
 
 @pytest.mark.parametrize("name", ["aoti_export_key", "aoti_compile_key"])
