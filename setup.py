@@ -117,6 +117,8 @@ setup(
             "model-archiver=model_archiver.cli:main",
             # The name TorchServe users type: the same tool.
             "torch-model-archiver=model_archiver.cli:main",
+            # A model.py plus weights, or a TorchScript file, as both .pt2 kinds (issue 37).
+            "batchserve-export=backend.weights.export:main",
             "workflow-archiver=workflow_archiver.cli:main",
             "torch-workflow-archiver=workflow_archiver.cli:main",
         ],

@@ -9,6 +9,7 @@ import click
 from model_archiver.errors import ModelArchiverError
 from model_archiver.handlers import BUILTIN_HANDLERS
 from model_archiver.packaging import ArchiveFormat, ArchiveOptions, build_archive
+from model_archiver.pt2 import pt2_note
 
 __all__ = ["main"]
 
@@ -97,4 +98,7 @@ def main(
     except ModelArchiverError as exc:
         click.echo(f"model-archiver: error: {exc}", err=True)
         raise click.exceptions.Exit(1) from None
+    note = pt2_note(serialized_file)
+    if note is not None:  # on stderr: stdout is the archive's path, which scripts read
+        click.echo(f"model-archiver: {note}", err=True)
     click.echo(str(written))

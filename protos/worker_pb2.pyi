@@ -88,16 +88,18 @@ class Loaded(_message.Message):
     def __init__(self, load_time_ms: _Optional[float] = ..., metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ...) -> None: ...
 
 class Execution(_message.Message):
-    __slots__ = ("batch_buckets", "mode", "fallback_reason", "graph_pool_bytes")
+    __slots__ = ("batch_buckets", "mode", "fallback_reason", "graph_pool_bytes", "program")
     BATCH_BUCKETS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_REASON_FIELD_NUMBER: _ClassVar[int]
     GRAPH_POOL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
     batch_buckets: _containers.RepeatedScalarFieldContainer[int]
     mode: str
     fallback_reason: str
     graph_pool_bytes: int
-    def __init__(self, batch_buckets: _Optional[_Iterable[int]] = ..., mode: _Optional[str] = ..., fallback_reason: _Optional[str] = ..., graph_pool_bytes: _Optional[int] = ...) -> None: ...
+    program: str
+    def __init__(self, batch_buckets: _Optional[_Iterable[int]] = ..., mode: _Optional[str] = ..., fallback_reason: _Optional[str] = ..., graph_pool_bytes: _Optional[int] = ..., program: _Optional[str] = ...) -> None: ...
 
 class Request(_message.Message):
     __slots__ = ("request_id", "headers", "inputs", "content_types", "describe", "instances", "tensor_format")

@@ -30,6 +30,7 @@ from backend.handlers.tuning import (
     warmup_sizes,
 )
 from backend.weights import load_model, read_sharing
+from backend.weights.pt2 import Pt2Program
 from protos import worker_pb2
 
 
@@ -65,6 +66,8 @@ class BaseHandler:
     runner: BatchRunner | None = None
     #: What ``context.execution`` says while there is no runner.
     _idle_execution = worker_pb2.Execution(mode=MODE_EAGER)
+    #: The model when it is a .pt2 program (``backend.weights.pt2``), as loaded.
+    _pt2_program: Pt2Program | None = None
 
     def __init__(self) -> None:
         self.context: Context | None = None
@@ -91,6 +94,7 @@ class BaseHandler:
     def set_model(self, model: torch.nn.Module) -> None:
         """Serve ``model``, tuned as model-config.yaml asks (``backend.handlers.tuning``)."""
         model.eval()
+        self._pt2_program = model if isinstance(model, Pt2Program) else None
         tuned = tune_model(model, self.device, self.tuning)
         self._uncompiled = model if tuned is not model and self.tuning.compile_options else None
         self.model = tuned
@@ -104,7 +108,8 @@ class BaseHandler:
             device=self.device, batch_size=int(context.system_properties.get("batch_size") or 1),
             cuda_graphs=self.tuning.cuda_graphs, batch_buckets=self.tuning.batch_buckets,
             graphs_by_default=self.graphs_by_default, unfit=self.graphs_unfit,
-            captured_elsewhere=captured_elsewhere(self.tuning))
+            captured_elsewhere=captured_elsewhere(self.tuning, self._pt2_program),
+            limits=self._pt2_program.limits if self._pt2_program is not None else None)
         if callable(self.model):
             # Any context will do (TorchServe's tests pass a MockContext, which has no name).
             name = getattr(context, "model_name", None) or "the model"
@@ -122,6 +127,8 @@ class BaseHandler:
             return
         runner = self.runner
         execution.CopyFrom(runner.execution() if runner is not None else self._idle_execution)
+        if self._pt2_program is not None:
+            execution.program = self._pt2_program.describe()
 
     def _forward(self, inputs: Any) -> Any:
         model = self.model  # looked up at each call: warm_up may replace it

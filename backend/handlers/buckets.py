@@ -43,6 +43,14 @@ def default_buckets(batch_size: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def fit_buckets(buckets: Sequence[int], low: int, high: int | None) -> tuple[int, ...]:
+    """``buckets`` moved within ``low``..``high`` (a program's batch dimension: each bucket
+    raised to ``low``, lowered to ``high``), ascending, each once: (1, 2, 4, 8) within 2..4
+    is (2, 4); within 1..1 (a program of one row) it is (1,)."""
+    top = high if high is not None else max(max(buckets), low)
+    return tuple(sorted({min(max(bucket, low), top) for bucket in buckets}))
+
+
 def bucket_for(size: int, buckets: Sequence[int]) -> int:
     """The smallest bucket that holds a batch of ``size`` (``buckets`` ascending; ``size`` at
     most the largest)."""

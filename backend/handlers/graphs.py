@@ -38,12 +38,14 @@ from torch.utils import _pytree as pytree
 from backend.errors import describe
 from backend.handlers.buckets import (
     default_buckets,
+    fit_buckets,
     join_rows,
     pad_rows,
     plan_chunks,
     row_problem,
     take_rows,
 )
+from backend.weights.pt2 import BatchLimits
 from protos import worker_pb2
 
 logger = logging.getLogger(__name__)
@@ -422,6 +424,10 @@ class GraphSettings:
     #: Why the model must not be captured though its batches may be padded ("" when it may:
     #: torch.compile's reduce-overhead mode captures graphs of its own).
     captured_elsewhere: str = ""
+    #: A .pt2 program's batch dimension (None: any other model): the buckets fit within it,
+    #: and where it cannot take a batch as it comes (a fixed batch, a floor above 1, a
+    #: ceiling below batch_size) the batches run in buckets on the CPU too.
+    limits: BatchLimits | None = None
 
 
 def make_runner(forward: Forward, settings: GraphSettings, *, who: str = "the model"
@@ -436,9 +442,10 @@ def make_runner(forward: Forward, settings: GraphSettings, *, who: str = "the mo
     handler without them by default gets buckets only when ``batch_buckets`` is set.
     ``batch_buckets: []``: no buckets, and no graphs. A handler unfit for them gets neither,
     and says why where they were asked for (on CUDA, or by the config); a model captured
-    elsewhere gets the buckets, padded, and says why not graphs.
+    elsewhere gets the buckets, padded, and says why not graphs. A .pt2 program's buckets fit
+    within its batch dimension (``_fitted_buckets``).
     """
-    explicit = settings.batch_buckets
+    explicit = _fitted_buckets(settings)
     cuda = settings.device.type == "cuda"
     if settings.unfit:
         asked = cuda or bool(explicit) or bool(settings.cuda_graphs)
@@ -463,3 +470,16 @@ def make_runner(forward: Forward, settings: GraphSettings, *, who: str = "the mo
     if explicit is None and not settings.graphs_by_default:
         return None, worker_pb2.Execution(mode=MODE_EAGER)
     return BatchRunner(forward, buckets, EagerReplay(), who=who), worker_pb2.Execution()
+
+
+def _fitted_buckets(settings: GraphSettings) -> tuple[int, ...] | None:
+    """``batch_buckets`` as a .pt2 program can run them: fitted within its batch dimension;
+    a program that cannot take every batch of up to ``batch_size`` as it comes gets the
+    default buckets fitted where none (or ``[]``) are set."""
+    explicit, limits = settings.batch_buckets, settings.limits
+    if limits is None or limits.unknown or settings.unfit:
+        return explicit
+    if explicit or limits.constrains(settings.batch_size):
+        return fit_buckets(explicit or default_buckets(settings.batch_size), limits.low,
+                           limits.high)
+    return explicit

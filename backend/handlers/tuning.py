@@ -4,7 +4,9 @@
   backend: inductor, mode: reduce-overhead, options: {...}}}`` compiles with those keyword
   arguments; the older ``pt2: inductor`` (a backend name) or ``pt2: {backend: ..., mode: ...}``
   too; ``pt2: {export: ...}`` does not compile. An unknown backend, or a compilation that
-  fails, leaves the model as it was (logged), as TorchServe does.
+  fails, leaves the model as it was (logged), as TorchServe does. A ``.pt2`` AOTInductor
+  package is compiled already: ``pt2`` compile options are not applied to it (logged); an
+  ExportedProgram is compiled as any model.
 * batchserve's ``handler`` options: ``amp: bf16 | fp16`` (autocast around the forward pass),
   ``channels_last: true`` (the model and its image batches in channels-last memory),
   ``image_decode: tensor | pil`` (vision handlers, ``backend.handlers.images``),
@@ -35,6 +37,8 @@ import torch
 
 from backend.errors import ModelLoadError, describe
 from backend.handlers.buckets import buckets_run, read_buckets, read_cuda_graphs
+from backend.weights.pt2 import Pt2Program
+from model_archiver.pt2 import Pt2Kind
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +142,10 @@ def tune_model(model: torch.nn.Module, device: torch.device, tuning: Tuning) -> 
             torch.set_float32_matmul_precision("high")
     if tuning.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    if tuning.compile_options is not None:
+    if tuning.compile_options is not None and isinstance(model, Pt2Program) \
+            and model.kind is Pt2Kind.AOTINDUCTOR:
+        logger.info("pt2 compile options not applied: %s is compiled already", model.name)
+    elif tuning.compile_options is not None:
         try:
             compiled = torch.compile(model, **tuning.compile_options)
         except Exception as exc:
@@ -154,8 +161,11 @@ def tune_model(model: torch.nn.Module, device: torch.device, tuning: Tuning) -> 
 SELF_GRAPHED_MODES = ("reduce-overhead", "max-autotune")
 
 
-def captured_elsewhere(tuning: Tuning) -> str:
+def captured_elsewhere(tuning: Tuning, program: Pt2Program | None = None) -> str:
     """Why the server must not capture the model's graphs itself ("" when it may)."""
+    if program is not None and program.kind is Pt2Kind.AOTINDUCTOR:
+        return (f"{program.name} is an AOTInductor package, which launches its own compiled "
+                f"kernels: not captured; the buckets run eagerly")
     mode = (tuning.compile_options or {}).get("mode")
     if mode in SELF_GRAPHED_MODES:
         return (f"pt2 compiles in mode {mode}, which captures CUDA graphs of its own "

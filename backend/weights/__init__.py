@@ -10,6 +10,9 @@ the weights between the workers of a host.
   every worker of the model on the host reads the same page-cache copy.
 * **TorchScript**: a ``serializedFile`` and no ``modelFile``: ``torch.jit.load``, then its
   tensors are pointed back at the archive's pages (``backend.weights.script``).
+* **.pt2**: a ``serializedFile`` named ``*.pt2`` (a ``modelFile`` beside it is not used): a
+  torch.export ExportedProgram or an AOTInductor package (``backend.weights.pt2``, which says
+  which of them share their weights).
 
 How the weights are held is the model config's ``handler.share_weights``
 (``backend.weights.sharing``): shared pages (the default), a copy per worker (TorchServe's
@@ -22,9 +25,9 @@ converts); a model that cannot be built on the meta device or whose state-dict h
 the weights after loading: ``channels_last`` (``.to(memory_format=...)``), ``.half()`` or
 ``.to(dtype)``, fusing, quantising, in-place edits (copy-on-write: only the pages written).
 On CUDA the weights are copied to each worker's GPU memory unless ``share_weights:
-cuda_ipc``. ONNX (onnxruntime reads the file into its own memory) and AOTInductor (its
-runtime copies the constants into a blob of its own: torch 2.14's ``model_base.h``,
-``load_constants``) are not shared.
+cuda_ipc``. ONNX (onnxruntime reads the file into its own memory) and AOTInductor, the
+``.so`` and the ``.pt2`` package (its runtime copies the constants into a blob of its own:
+torch 2.14's ``model_base.h``, ``load_constants``) are not shared.
 """
 
 from __future__ import annotations
@@ -45,11 +48,12 @@ from backend.imports import FileImportError, import_file
 from backend.weights.cuda_ipc import LINGER_S, shared_state_dict
 from backend.weights.empty import assign_state_dict, parameters_on_meta
 from backend.weights.files import is_safetensors, is_torchscript_archive, read_state_dict
+from backend.weights.pt2 import is_pt2, load_pt2
 from backend.weights.script import map_onto_archive
 from backend.weights.sharing import Sharing, read_sharing
 
-__all__ = ["Sharing", "is_safetensors", "is_torchscript_archive", "load_eager",
-           "load_from_owner", "load_model", "load_state_dict", "load_torchscript",
+__all__ = ["Sharing", "is_pt2", "is_safetensors", "is_torchscript_archive", "load_eager",
+           "load_from_owner", "load_model", "load_pt2", "load_state_dict", "load_torchscript",
            "read_sharing"]
 
 logger = logging.getLogger(__name__)
@@ -71,6 +75,11 @@ def load_model(model_dir: str | Path, manifest: Mapping[str, Any], device: torch
             raise ModelLoadError(
                 f"the manifest's serializedFile {serialized_file!r} is not in {model_dir}"
             )
+    if weights is not None and is_pt2(weights):
+        if model_file:
+            logger.info("%s is a whole program: the manifest's modelFile %s is not used",
+                        weights.name, model_file)
+        return load_pt2(weights, device, sharing)
     if model_file:
         return load_eager(model_dir / str(model_file), weights, device, sharing)
     if weights is None:

@@ -21,11 +21,14 @@ class ExecutionStatus:
     fallback_reason: str = ""
     #: Device memory of the graphs' pool and their static buffers.
     graph_pool_bytes: int = 0
+    #: A .pt2 program's kind and batch dimension ("" for any other model).
+    program: str = ""
 
     def fields(self) -> dict[str, object]:
-        """As describe and the live page show it."""
+        """As describe and the live page show it (``program`` only for a .pt2 program)."""
         return {"mode": self.mode, "batchBuckets": list(self.buckets),
-                "fallbackReason": self.fallback_reason, "graphPoolBytes": self.graph_pool_bytes}
+                "fallbackReason": self.fallback_reason, "graphPoolBytes": self.graph_pool_bytes,
+                **({"program": self.program} if self.program else {})}
 
 
 @dataclass(frozen=True, slots=True)

@@ -294,6 +294,8 @@ class Launcher:
                         self.name, self.start_mode.value if self.start_mode else "-",
                         self.load_time_ms, loaded.load_time_ms)
             self.execution = execution = execution_of(loaded.execution)
+            if execution.program:
+                logger.info("%s serves %s", self.name, execution.program)
             if execution.buckets or execution.fallback_reason:
                 logger.info("%s runs its batches %s%s%s", self.name, execution.mode,
                             f" in batch buckets {list(execution.buckets)}"
@@ -314,7 +316,8 @@ def execution_of(reported: worker_pb2.Execution) -> ExecutionStatus:
     """A worker's ``Execution`` as it reported it (its buckets ascending, each once; no mode
     is "eager")."""
     return ExecutionStatus(reported.mode or "eager", normalise(reported.batch_buckets),
-                           reported.fallback_reason, reported.graph_pool_bytes)
+                           reported.fallback_reason, reported.graph_pool_bytes,
+                           reported.program)
 
 
 def describe_error(exc: BaseException) -> str:

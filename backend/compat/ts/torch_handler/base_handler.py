@@ -10,19 +10,23 @@ A subclass whose ``__init__`` does not call ``super().__init__()`` (TorchServe's
 micro-batching example) still works: every attribute has a class-level default.
 
 Models: eager (``modelFile`` + state dict), TorchScript, ONNX (``.onnx``, when onnxruntime
-is installed: ``self.model`` is then an InferenceSession, as in TorchServe) and AOTInductor
-``.so`` (with ``pt2: {export: {aot_compile: true}}``). Eager and TorchScript weights are
-shared by the workers of a host (memory-mapped: ``backend.weights``, docs/weights.md; the model
-config's ``handler.share_weights``). The model config's ``pt2``
-(torch.compile) is applied as TorchServe 0.12 applies it, and batchserve's ``handler`` options
-``amp`` and ``channels_last`` too (``backend.handlers.tuning``). ``ENABLE_TORCH_PROFILER`` runs each
-batch under torch.profiler as TorchServe does (traces in /tmp/pytorch_profiler/<model>).
-Explanations follow TorchServe: ``handle`` calls ``explain_handle`` when the request's
-``explain`` header says ``True``, which calls ``get_insights``; here that answers 501 unless
-the handler (or VisionHandler, with Captum) defines it. Deliberately missing, with the reason
-given where a handler asks for it: ``torch.export`` ``.pt2`` programs (``ModelLoadError``),
-IPEX and OpenVINO (never applied: ``IPEX_AVAILABLE`` is False) and XLA/MPS/XPU devices
-(CUDA or CPU only: ``XLA_AVAILABLE`` is False).
+is installed: ``self.model`` is then an InferenceSession, as in TorchServe), AOTInductor
+``.so`` (with ``pt2: {export: {aot_compile: true}}``) and ``.pt2`` programs, a torch.export
+ExportedProgram or an AOTInductor package (``backend.weights.pt2``; a ``modelFile`` beside it
+is not used, ``pt2: {export: {aot_compile: true}}`` may be there or not). ``self.model`` is
+then a module calling the program; ``inference`` runs it in batches its batch dimension takes
+(split or padded), a handler calling ``self.model`` itself gets the program as it is. Eager,
+TorchScript and ExportedProgram weights are shared by the workers of a host (memory-mapped:
+``backend.weights``, docs/weights.md; the model config's ``handler.share_weights``). The
+model config's ``pt2`` (torch.compile) is applied as TorchServe 0.12 applies it, and
+batchserve's ``handler`` options ``amp`` and ``channels_last`` too
+(``backend.handlers.tuning``). ``ENABLE_TORCH_PROFILER`` runs each batch under torch.profiler
+as TorchServe does (traces in /tmp/pytorch_profiler/<model>). Explanations follow TorchServe:
+``handle`` calls ``explain_handle`` when the request's ``explain`` header says ``True``, which
+calls ``get_insights``; here that answers 501 unless the handler (or VisionHandler, with
+Captum) defines it. Deliberately missing, with the reason given where a handler asks for it:
+IPEX and OpenVINO (never applied: ``IPEX_AVAILABLE`` is False) and XLA/MPS/XPU devices (CUDA
+or CPU only: ``XLA_AVAILABLE`` is False).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from backend.handlers.device import select_device
 from backend.handlers.explain import explanation_target
 from backend.handlers.labels import INDEX_TO_NAME
 from backend.handlers.tuning import Tuning, forward_context, read_tuning
-from backend.weights import load_eager, load_torchscript, read_sharing
+from backend.weights import is_pt2, load_eager, load_pt2, load_torchscript, read_sharing
 
 from ..handler_utils.timer import timed
 from ..utils.util import check_valid_pt2_backend, list_classes_from_module, load_label_mapping
@@ -78,8 +82,6 @@ XLA_AVAILABLE = False
 #: Intel's extension is never applied here (TS_IPEX_ENABLE is not read).
 IPEX_AVAILABLE = False
 
-# Formats TorchServe's BaseHandler loads and ours does not, by serializedFile suffix.
-_UNSUPPORTED_FORMATS = {".pt2": "torch.export programs"}
 _PROFILER_TRACES = "/tmp/pytorch_profiler"
 
 
@@ -150,7 +152,9 @@ class BaseHandler(_BackendBaseHandler):
         self.model_pt_path = os.path.join(model_dir, serialized_file) if serialized_file else None
         model_file = entries.get("modelFile")
 
-        if model_file:
+        if self.model_pt_path is not None and is_pt2(Path(self.model_pt_path)):
+            self._load_serialized(self.model_pt_path)
+        elif model_file:
             self.model = self._load_pickled_model(model_dir, model_file, self.model_pt_path)
             self.model.to(self.device)
             self.set_model(self.model)
@@ -169,11 +173,10 @@ class BaseHandler(_BackendBaseHandler):
     def _load_serialized(self, path: str) -> None:
         suffix = Path(path).suffix.lower()
         name = os.path.basename(path)
-        if suffix in _UNSUPPORTED_FORMATS:
-            raise ModelLoadError(f"{name}: batchserve's ts.BaseHandler does not load "
-                                 f"{_UNSUPPORTED_FORMATS[suffix]}; load it in your own "
-                                 f"initialize")
-        if suffix == ".onnx":
+        if suffix == ".pt2":
+            self.set_model(load_pt2(Path(path), self.device,
+                                    read_sharing(getattr(self, "model_yaml_config", None))))
+        elif suffix == ".onnx":
             if not ONNX_AVAILABLE:
                 raise ModelLoadError(f"{name}: an ONNX model needs onnxruntime (pip install "
                                      f"onnxruntime, or onnxruntime-gpu)")
