@@ -20,6 +20,10 @@ EVICTING = "evicting"
 STATES = (LOADED, LOADING, PAGED_OUT, EVICTING)
 
 
+#: How fast a model's heat (its requests lately) cools: halved every this many seconds.
+HEAT_HALF_LIFE_S = 10.0
+
+
 @dataclass(slots=True, eq=False)
 class Residence:
     """A model version's residency (see the module's text)."""
@@ -42,6 +46,8 @@ class Residence:
     evictions: int = 0
     #: Milliseconds from the request that paged it in to that request's answer (None: none).
     last_page_in_ms: float | None = None
+    #: Its requests lately: each adds 1, halved every ``HEAT_HALF_LIFE_S`` (``heat``).
+    _heat: float = 0.0
 
     @property
     def is_resident(self) -> bool:
@@ -50,7 +56,15 @@ class Residence:
 
     def used(self, now: float) -> None:
         """A request for it came at ``now`` (time.time())."""
+        self._heat = self.heat(now) + 1.0
         self.used_before, self.last_used = self.last_used, now
+
+    def heat(self, now: float) -> float:
+        """Its requests lately, at ``now``: each counts 1 when it comes, half as much
+        ``HEAT_HALF_LIFE_S`` later, and so on."""
+        if self.last_used is None:
+            return 0.0
+        return float(self._heat * 0.5 ** (max(0.0, now - self.last_used) / HEAT_HALF_LIFE_S))
 
     @property
     def recency(self) -> tuple[float, float]:

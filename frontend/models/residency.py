@@ -44,6 +44,13 @@ logger = logging.getLogger(__name__)
 #: How often a page-in that waits for room looks again (beyond each change it is told of:
 #: a page-in or an eviction ended, a model was removed).
 RECHECK_S = 0.02
+#: A model with this many requests lately (each counting half as much every
+#: ``HEAT_HALF_LIFE_S``: frontend/models/residence.py) is hot: a page-in for a model less hot
+#: than it does not page it out while another page-in or eviction is under way
+#: nor for its first ``PATIENCE_S``, but waits for a colder model to be idle (the hot models
+#: stay while the cold ones take turns in the rest).
+HOT_HEAT = 2.0
+PATIENCE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +136,16 @@ class Residency:
         return [model for model in self._registry if model is not but
                 and model.residence is not None and model.residence.state in (LOADED, LOADING)]
 
-    def _victims(self, model: Model) -> list[Model] | None:
+    def _making_room(self, model: Model) -> bool:
+        """Another page-in or eviction is under way: soon a colder model is idle, or room
+        is free, without paging out a hot one."""
+        return any(other is not model and other.residence is not None
+                   and other.residence.state in (LOADING, EVICTING) for other in self._registry)
+
+    def _victims(self, model: Model, *, spare_hot: bool = False) -> list[Model] | None:
         """The models to page out so that ``model`` fits, least recently used first ([]: it
-        fits); None: not now (the others are busy). OutOfResources when nothing ever could
-        make room: the pinned models leave none."""
+        fits); None: not now (the others are busy, or, with ``spare_hot``, hotter than it).
+        OutOfResources when nothing ever could make room: the pinned models leave none."""
         counted = self._counted(model)
         if not self.over([*counted, model]):
             return []
@@ -145,7 +158,8 @@ class Residency:
                 f"pinned models it exceeds {reason}")
         idle = sorted((other for other in counted
                        if other.residence is not None and not other.residence.pinned
-                       and other.residence.state == LOADED and other.is_idle()),
+                       and other.residence.state == LOADED and other.is_idle()
+                       and not (spare_hot and _hotter(other, model))),
                       key=lambda other: other.residence.recency if other.residence
                       else (0.0, 0.0))
         left, victims = list(counted), []
@@ -248,7 +262,7 @@ class Residency:
             if residence.state == LOADING:
                 return  # a registration loads it
             residence.state = PAGED_OUT
-            if await self._room(model, lambda: bool(model.batcher.depth)) is None:
+            if await self._room(model, lambda: bool(model.batcher.depth), asked_at) is None:
                 return  # nobody waits for it any more (deadlines passed, clients left)
             await self._evicted()
             made_room = time.monotonic()
@@ -287,14 +301,18 @@ class Residency:
         for subscriber in self._observers.page_in_timed:
             subscriber(model.key, steps)
 
-    async def _room(self, model: Model, wanted: Any) -> list[Model] | None:
+    async def _room(self, model: Model, wanted: Any, asked_at: float | None = None
+                    ) -> list[Model] | None:
         """Wait until room can be made for ``model`` while ``wanted()`` holds (None once it
         does not), then take it: the model is LOADING, its victims EVICTING. OutOfResources
-        when no eviction could ever make room."""
+        when no eviction could ever make room. A page-in (asked for at ``asked_at``) spares
+        the models hotter than its own for its first ``PATIENCE_S``."""
         residence = model.residence
         assert residence is not None
         while True:
-            victims = self._victims(model)
+            patient = asked_at is not None and (time.monotonic() - asked_at < PATIENCE_S
+                                                or self._making_room(model))
+            victims = self._victims(model, spare_hot=patient)
             if victims is not None:
                 residence.state = LOADING
                 for victim in victims:
@@ -356,3 +374,13 @@ class Residency:
         model.batcher.fail_queued(error)
         residence.state = PAGED_OUT
         await model.page_out(0)
+
+
+def _hotter(other: Model, model: Model) -> bool:
+    """``other`` is hot (``HOT_HEAT`` requests lately or more: ``Residence.heat``) and hotter
+    than ``model``."""
+    if other.residence is None or model.residence is None:
+        return False
+    now = time.time()
+    theirs = other.residence.heat(now)
+    return theirs >= HOT_HEAT and theirs > model.residence.heat(now)
