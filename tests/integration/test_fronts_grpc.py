@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from frontend.api.grpc.common import FRONT_PEER
-from protos import inference_pb2, inference_pb2_grpc
+from protos import inference_pb2, inference_pb2_grpc, open_inference_pb2, open_inference_pb2_grpc
 from tests.certificates import make_certificates
 from tests.conftest import RunningServer
 from tests.integration import test_fronts as fronts
@@ -252,6 +252,28 @@ def test_tls_through_a_front(tmp_path: Path, build_mar, start_server) -> None:
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(predict, range(24))) == [b"%d" % i for i in range(24)]
     assert relayed() > 0
+
+
+def test_kserves_own_grpc_port_through_a_front(build_mar, start_server) -> None:
+    build_mar("echo", "echo")
+    server = start_server("echo.mar", number_of_netty_threads=2, kserve_protocol="v2",
+                          kserve_rest_port=0, kserve_grpc_port=0)
+    bound = server.server.bound
+    assert bound is not None and bound.kserve_grpc_port != server.grpc_inference_port
+
+    def ask(i: int) -> tuple[bool, bool]:
+        with grpc.insecure_channel(f"127.0.0.1:{bound.kserve_grpc_port}",
+                                   OWN_CONNECTION) as channel:
+            stub = open_inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+            live = stub.ServerLive(open_inference_pb2.ServerLiveRequest(), timeout=30).live
+            ready = stub.ModelReady(open_inference_pb2.ModelReadyRequest(name="echo"),
+                                    timeout=30).ready
+            return live, ready
+
+    with ThreadPoolExecutor(8) as pool:
+        assert set(pool.map(ask, range(24))) == {(True, True)}
+    services = server.server.services
+    assert services is not None and sum(services.metrics.front_grpc_requests().values()) > 0
 
 
 def test_one_process_shares_no_grpc_port(build_mar, start_server) -> None:
