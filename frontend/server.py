@@ -228,8 +228,11 @@ class Server:
         self.services = Services(config, registry, loader, metrics, auth, snapshots, plane,
                                  workflows, dashboard)
         grpc_servers = GrpcServers(
-            self.services, certificate if config.enable_grpc_ssl else None
-        ) if config.enable_grpc else None
+            self.services, certificate if config.enable_grpc_ssl else None,
+            run_dir if config.frontend_processes > 1 else None) if config.enable_grpc else None
+        if grpc_servers is not None:
+            front_calls = grpc_servers.front_calls.counts
+            metrics.front_grpc_requests = lambda: dict(front_calls)
         with logs:
             logger.info("workers: %s", caps.basis)
             await metrics.start()
@@ -288,6 +291,8 @@ class Server:
                                self.config.token_authorization_off_by or "the configuration")
             await http.start()
             if fronts is not None:
+                if grpc_servers is not None:  # the gRPC ports they share, once bound
+                    fronts.share_grpc(grpc_servers.shared)
                 await fronts.start()
             logger.info("inference API on %s, management API on %s, metrics on %s, gRPC "
                         "inference/management ports %s/%s", bound["inference"],
@@ -307,7 +312,9 @@ class Server:
             # The fronts first (they stop accepting, and finish their open requests, which
             # this process answers), the listeners of this process at once.
             await asyncio.gather(http.stop(), *(
-                [grpc_servers.stop(grace_s=drain_s)] if grpc_servers is not None else []), *(
+                # (The inner gRPC servers stay until the fronts' relayed calls are answered.)
+                [grpc_servers.stop(grace_s=drain_s, inner=False)]
+                if grpc_servers is not None else []), *(
                 [fronts.stop(drain_s)] if fronts is not None else []))
 
     def _front_requests(self) -> dict[int, int]:
@@ -336,7 +343,8 @@ class Server:
             "certificate": {"key": certificate.key_pem.decode("latin-1"),
                             "chain": certificate.chain_pem.decode("latin-1"),
                             "source": certificate.source}
-            if certificate is not None and any(a.is_tls for _, a in shared) else None}
+            if certificate is not None and (any(a.is_tls for _, a in shared) or (
+                config.enable_grpc and config.enable_grpc_ssl)) else None}
 
         def served() -> LinkedPredictions:
             assert http.linked is not None, "the inference listener serves first"

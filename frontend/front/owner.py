@@ -1,5 +1,6 @@
 """The owner's side of its front processes: their links (a Unix socket in the run directory,
-0600), starting them, replacing one that dies, stopping them first at a stop.
+0600), starting them, replacing one that dies, stopping them first at a stop. (The gRPC ports
+they share are the gRPC servers', ``api/grpc/servers.py``: the fronts are told where.)
 
 A front that exits while the server runs is started again, with a warning naming its exit
 status, after a pause that doubles while it keeps dying (``RESTART_DELAYS_S``); its clients'
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from frontend.api.grpc.servers import SharedPort
 from frontend.api.http.linked import LinkedPredictions, OwnerLink
 from frontend.processes import python_module
 
@@ -58,6 +60,13 @@ class Fronts:
     def inner_path(run_dir: Path) -> Path:
         """Where the owner's inner listener is, for the connections the fronts splice."""
         return run_dir / "inner.sock"
+
+    def share_grpc(self, ports: list[SharedPort]) -> None:
+        """Before ``start``: the gRPC ports the fronts accept on too, relaying each call to
+        its inner server (``frontend/front/relay.py``)."""
+        self._settings["grpc"] = [
+            {"target": port.target, "inner": port.inner, "tls": port.tls,
+             "options": port.options} for port in ports]
 
     def pids(self) -> list[int]:
         """The fronts' processes now."""

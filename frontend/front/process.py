@@ -2,7 +2,8 @@
 owner (SO_REUSEPORT), parses HTTP with the same bounded protocol as the owner's listeners
 (``protocol.ServerProtocol``: head limits, deadlines, keep-alive), sends each fast-route
 prediction over its link (``linked.py``) and writes the answer back; splices everything else
-to the owner's inner listener (``splice.py``). Its settings come on stdin, as JSON, from its
+to the owner's inner listener (``splice.py``); relays each call on the shared gRPC ports to the
+owner's inner gRPC server (``relay.py``). Its settings come on stdin, as JSON, from its
 owner (``owner.Fronts``). It exits when its link closes (the owner is gone), or, on SIGTERM,
 once its open requests are answered (within ``drain_timeout``).
 """
@@ -43,6 +44,7 @@ from frontend.api.http.routes import RouteTable
 from frontend.api.http.tls import TlsAcceptor
 from frontend.config import Address
 from frontend.errors import PayloadTooLarge
+from frontend.front import relay
 from frontend.front.splice import Splice, message_start
 
 logger = logging.getLogger("frontend.front")
@@ -83,7 +85,11 @@ class FrontLink(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._writer = FrameWriter(transport, asyncio.get_running_loop())
-        self._writer.send((HELLO, self.number, os.getpid()))
+
+    def hello(self) -> None:
+        """Tell the owner this front accepts on every shared port (its start waits for it)."""
+        if self._writer is not None:
+            self._writer.send((HELLO, self.number, os.getpid()))
 
     def next_id(self) -> int:
         self._next += 1
@@ -349,13 +355,18 @@ async def serve(settings: dict[str, Any]) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     link = FrontLink(settings["number"], stop)
     await loop.create_unix_connection(lambda: link, settings["link"])
-    tls = None
+    tls = credentials = None
     if settings.get("certificate"):
+        import grpc
+
         from frontend.tls import ServerCertificate
 
         pem = settings["certificate"]
-        tls = ServerCertificate(pem["key"].encode("latin-1"), pem["chain"].encode("latin-1"),
-                                pem["source"]).ssl_context()
+        certificate = ServerCertificate(pem["key"].encode("latin-1"),
+                                        pem["chain"].encode("latin-1"), pem["source"])
+        tls = certificate.ssl_context()
+        credentials = grpc.ssl_server_credentials(
+            [(certificate.key_pem, certificate.chain_pem)])
     servers: list[tuple[uvicorn.Server, socket.socket]] = []
     acceptors: list[TlsAcceptor] = []
     for apis, address_text in settings["listeners"]:
@@ -382,10 +393,13 @@ async def serve(settings: dict[str, Any]) -> None:
         else:
             await server.startup(sockets=[sock])
         servers.append((server, sock))
+    grpc_served = await relay.serve(settings.get("grpc", []), settings["number"], credentials)
+    link.hello()
     await stop.wait()
     # Stop accepting; the open requests finish (the owner still answers them), then exit.
     await asyncio.gather(*(acceptor.close() for acceptor in acceptors))
-    await asyncio.gather(*(server.shutdown(sockets=[sock]) for server, sock in servers),
+    await asyncio.gather(relay.stop(grpc_served, settings["drain_timeout_s"]),
+                         *(server.shutdown(sockets=[sock]) for server, sock in servers),
                          return_exceptions=True)
 
 

@@ -76,6 +76,8 @@ class ServerMetrics:
         #: Requests each front process brought (number_of_netty_threads > 1): the server
         #: sets it; ``batchserve_front_requests_total``.
         self.front_requests: Callable[[], dict[int, int]] = dict
+        #: gRPC calls each front relayed: ``batchserve_front_grpc_requests_total``.
+        self.front_grpc_requests: Callable[[], dict[int, int]] = dict
         self._models = models
         # What the rest of the server and the tests read and call, by the names they know.
         self.config = self.torchserve.config
@@ -145,13 +147,18 @@ class ServerMetrics:
             yield histogram.family()
         yield from self.records.families()
         yield from self.workflows.families()
-        fronts = self.front_requests()
-        if fronts:
-            family = Family("batchserve_front_requests_total",
-                            "Predictions a front process parsed and sent to this one", "counter")
-            for number, count in sorted(fronts.items()):
-                family.add(("front",), (str(number),), count)
-            yield family
+        for name, help_text, fronts in (
+                ("batchserve_front_requests_total",
+                 "Predictions a front process parsed and sent to this one",
+                 self.front_requests()),
+                ("batchserve_front_grpc_requests_total",
+                 "Inference gRPC calls a front process relayed to this one",
+                 self.front_grpc_requests())):
+            if fronts:
+                family = Family(name, help_text, "counter")
+                for number, count in sorted(fronts.items()):
+                    family.add(("front",), (str(number),), count)
+                yield family
         if self.tenants_on:
             yield from self.tenants.families()
         yield from self.devices.families()

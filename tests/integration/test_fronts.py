@@ -62,28 +62,36 @@ class Served:
         return path.read_text().splitlines() if path.exists() else []
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    root = tmp_path_factory.mktemp("fronts")
+def launch_fronts(root: Path, models: dict[str, str],
+                  configs: dict[str, dict[str, object]] | None = None,
+                  **overrides: object) -> tuple[RunningServer, dict[str, str], Path]:
+    """A server and one front (token authorization on) serving ``models`` (name: fixture
+    handler; ``configs``: a model's config file), built into ``root``'s model store: the
+    server, its inference and management keys, its store."""
     store = root / "model_store"
     store.mkdir()
-    for name, handler in MODELS.items():
+    for name, handler in models.items():
         config_file = None
-        if name in CONFIGS:
+        if configs and name in configs:
             config_file = root / f"{name}.yaml"
-            config_file.write_text(yaml.safe_dump(CONFIGS[name]))
+            config_file.write_text(yaml.safe_dump(configs[name]))
         build_archive(ArchiveOptions(model_name=name, version="1.0",
                                      handler=str(HANDLERS / f"{handler}.py"),
                                      export_path=store, force=True,
                                      config_file=str(config_file) if config_file else None))
     key_file = root / "key_file.json"
-    server = launch_server(store, *(f"{name}.mar" for name in MODELS),
+    server = launch_server(store, *(f"{name}.mar" for name in models),
                            number_of_netty_threads=2, disable_token_authorization=False,
-                           key_file=key_file)
+                           key_file=key_file, **overrides)
+    keys = json.loads(key_file.read_text())
+    return server, {kind: keys[kind]["key"] for kind in ("inference", "management")}, store
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    server, keys, store = launch_fronts(tmp_path_factory.mktemp("fronts"), MODELS, CONFIGS)
     try:
-        keys = json.loads(key_file.read_text())
-        yield Served(server, {kind: keys[kind]["key"] for kind in ("inference", "management")},
-                      store)
+        yield Served(server, keys, store)
     finally:
         server.stop()
 

@@ -24,20 +24,53 @@ T = TypeVar("T")
 #: A servicer's RPC context (generic in the stubs only).
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
+#: The metadata a front process (frontend/front/) names the client of a call it relays with:
+#: ``<front number> <gRPC peer>``. Read only by the servers on the owner's inner Unix sockets
+#: (``FrontCalls``); dropped from every call's headers, so a client that sends it gains nothing.
+FRONT_PEER = "x-batchserve-front-peer"
+
+
+class FrontCalls:
+    """The calls the front processes relayed to this process's inner gRPC servers: whose
+    client each is (``FRONT_PEER``), and how many each front brought
+    (``batchserve_front_grpc_requests_total``)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+
+    def client(self, context: Context) -> str:
+        """The relayed call's client, as the access log writes it; counted for its front."""
+        for key, value in context.invocation_metadata() or ():
+            if key == FRONT_PEER and isinstance(value, str):
+                number, _, peer = value.partition(" ")
+                if number.isdigit():
+                    self.counts[int(number)] = self.counts.get(int(number), 0) + 1
+                return torchserve_peer(peer)
+        return torchserve_peer(context.peer())
+
 
 class Servicer:
-    """A servicer with the server's token authority (None: tokens are off) and access log."""
+    """A servicer with the server's token authority (None: tokens are off) and access log;
+    with ``fronts``, it serves an inner Unix socket, whose calls name their client
+    (``FrontCalls``)."""
 
     #: Its service's full name (``org.pytorch.serve.grpc.inference.InferenceAPIsService``).
     service: ClassVar[str]
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, fronts: FrontCalls | None = None) -> None:
         self.auth: TokenAuthority | None = services.auth
         self.access = services.plane.access
+        self.fronts = fronts
+
+    def client(self, context: Context) -> str:
+        """The RPC's client as TorchServe's access log writes it (``torchserve_peer``)."""
+        if self.fronts is not None:
+            return self.fronts.client(context)
+        return torchserve_peer(context.peer())
 
     def rpc(self, context: Context, name: str) -> Rpc:
         """The snapshot of this service's RPC ``name`` (``Predictions``), while it is live."""
-        return Rpc.of(context, f"{self.service}/{name}")
+        return Rpc.of(context, f"{self.service}/{name}", self.client(context))
 
     def check(self, kind: KeyKind, headers: list[tuple[bytes, bytes]]) -> None:
         """Raise the token error unless ``headers`` carry a valid key of ``kind``."""
@@ -48,8 +81,8 @@ class Servicer:
 class PredictionServicer(Servicer):
     """What both inference services share: the registry, the plane, the request limits."""
 
-    def __init__(self, services: Services) -> None:
-        super().__init__(services)
+    def __init__(self, services: Services, fronts: FrontCalls | None = None) -> None:
+        super().__init__(services, fronts)
         self.registry = services.registry
         self.plane = services.plane
         self.max_inputs = services.config.max_request_inputs
@@ -80,7 +113,7 @@ def unary(key: KeyKind | None = None, *, prediction: bool = False
 
             if prediction:
                 return await answer(context, checked())
-            started, status, client = time.perf_counter(), 500, torchserve_peer(context.peer())
+            started, status, client = time.perf_counter(), 500, self.client(context)
             try:
                 result = await checked()
                 status = 200
@@ -115,9 +148,10 @@ async def abort(context: Context, error: ServeError) -> NoReturn:
 
 
 def metadata_headers(context: Context) -> list[tuple[bytes, bytes]]:
+    """The call's text metadata as headers, without ``FRONT_PEER`` (the server's own)."""
     return [(key.lower().encode("latin-1"), value.encode("latin-1"))
             for key, value in (context.invocation_metadata() or ())
-            if isinstance(value, str)]
+            if isinstance(value, str) and key != FRONT_PEER]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +173,11 @@ class Rpc:
     method: str
 
     @classmethod
-    def of(cls, context: Context, method: str) -> Rpc:
+    def of(cls, context: Context, method: str, peer: str | None = None) -> Rpc:
+        """``peer``: the client as the servicer knows it (None: the connection's)."""
         remaining = context.time_remaining()
-        return cls(torchserve_peer(context.peer()), metadata_headers(context),
+        return cls(torchserve_peer(context.peer()) if peer is None else peer,
+                   metadata_headers(context),
                    None if remaining is None else time.monotonic() + remaining, method)
 
     def time_remaining(self) -> float | None:
