@@ -160,8 +160,7 @@ class Residency:
                        if other.residence is not None and not other.residence.pinned
                        and other.residence.state == LOADED and other.is_idle()
                        and not (spare_hot and _hotter(other, model))),
-                      key=lambda other: other.residence.recency if other.residence
-                      else (0.0, 0.0))
+                      key=functools.partial(_coldest_first, time.time()))
         left, victims = list(counted), []
         for other in idle:
             left.remove(other)
@@ -384,3 +383,12 @@ def _hotter(other: Model, model: Model) -> bool:
     now = time.time()
     theirs = other.residence.heat(now)
     return theirs >= HOT_HEAT and theirs > model.residence.heat(now)
+
+
+def _coldest_first(now: float, model: Model) -> tuple[float, float, float]:
+    """The eviction order: the coldest first (its requests lately: ``Residence.heat``), then
+    the least recently used by its request before last, then by its last."""
+    residence = model.residence
+    if residence is None:
+        return 0.0, 0.0, 0.0
+    return (residence.heat(now), *residence.recency)
