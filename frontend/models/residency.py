@@ -50,7 +50,7 @@ RECHECK_S = 0.02
 #: nor for its first ``PATIENCE_S``, but waits for a colder model to be idle (the hot models
 #: stay while the cold ones take turns in the rest).
 HOT_HEAT = 2.0
-PATIENCE_S = 1.0
+PATIENCE_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
