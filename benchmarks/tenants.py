@@ -92,6 +92,11 @@ def schedule(rate: float, duration_s: float, poisson: bool, rng: random.Random) 
     return times
 
 
+#: A kept-alive connection idle longer than this is closed rather than used again: well within
+#: any server's keep-alive timeout (batchserve's default is 5 s).
+IDLE_REUSE_S = 2.0
+
+
 async def drive(url: str, streams: Sequence[Stream], duration_s: float, *, deadline_s: float,
                 poisson: bool = True, seed: int = 35, drain_s: float = 30.0
                 ) -> dict[str, Tally]:
@@ -106,14 +111,20 @@ async def drive(url: str, streams: Sequence[Stream], duration_s: float, *, deadl
     pending: set[asyncio.Task[None]] = set()
     opened: list[HttpConnection] = []
 
-    async def one(stream: Stream, payload: bytes, idle: list[HttpConnection], at: float
-                  ) -> None:
+    async def one(stream: Stream, payload: bytes, idle: list[tuple[HttpConnection, float]],
+                  at: float) -> None:
         tally = tallies[stream.name]
         tally.sent += 1
         try:
-            if idle:
-                connection = idle.pop()
-            else:
+            connection = None
+            while idle and connection is None:
+                connection, since = idle.pop()
+                if loop.time() - since > IDLE_REUSE_S:
+                    # The server may close it any moment now (keep_alive_timeout): a POST sent
+                    # as it does would be lost to the race, which no server can answer.
+                    connection.close()
+                    connection = None
+            if connection is None:
                 connection = await HttpConnection.open(host, port)
                 opened.append(connection)
             response = await connection.request(payload)
@@ -127,7 +138,7 @@ async def drive(url: str, streams: Sequence[Stream], duration_s: float, *, deadl
         status = str(response.status)
         tally.statuses[status] += 1
         if not connection.closed:
-            idle.append(connection)
+            idle.append((connection, loop.time()))
         if status == "200":
             tally.ok_ms.append(spent_ms)
             tally.in_time += spent_ms <= deadline_s * 1000
@@ -142,7 +153,7 @@ async def drive(url: str, streams: Sequence[Stream], duration_s: float, *, deadl
             headers["X-Tenant"] = stream.tenant
         payload = http_request(host, port, f"/predictions/{stream.model}", BODY,
                                "application/octet-stream", headers)
-        idle: list[HttpConnection] = []
+        idle: list[tuple[HttpConnection, float]] = []
         for offset in offsets:
             delay = start + offset - loop.time()
             if delay > 0:
