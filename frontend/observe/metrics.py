@@ -100,7 +100,7 @@ class ServerMetrics:
         torchserve, records = self.torchserve, self.records
         observers.call_ended += [torchserve.call_ended, self.requests.call_ended]
         observers.batch_ended += [torchserve.batch_ended, self.batches.batch_ended,
-                                  records.batch_ended, self.devices.batch_ended]
+                                  records.batch_ended]
         observers.worker_loaded.append(
             lambda key, worker, load_ms, metrics: torchserve.worker_loaded(worker, load_ms,
                                                                            metrics))
@@ -112,8 +112,9 @@ class ServerMetrics:
             observers.call_ended.append(self.timing.call_ended)
         if records.dispatch_stats:
             observers.batch_formed.append(records.batch_formed)
-        if self.tenants_on:
+        if self.tenants_on:  # each tenant's requests, and its share of the device time
             observers.call_ended.append(self.tenants.call_ended)
+            observers.batch_ended.append(self.devices.batch_ended)
         if self.residency is not None:
             observers.paged_in.append(self.residency.paged_in)
             observers.evicted.append(self.residency.evicted)

@@ -84,8 +84,7 @@ def test_an_observer_that_is_off_is_not_subscribed() -> None:
                                               "RequestMetrics.call_ended"}
     assert _names(subscribed.batch_ended) == {"TorchServeMetrics.batch_ended",
                                                "BatchMetrics.batch_ended",
-                                               "BatchRecords.batch_ended",
-                                               "DeviceMetrics.batch_ended"}
+                                               "BatchRecords.batch_ended"}
     assert subscribed.batch_formed == []
     events = subscribed.of_model(*KEY)
     assert events.formed is None
