@@ -14,14 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from frontend.observe.events import Batch, JobFacts, ModelKey
+from frontend.observe.events import DEFAULT_TENANT, Batch, JobFacts, ModelKey
 from frontend.observe.exposition import Family
 from frontend.observe.histograms import MODEL_LABELS
 from frontend.observe.status import Statuses
 from protos import worker_pb2
-
-#: The tenant of a request that names none (issue 35's ``default`` tenant).
-DEFAULT_TENANT = "default"
 
 
 def tenant_of(job: JobFacts) -> str:

@@ -105,6 +105,10 @@ class Batch:
                                 phases.postprocess_ms)
 
 
+#: The tenant of a request that names none (docs/scheduling.md).
+DEFAULT_TENANT = "default"
+
+
 @dataclass(slots=True, eq=False)
 class JobFacts:
     """What is known of one request's trip through its model's queue (the serving core's
@@ -119,7 +123,7 @@ class JobFacts:
     batch_id: str = field(default="", kw_only=True)
     #: Who sent it (``tenant_header``, or a tenant's inference key), and its priority level
     #: (0: none given; the fair queue puts it at its level), docs/scheduling.md.
-    tenant: str = field(default="default", kw_only=True)
+    tenant: str = field(default=DEFAULT_TENANT, kw_only=True)
     priority: int = field(default=0, kw_only=True)
 
     @property

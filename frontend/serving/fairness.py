@@ -33,10 +33,9 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from frontend.errors import BadRequest, QueueFull, ServiceUnavailable
+from frontend.observe.events import DEFAULT_TENANT as DEFAULT_TENANT
 from protos import worker_pb2
 
-#: The tenant of requests that name none.
-DEFAULT_TENANT = "default"
 #: A job's cost (seconds per item) before its model has answered any batch.
 DEFAULT_ITEM_S = 0.001
 #: Weight of one answered batch in a size bucket's cost (a memory of about 10 batches).
