@@ -154,7 +154,7 @@ def run(cmd: Sequence[str], *, timeout: float, capture: bool = False) -> str:
         log.flush()
         try:
             done = subprocess.run(
-                list(cmd), stdin=subprocess.DEVNULL, timeout=timeout, text=True,
+                list(cmd), stdin=subprocess.DEVNULL, timeout=timeout, text=True, errors="replace",
                 stdout=subprocess.PIPE if capture else log, stderr=log)
         except subprocess.TimeoutExpired as exc:
             raise BuildError(f"{cmd[0]} ran past {timeout:.0f} s: {' '.join(cmd)}") from exc

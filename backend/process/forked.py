@@ -117,8 +117,9 @@ def set_thread_budget(threads: int) -> None:
 def _loaded_openblas() -> Iterable[ctypes.CDLL]:
     """The OpenBLAS libraries loaded in this process (numpy's)."""
     try:
-        with open("/proc/self/maps", encoding="utf-8") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+        with open("/proc/self/maps", "rb") as maps:  # a mapped file's name: any bytes
+            paths = {os.fsdecode(line.split()[-1]) for line in maps
+                     if b"openblas" in line.lower()}
     except OSError:
         return []
     libraries = []

@@ -65,9 +65,10 @@ BIN = Path(sys.executable).parent
 
 
 def listed(prefix: list[str]) -> list[Process]:
-    """The processes, listed as the smoke tests list a container's (``prefix``: where)."""
+    """The processes, listed as the smoke tests list a container's (``prefix``: where). A
+    command line is any bytes (another process's may not be UTF-8): undecodable ones replaced."""
     listing = subprocess.run([*prefix, "sh", "-c", PROCESS_LISTING], capture_output=True,
-                             text=True, timeout=60, check=True).stdout
+                             text=True, errors="replace", timeout=60, check=True).stdout
     return parse_processes(listing)
 
 
@@ -94,6 +95,17 @@ def outside(argument: str, mnt: Path) -> str:
     if argument == "torchserve":
         return str(BIN / "torchserve")
     return argument.replace("/mnt/models", str(mnt))
+
+
+def test_a_process_whose_command_line_is_not_utf8_is_listed() -> None:
+    """Another process on the host (CI's own, say) may have any bytes in its command line."""
+    odd = subprocess.Popen([b"sleep-\x80\xff", b"30"], executable="sleep")
+    try:
+        found = [p for p in host_processes() if p.pid == odd.pid]
+        assert [p.command for p in found] == ["sleep-\ufffd\ufffd 30 "]
+    finally:
+        odd.kill()
+        odd.wait()
 
 
 @pytest.mark.parametrize("protocol", [None, "v1", "v2", "grpc-v2"])
@@ -192,7 +204,8 @@ def toolkit(container: Container) -> Toolkit:
                                 check=True).stdout),
         config=lambda: (work / "sagemaker-ts.properties").read_text(),
         processes=processes, serve=1 if container.isolated else pid, serve_program="serve.py",
-        environ=lambda: Path(f"/proc/{pid}/environ").read_bytes().decode().replace("\0", "\n"),
+        environ=lambda: Path(f"/proc/{pid}/environ").read_bytes().decode(
+            errors="replace").replace("\0", "\n"),
         uid=os.getuid(), alone=container.isolated,
         output=lambda: (work / "serve.out").read_text(errors="replace"),
         ts_log=lambda: (work / "logs" / "ts_log.log").read_text(errors="replace"),

@@ -6,6 +6,7 @@ HTTP connections."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import os
 import time
@@ -104,11 +105,6 @@ async def _open_loop(base: str, path: str, streams: dict[str, tuple[float, int]]
     return answers
 
 
-def _p99(latencies: list[float]) -> float:
-    ordered = sorted(latencies)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-
-
 def _metric(server: RunningServer, prefix: str) -> dict[str, float]:
     page = requests.get(f"{server.metrics}/metrics", timeout=30).text
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
@@ -120,22 +116,31 @@ def test_a_light_tenant_beside_a_heavy_one_is_answered_as_if_alone(
     path = "/predictions/shared"
     alone = asyncio.run(_open_loop(server.inference, path, {"light": (20, 30)}))
     assert {answer.status for answer in alone} == {200}
-    alone_p99 = _p99([answer.latency_s for answer in alone])
     # The heavy tenant offers 1.75x what the model can serve, for 2 s.
     both = asyncio.run(_open_loop(server.inference, path, {
         "light": (20, 40), "heavy": (1.75 * CAPACITY_RPS, int(3.5 * CAPACITY_RPS))}))
     light = [answer for answer in both if answer.tenant == "light"]
     heavy = [answer for answer in both if answer.tenant == "heavy"]
     assert [answer.status for answer in light] == [200] * 40  # FIFO refuses some, late
-    # Once the heavy load is steady (the client's own start-up burst, in this process, delays
-    # the first sends): FIFO keeps a light request behind ~48 queued heavy ones (about 12
-    # batches, 0.34 s); fair, it waits for the batch running and goes in the next.
-    # The client and the server share this process (and its GIL), which stalls a request
-    # now and then: the p90 is judged here, the p99 by the benchmark's clients of their own.
+    # Judged by order, not by the clock (this machine's speed and the client sharing the
+    # tests' process are not what is tested; the benchmark times it): how many heavy requests
+    # are served while a light one waits. FIFO keeps it behind the ~48 queued (about 12
+    # batches); fair, it waits for the batch running and goes in the next, beside at most 3
+    # heavy ones: 7. Once the heavy load is steady (the client's start-up burst, in this
+    # process, delays the first sends).
+    served = sorted(answer.sent + answer.latency_s for answer in heavy if answer.status == 200)
     steady = min(answer.sent for answer in both) + 0.3
-    kept = sorted(answer.latency_s for answer in light if answer.sent > steady)
-    light_p90 = kept[int(0.9 * len(kept))]
-    assert light_p90 < max(3.0 * alone_p99, alone_p99 + 0.15), (light_p90, alone_p99, kept)
+    overtaken = sorted(
+        bisect.bisect_right(served, answer.sent + answer.latency_s)
+        - bisect.bisect_right(served, answer.sent) for answer in light if answer.sent > steady)
+    assert overtaken[len(overtaken) // 2] <= 8, overtaken
+    assert overtaken[int(0.75 * len(overtaken))] <= 16, overtaken
+    # And the heavy tenant's own backlog is what waits: its served requests wait several times
+    # as long as the light's.
+    heavy_wait = sorted(answer.latency_s for answer in heavy if answer.status == 200)
+    light_wait = sorted(answer.latency_s for answer in light if answer.sent > steady)
+    assert 3 * light_wait[len(light_wait) // 2] < heavy_wait[len(heavy_wait) // 2], (
+        light_wait, heavy_wait)
     refused = [answer for answer in heavy if answer.status == 503]
     assert len(refused) > len(heavy) // 5
     assert all(answer.headers.get("retry-after") for answer in refused)

@@ -67,7 +67,7 @@ def archive(folder: Path, store: Path, name: str, weights: Path, config: str) ->
 def rollup(pid: int) -> dict[str, int]:
     """/proc/PID/smaps_rollup in bytes."""
     fields: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text(errors="replace").splitlines()[1:]:
         key, value, *_ = line.split()
         fields[key.rstrip(":")] = int(value) * 1024
     return fields
@@ -82,7 +82,7 @@ def file_mapping(pid: int, name: str) -> dict[str, int]:
     /proc/PID/smaps, summed, in bytes."""
     totals: dict[str, int] = {}
     inside = False
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+    for line in Path(f"/proc/{pid}/smaps").read_text(errors="replace").splitlines():
         head = line.split()
         if head and "-" in head[0] and not head[0].endswith(":"):
             inside = line.rstrip().endswith("/" + name)
