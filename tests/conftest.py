@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
@@ -167,6 +168,15 @@ class ServerProcess:
 
     def stop(self) -> int:
         return terminate(self.process)
+
+
+def gone(pid: int) -> bool:
+    """No process ``pid`` runs: none, or a zombie (one that ends between the two looks
+    counts as gone, not as an error)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def terminate(process: subprocess.Popen[bytes], timeout_s: float = 60) -> int:

@@ -12,6 +12,8 @@ import psutil
 import pytest
 import requests
 
+from tests.conftest import gone
+
 pytestmark = pytest.mark.slow  # whole-system: each test starts the installed commands
 
 BIN = Path(sys.executable).parent
@@ -60,7 +62,7 @@ def test_start_serve_stop_leaves_no_process_behind(tmp_path: Path) -> None:
     assert stopped.returncode == 0
     assert "stopped" in stopped.stdout
     for pid in pids:
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert gone(pid)
     assert not (tmp_path / "state" / "server.json").exists()
 
     second = _run([str(BIN / "torchserve"), "--stop"], env, tmp_path)
@@ -152,8 +154,7 @@ def test_after_the_frontend_is_killed_its_workers_exit_and_a_new_start_works(
     os.kill(state["pid"], signal.SIGKILL)
 
     deadline = time.monotonic() + 10
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-              for p in [*worker_pids, forkserver]):
+    while not all(gone(p) for p in [*worker_pids, forkserver]):
         assert time.monotonic() < deadline, "workers or their fork server outlived the frontend"
         time.sleep(0.05)
 

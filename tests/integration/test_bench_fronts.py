@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
+
+from tests.conftest import gone
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,4 +40,4 @@ def test_the_smoke_run_measures_every_configuration_and_load(tmp_path: Path) -> 
     assert done.stdout.count("| batchserve N=1 | ") == 2
     assert "1 shuffled rounds of 1 s" in done.stdout
     for pid in {row["pid"] for row in rows}:  # each server stopped, its processes gone
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", pid
+        assert gone(pid), pid

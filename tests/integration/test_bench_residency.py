@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
+from tests.conftest import gone
 from tests.integration.residency_feature import needs_residency
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,8 +49,7 @@ def test_the_smoke_run_answers_every_request_from_the_model_it_named(
         assert 0 < run["p50_ms"] <= run["p99_ms"], run
         # The sampler saw workers holding their models' weights, none of another model.
         assert run["samples"] >= 1 and 1 <= run["most_models"] <= MODELS, run
-        assert not psutil.pid_exists(run["pid"]) or \
-            psutil.Process(run["pid"]).status() == "zombie", run["pid"]
+        assert gone(run["pid"]), run["pid"]
     # The resident server has every model's worker up, as the sampler sees it.
     assert resident["most_models"] == MODELS
     (registered,) = resident["on_demand"]  # the coldest model, registered on demand

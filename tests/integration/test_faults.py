@@ -8,11 +8,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psutil
 import pytest
 import requests
 
-from tests.conftest import RunningServer
+from tests.conftest import RunningServer, gone
 
 
 def _worker(server: RunningServer, model: str) -> dict[str, object]:
@@ -63,8 +62,7 @@ def test_a_hung_handler_answers_504_and_its_worker_is_replaced(build_mar, start_
     hung = server.predict("sleepy", b"30")
     assert hung.status_code == 504
     assert time.monotonic() - started < 10
-    server.wait_for(lambda: not psutil.pid_exists(pid)
-                    or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, "the hung worker")
+    server.wait_for(lambda: gone(pid), "the hung worker")
     server.wait_for(lambda: _ready_with_new_pid(server, "sleepy", pid), "a new worker")
     assert server.predict("sleepy", b"0").status_code == 200
 
@@ -151,8 +149,7 @@ def test_a_worker_that_dies_while_a_child_holds_its_socket_fails_its_batch_promp
     assert f"exited with code {code}" in answer.json()["message"]
     child = int(pid_file.read_text())
     # What the dead worker left running is stopped with it.
-    server.wait_for(lambda: not psutil.pid_exists(child)
-                    or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, "the orphan")
+    server.wait_for(lambda: gone(child), "the orphan")
     server.wait_for(lambda: _ready_with_new_pid(server, "forker", pid), "a new worker")
     assert server.predict("forker", b"again").content == b"again"
 
