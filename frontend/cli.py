@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from frontend import __version__
+from frontend.allocator import tune_allocator
 from frontend.config import ServerConfig, load_config, parse_bool
 from frontend.config.vertex import ARCHIVE, MODEL_NAME, vertex_env
 from frontend.errors import ConfigError
@@ -346,6 +347,7 @@ def run_foreground(config: ServerConfig, named_loggers: bool = False,
     # child, so turn them off; grpcio reads this when it is first imported (frontend.server
     # imports it, below).
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    tune_allocator()  # request bodies and batch frames kept off mmap (frontend/allocator.py)
     # First of all: the startup models' fork server imports torch while this process imports
     # the server's modules, binds and unpacks (frontend/models/startup.py).
     forkserver = early_forkserver(config)

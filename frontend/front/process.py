@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
+from frontend.allocator import tune_allocator
 from frontend.api.http import common
 from frontend.api.http.app import bind, uvicorn_config
 from frontend.api.http.fast import REFUSED_PAUSE_MAX_S, resolve, response_bytes
@@ -404,6 +405,7 @@ async def serve(settings: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    tune_allocator()  # as the owner's (frontend/allocator.py)
     settings = json.load(sys.stdin)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the owner, which stops us
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

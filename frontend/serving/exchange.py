@@ -19,6 +19,7 @@ from frontend.observe.events import NO_EVENTS, Batch, ModelEvents
 from frontend.serving.batching import Batcher, Job, fail_jobs
 from frontend.serving.buckets import NO_BUCKETS, padded_rows
 from protos import worker_pb2
+from protos.batch_wire import predict_batch_bytes
 from protos.framing import Frame, Kind
 
 #: Told of each batch's reply (None: the batch failed as a whole), before its jobs are
@@ -49,12 +50,11 @@ class PredictExchange:
     def frame(self, jobs: list[Job]) -> Frame:
         """The PREDICT frame of a batch of ``jobs`` (each learns its batch's name)."""
         began = time.perf_counter() if self._marks else 0.0
-        batch = worker_pb2.PredictBatch(batch_id=next(self._batch_ids))
-        batch.requests.extend(job.request for job in jobs)
-        batch_name = f"{self._worker_id}-{batch.batch_id}"
+        batch_id = next(self._batch_ids)
+        batch_name = f"{self._worker_id}-{batch_id}"
         for job in jobs:
             job.batch_id = batch_name
-        frame = Frame(Kind.PREDICT, batch.SerializeToString())
+        frame = Frame(Kind.PREDICT, predict_batch_bytes(batch_id, [job.request for job in jobs]))
         facts = jobs[0].batch
         if facts is not None:
             facts.worker = self._worker_id
