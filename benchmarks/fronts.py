@@ -6,7 +6,9 @@ against TorchServe 0.12 at its default thread count, in one run.
     .venv/bin/python -m benchmarks.fronts --smoke --no-torchserve  # seconds: does it still run
 
 Each configuration is one server, all up at once on free loopback ports: batchserve with
-``number_of_netty_threads=N`` in its config.properties for each N of ``--fronts`` (otherwise
+``frontend_processes=N`` in its config.properties for each N of ``--fronts``: exactly N
+processes, whatever the cores (TorchServe's ``number_of_netty_threads=N`` runs as many only
+where there are 2 cores a process: frontend/config/server.py ``netty_fronts``) (otherwise
 its defaults: adaptive batching, access log on), and TorchServe 0.12 with
 ``number_of_netty_threads`` unset (Netty's default, a thread per logical CPU) and quiet logging
 (benchmarks/torchserve.py). Each serves two models, ``--workers`` workers each, batch_size 8,
@@ -268,7 +270,7 @@ def _rows(configs: Sequence[Config]) -> list[dict[str, Any]]:
 def _servers(args: argparse.Namespace, work: Path, store: Path) -> list[Config]:
     """The configurations, not started yet."""
     configs = [Config(f"batchserve N={n}", Batchserve(
-        store, extra_properties=f"number_of_netty_threads={n}\n"), n) for n in args.fronts]
+        store, extra_properties=f"frontend_processes={n}\n"), n) for n in args.fronts]
     if not args.no_torchserve:
         bin_dir = torchserve.ensure_venv()
         ts_store = work / "ts-store"
@@ -284,7 +286,7 @@ def _parser() -> argparse.ArgumentParser:
     threads = max(1, min(4, cores // 4))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fronts", type=int, nargs="+", metavar="N",
-                        help="number_of_netty_threads values (default 1 2 4 8; --smoke: 1 2)")
+                        help="frontend_processes values (default 1 2 4 8; --smoke: 1 2)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=int, default=10, help="whole seconds per wrk run")
     parser.add_argument("--warmup", type=int, default=3,

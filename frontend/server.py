@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from frontend.api.grpc.servers import GrpcServers
 from frontend.api.http.app import HttpListeners, serve_http
 from frontend.api.http.linked import LinkedPredictions
-from frontend.config import Address, ServerConfig
+from frontend.config import Address, ServerConfig, usable_cores
 from frontend.errors import ConfigError, ServeError
 from frontend.front.owner import Fronts
 from frontend.models.loader import ModelLoader, RegisterRequest
@@ -327,6 +327,12 @@ class Server:
         this process serves), closed when the block ends, however it ends."""
         config = self.config
         count = config.frontend_processes
+        asked = config.number_of_netty_threads
+        if config.frontend_processes_exact is None and asked is not None and count < asked:
+            logger.info("number_of_netty_threads=%d: %d process(es) accept on the inference "
+                        "port, at most one per 2 of the %d cores this server may use "
+                        "(frontend_processes sets the count exactly; docs/frontends.md)",
+                        asked, count, usable_cores())
         if count < 2:
             yield None
             return

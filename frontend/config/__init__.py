@@ -38,6 +38,8 @@ from frontend.config.server import (
     ServerConfig,
     default_fronts,
     known_key,
+    netty_fronts,
+    usable_cores,
 )
 from frontend.config.values import (
     KSERVE_PROTOCOLS,
@@ -71,6 +73,7 @@ __all__ = [
     "known_key",
     "kserve_env",
     "load_config",
+    "netty_fronts",
     "option",
     "otel_env",
     "parse_bool",
@@ -81,4 +84,5 @@ __all__ = [
     "resolve_env_references",
     "tls_users",
     "unglue_lines",
+    "usable_cores",
 ]

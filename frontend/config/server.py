@@ -54,15 +54,28 @@ DEFAULT_DRAIN_TIMEOUT_S = 25.0
 MAX_FRONTEND_PROCESSES = 64
 
 
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
 def default_fronts(cores: int | None = None) -> int:
     """``number_of_netty_threads`` by default: one process accepting per 4 of the cores this
     process may use, from 1 to 8: a 2-core laptop keeps the one process (a second would take
     the core the workers need), a 16-core GPU host gets 4. (TorchServe's default, a Netty
     thread per logical CPU, would be a process per core here, each a Python interpreter.)"""
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
-    return max(1, min(8, cores // 4))
+    return max(1, min(8, (usable_cores() if cores is None else cores) // 4))
+
+
+def netty_fronts(threads: int, cores: int | None = None) -> int:
+    """The processes ``number_of_netty_threads=threads`` runs: as many, up to one per 2 of the
+    cores this process may use (at least 1). TorchServe's key counts threads, and its configs
+    ask for many (32 in its benchmark configs, 4 in KServe's): each process here is a Python
+    interpreter that needs a core of its own beside the owner, the workers and the clients.
+    On 2 cores a second one gave 0.68x the echo requests/s of one (benchmarks/RESULTS.md):
+    there the key runs 1. ``frontend_processes`` sets the count exactly."""
+    return max(1, min(threads, (usable_cores() if cores is None else cores) // 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +113,10 @@ class ServerConfig:
     #: port (this one and N-1 front processes, frontend/front/); None: ``default_fronts()``.
     number_of_netty_threads: int | None = option(
         "number_of_netty_threads", parse=whole(1, MAX_FRONTEND_PROCESSES), default=None)
+    #: batchserve's own: exactly this many processes accept on the inference port, whatever
+    #: the cores (``number_of_netty_threads`` is held to what they can feed: netty_fronts).
+    frontend_processes_exact: int | None = option(
+        "frontend_processes", parse=whole(1, MAX_FRONTEND_PROCESSES), default=None)
 
     # ---- TLS ------------------------------------------------------------------------------------
     # As TorchServe: an https:// address or enable_grpc_ssl=true serves the certificate
@@ -350,10 +367,13 @@ class ServerConfig:
 
     @property
     def frontend_processes(self) -> int:
-        """How many processes accept on the inference port: ``number_of_netty_threads``, or
+        """How many processes accept on the inference port: ``frontend_processes``, else
+        ``number_of_netty_threads`` held to what the cores can feed (``netty_fronts``), else
         by default as many as the host's cores allow (``default_fronts``)."""
+        if self.frontend_processes_exact is not None:
+            return self.frontend_processes_exact
         if self.number_of_netty_threads is not None:
-            return self.number_of_netty_threads
+            return netty_fronts(self.number_of_netty_threads)
         return default_fronts()
 
     @property

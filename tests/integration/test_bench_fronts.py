@@ -1,5 +1,5 @@
 """The frontend-processes benchmark (benchmarks/fronts.py) run whole in its smoke mode against
-real servers (batchserve with number_of_netty_threads 1 and 2; TorchServe skipped), so that it
+real servers (batchserve with frontend_processes 1 and 2; TorchServe skipped), so that it
 cannot rot: every configuration and load is measured with wrk, answered without errors, its
 CPU counted, and every server it started is gone afterwards."""
 

@@ -7,6 +7,7 @@ sent over its link)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ import pytest
 import requests
 import yaml
 
+from frontend.config import netty_fronts, usable_cores
 from model_archiver.packaging import ArchiveOptions, build_archive
 from tests.conftest import HANDLERS, RunningServer, launch_server, spawn_server
 
@@ -81,7 +83,7 @@ def launch_fronts(root: Path, models: dict[str, str],
                                      config_file=str(config_file) if config_file else None))
     key_file = root / "key_file.json"
     server = launch_server(store, *(f"{name}.mar" for name in models),
-                           number_of_netty_threads=2, disable_token_authorization=False,
+                           frontend_processes_exact=2, disable_token_authorization=False,
                            key_file=key_file, **overrides)
     keys = json.loads(key_file.read_text())
     return server, {kind: keys[kind]["key"] for kind in ("inference", "management")}, store
@@ -256,12 +258,32 @@ def test_one_process_starts_no_front_and_shares_no_port(build_mar, start_server)
         other.bind((host, int(port)))  # the listener set no SO_REUSEPORT
 
 
+def test_netty_threads_run_the_processes_the_cores_can_feed(
+        build_mar, start_server, caplog: pytest.LogCaptureFixture) -> None:
+    """TorchServe's key counts threads: KServe's config asks for 4, which runs 4 processes
+    only where there are 8 cores, and says so where it runs fewer."""
+    build_mar("echo", "echo")
+    expected = netty_fronts(4)
+    with caplog.at_level(logging.INFO, logger="frontend.server"):
+        server = start_server("echo.mar", number_of_netty_threads=4)
+    fronts = server.server.fronts
+    assert (fronts.count if fronts is not None else 1) == expected == min(4, usable_cores() // 2
+                                                                           or 1)
+    said = [record.getMessage() for record in caplog.records
+            if "number_of_netty_threads=4" in record.getMessage()]
+    if expected < 4:
+        assert said and f"{expected} process(es) accept" in said[0], said
+    else:
+        assert not said
+    assert server.predict("echo", b"x").content == b"x"
+
+
 def test_sigterm_stops_every_process(tmp_path: Path, build_mar, model_store: Path) -> None:
     build_mar("echo", "echo")
     work = tmp_path / "work"
     work.mkdir()
     server = spawn_server(work, model_store, "echo=echo.mar",
-                          config={"number_of_netty_threads": 3})
+                          config={"frontend_processes": 3})
     try:
         owner = psutil.Process(server.process.pid)
         fronts = [child for child in owner.children(recursive=True)

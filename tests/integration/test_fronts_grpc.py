@@ -231,7 +231,7 @@ def test_a_client_cannot_name_its_own_peer(served: Served) -> None:
 def test_tls_through_a_front(tmp_path: Path, build_mar, start_server) -> None:
     certs = make_certificates(tmp_path / "certs")
     build_mar("echo", "echo")
-    server = start_server("echo.mar", number_of_netty_threads=2, certificate_file=certs.cert,
+    server = start_server("echo.mar", frontend_processes_exact=2, certificate_file=certs.cert,
                           private_key_file=certs.key, enable_grpc_ssl=True)
     credentials = grpc.ssl_channel_credentials(root_certificates=certs.ca.read_bytes())
 
@@ -256,7 +256,7 @@ def test_tls_through_a_front(tmp_path: Path, build_mar, start_server) -> None:
 
 def test_kserves_own_grpc_port_through_a_front(build_mar, start_server) -> None:
     build_mar("echo", "echo")
-    server = start_server("echo.mar", number_of_netty_threads=2, kserve_protocol="v2",
+    server = start_server("echo.mar", frontend_processes_exact=2, kserve_protocol="v2",
                           kserve_rest_port=0, kserve_grpc_port=0)
     bound = server.server.bound
     assert bound is not None and bound.kserve_grpc_port != server.grpc_inference_port

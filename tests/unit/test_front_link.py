@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from frontend.api.http.linked import REQUEST, FrameReader
-from frontend.config import default_fronts, load_config
+from frontend.config import default_fronts, load_config, netty_fronts, usable_cores
 from frontend.errors import ConfigError
 from frontend.front.splice import message_start
 
@@ -48,14 +48,33 @@ def test_the_default_gives_a_laptop_one_process_and_a_big_host_several(
     assert default_fronts(cores) == processes
 
 
+@pytest.mark.parametrize(("threads", "cores", "processes"), [
+    (1, 16, 1), (2, 2, 1), (4, 2, 1), (4, 3, 1), (2, 4, 2), (4, 4, 2), (4, 16, 4),
+    (32, 16, 8), (64, 128, 64), (3, 1, 1)])
+def test_netty_threads_become_processes_the_cores_can_feed(
+        threads: int, cores: int, processes: int) -> None:
+    assert netty_fronts(threads, cores) == processes
+
+
 def test_the_key_and_its_variable_are_read_and_checked(tmp_path: Path) -> None:
     path = tmp_path / "config.properties"
     path.write_text("number_of_netty_threads=3\n")
-    assert load_config(path, {}, environ={}).frontend_processes == 3
+    config = load_config(path, {}, environ={})
+    assert config.number_of_netty_threads == 3
+    assert config.frontend_processes == netty_fronts(3) == min(3, max(1, usable_cores() // 2))
     path.write_text("enable_envvars_config=true\n")
     config = load_config(path, {}, environ={"TS_NUMBER_OF_NETTY_THREADS": "5"})
-    assert config.frontend_processes == 5
+    assert config.number_of_netty_threads == 5 and config.frontend_processes == netty_fronts(5)
     for bad in ("0", "65", "two"):
         path.write_text(f"number_of_netty_threads={bad}\n")
         with pytest.raises(ConfigError, match=r"number_of_netty_threads.*\[1, 64\]|number_of"):
             load_config(path, {}, environ={})
+
+
+def test_frontend_processes_is_exact_and_wins(tmp_path: Path) -> None:
+    path = tmp_path / "config.properties"
+    path.write_text("number_of_netty_threads=1\nfrontend_processes=3\n")
+    assert load_config(path, {}, environ={}).frontend_processes == 3
+    path.write_text("frontend_processes=65\n")
+    with pytest.raises(ConfigError, match="frontend_processes"):
+        load_config(path, {}, environ={})
