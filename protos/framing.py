@@ -47,7 +47,7 @@ def encode(frame: Frame) -> bytes:
     return HEADER.pack(MAGIC, VERSION, frame.kind, size) + frame.payload
 
 
-def parse_header(header: bytes) -> tuple[Kind, int]:
+def parse_header(header: bytes | memoryview) -> tuple[Kind, int]:
     """Validate one header; return the frame kind and payload length."""
     magic, version, kind, length = HEADER.unpack(header)
     if magic != MAGIC or version != VERSION:
@@ -66,16 +66,22 @@ class FrameDecoder:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, data: bytes) -> list[Frame]:
-        self._buffer += data
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """``data`` is copied in (a caller may reuse its buffer). Each payload is copied out
+        once (a slice of a bytearray, then ``bytes`` of it, would copy it twice)."""
+        buffer = self._buffer
+        buffer += data
         frames: list[Frame] = []
-        while len(self._buffer) >= HEADER.size:
-            kind, length = parse_header(bytes(self._buffer[: HEADER.size]))
-            end = HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            frames.append(Frame(kind, bytes(self._buffer[HEADER.size : end])))
-            del self._buffer[:end]
+        start = 0
+        with memoryview(buffer) as view:
+            while len(buffer) - start >= HEADER.size:
+                kind, length = parse_header(view[start : start + HEADER.size])
+                end = start + HEADER.size + length
+                if len(buffer) < end:
+                    break
+                frames.append(Frame(kind, view[start + HEADER.size : end].tobytes()))
+                start = end
+        del buffer[:start]  # once the view is released: a viewed bytearray cannot shrink
         return frames
 
     @property

@@ -124,10 +124,14 @@ class WorkerSession:
     def _read(self, inbox: queue.Queue[Command | ProtocolError | None]) -> None:
         """The reader thread: frames off the socket, in order, each decoded into a command;
         None at end of file."""
+        # Read into one buffer made once: recv(n) would allocate n bytes for every read
+        # (a 1 MiB mapping, ~13 µs, for a 1 KB frame).
+        received = bytearray(RECV_BYTES)
         try:
-            while data := self._sock.recv(RECV_BYTES):
-                for frame in self._decoder.feed(data):
-                    inbox.put(self.command(frame))
+            with memoryview(received) as view:
+                while size := self._sock.recv_into(received):
+                    for frame in self._decoder.feed(view[:size]):
+                        inbox.put(self.command(frame))
         except ProtocolError as exc:
             inbox.put(exc)
             return

@@ -41,6 +41,24 @@ def test_byte_by_byte() -> None:
     assert batch.requests[0].inputs["body"] == bytes(range(256))
 
 
+def test_a_reused_read_buffer_leaves_the_frames_whole() -> None:
+    """The worker reads into one buffer and feeds views of it: what the decoder returned, or
+    holds of a frame not yet whole, is its own copy."""
+    frames = _sample_frames()
+    stream = b"".join(encode(frame) for frame in frames)
+    received = bytearray(64)
+    decoder = FrameDecoder()
+    decoded: list[Frame] = []
+    with memoryview(received) as view:
+        for start in range(0, len(stream), len(received)):
+            chunk = stream[start:start + len(received)]
+            received[:len(chunk)] = chunk
+            decoded += decoder.feed(view[:len(chunk)])
+            received[:] = b"\xff" * len(received)  # the next read overwrites it
+    assert decoded == frames and all(type(frame.payload) is bytes for frame in decoded)
+    assert decoder.pending_bytes == 0
+
+
 @pytest.mark.parametrize("header", [
     struct.pack("!2sBBI", b"XX", VERSION, Kind.HELLO, 0),
     struct.pack("!2sBBI", MAGIC, VERSION + 1, Kind.HELLO, 0),
