@@ -243,10 +243,20 @@ class _PipeProtocol(asyncio.StreamReaderProtocol):
         return False
 
 
+def _libuv_closes_pipes(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` closes a read pipe's descriptor itself (uvloop: libuv does, and then
+    closes the file object it was given too)."""
+    return type(loop).__module__.startswith("uvloop")
+
+
 async def _pipe_reader(fd: int) -> asyncio.StreamReader:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 16, loop=loop)
-    pipe = os.fdopen(fd, "rb", buffering=0)
+    # One owner closes ``fd``, once. uvloop's transport closes it through libuv and then
+    # closes the file object as well, expecting EBADF; another thread may have been given the
+    # same number in between (a client socket, an archive being read), and that is what the
+    # second close would close. So under uvloop the file object does not own the descriptor.
+    pipe = os.fdopen(fd, "rb", buffering=0, closefd=not _libuv_closes_pipes(loop))
     try:
         await loop.connect_read_pipe(lambda: _PipeProtocol(reader, loop=loop), pipe)
     except BaseException:
@@ -441,8 +451,7 @@ class ForkServer:
 
     def _on_forked(self, forked: worker_pb2.Forked, fds: list[int]) -> None:
         if not self._pending:
-            _close_all(*fds)
-            raise ProtocolError("an answer to no request")
+            raise ProtocolError("an answer to no request")  # its fds closed by the caller
         reply = self._pending.popleft()
         if forked.refused or not fds:
             _close_all(*fds)
