@@ -119,7 +119,7 @@ def server_metrics(config: ServerConfig, models: Statuses, gpu_count: int,
         system_metrics=not config.disable_system_metrics, gpu_count=gpu_count,
         interval_s=config.metric_time_interval_s, named_loggers=named_loggers,
         phases=config.request_phases, dispatch_stats=config.dispatch_stats,
-        tenants=bool(config.tenant_header or config.tenant_weights),
+        tenants=config.tenants_told_apart,
         residency=residency_limits(config).on)
 
 

@@ -377,6 +377,12 @@ class ServerConfig:
         return default_fronts()
 
     @property
+    def tenants_told_apart(self) -> bool:
+        """Whether requests are told apart by tenant: ``tenant_header`` or ``tenant_weights``
+        is set (docs/scheduling.md)."""
+        return bool(self.tenant_header or self.tenant_weights)
+
+    @property
     def workflow_folder(self) -> Path | None:
         """Where workflow archives are looked up: ``workflow_store``, else the model store
         (TorchServe's default)."""

@@ -171,9 +171,8 @@ class ModelLoader:
         self._model_log = model_log
         #: Tenants' weights when the server tells requests apart by tenant (``tenant_header``
         #: or ``tenant_weights``: docs/scheduling.md); None when it does not.
-        self.tenants: dict[str, float] | None = None
-        if config.tenant_header or config.tenant_weights:
-            self.tenants = dict(config.tenant_weights)
+        self.tenants: dict[str, float] | None = (
+            dict(config.tenant_weights) if config.tenants_told_apart else None)
         #: The devices shared by models that name a ``deviceGroup`` (frontend/serving/devices.py).
         self.devices = DeviceGroups()
         limits = residency_limits(config)

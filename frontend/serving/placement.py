@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from frontend.config import usable_cores
 from frontend.serving.capacity import WorkerCaps
 
 _DEVICE = re.compile(r"nvidia\d+")
@@ -99,7 +100,7 @@ class Placement:
         self._cpus = cpus
         self._running = running_workers
         #: The CPU cores this process may use (its affinity, not every core of the host).
-        self.cores = len(os.sched_getaffinity(0)) if cores is None else cores
+        self.cores = usable_cores() if cores is None else cores
         #: The worker caps (None: none, for tests that start no worker).
         self.caps = caps
         self._ids = itertools.count(FIRST_WORKER_ID)
