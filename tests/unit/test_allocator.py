@@ -32,7 +32,7 @@ print(tuned, mallinfo2().hblks - before)
 """
 
 
-def _probe(**env: str) -> str:
+def _probe(**env: str) -> list[str]:
     clean = {key: value for key, value in os.environ.items()
              if not key.startswith("MALLOC_") and key != "GLIBC_TUNABLES"}
     return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
